@@ -1,0 +1,34 @@
+# Everything installs into .venv. torch is pinned to the CPU build this machine has on disk;
+# pyproject.toml only asks for torch>=2.4 so Colab and conda keep their own builds.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_PIN := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench notebooks clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH_PIN)
+	$(PY) -m pip install --quiet -e '.[notebooks,test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m headlab demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+notebooks: $(STAMP)
+	$(VENV)/bin/jupytext --set-formats ipynb,py:percent notebooks/*.py
+	$(VENV)/bin/jupytext --sync notebooks/*.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
