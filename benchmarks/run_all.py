@@ -1,0 +1,47 @@
+"""Run every benchmark (train step, block overhead, decode) and print their tables.
+
+    python benchmarks/run_all.py [--quick] [--threads N]
+
+Exit status 0 when every row meets its target, 1 otherwise (the misses are listed at the end).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+try:
+    from benchmarks import block_overhead, common, decode, train_step
+except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+    import block_overhead  # type: ignore[no-redef]
+    import common  # type: ignore[no-redef]
+    import decode  # type: ignore[no-redef]
+    import train_step  # type: ignore[no-redef]
+
+
+def main(argv=None) -> int:
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--adamw", action="store_true", help="train_step: include an AdamW step")
+    args = p.parse_args(argv)
+    common.setup(args)
+    t0 = time.perf_counter()
+    reports = []
+    for name, fn in (
+        ("train_step", lambda: train_step.run(quick=args.quick, adamw=args.adamw, rounds=args.rounds, seed=args.seed)),
+        ("block_overhead", lambda: block_overhead.run(quick=args.quick, rounds=args.rounds, seed=args.seed)),
+        ("decode", lambda: decode.run(quick=args.quick, rounds=args.rounds, seed=args.seed)),
+    ):
+        report = fn()
+        print(report, end="\n\n", flush=True)
+        reports.append(report)
+    misses = [m for r in reports for m in r.misses]
+    print(f"## Summary ({time.perf_counter() - t0:.1f} s total{', quick mode' if args.quick else ''})\n")
+    print(common.format_table(["benchmark", "result"],
+                              [[r.name, "PASS" if r.passed else f"MISS ({len(r.misses)})"] for r in reports]))
+    for m in misses:
+        print(f"- MISS {m}")
+    return 0 if not misses else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

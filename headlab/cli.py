@@ -1,0 +1,129 @@
+"""Command line: `headlab info` (sizes of a configuration) and `headlab demo` (train and compare)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .config import ATTENTION_FAMILIES, PRESETS, ModelConfig, comparison_variants, preset
+from .model import GPT
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+CONFIG_OVERRIDES = ("n_kv_head", "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "seq_len")
+
+
+def describe(config: ModelConfig, context: int, dtype: str = "bf16", batch_size: int = 1) -> dict:
+    """Parameter counts and KV-cache sizes of `config` (the model is built on the meta device,
+    so even the 6.3B preset costs no memory)."""
+    with torch.device("meta"):
+        counts = GPT(config).param_counts()
+    per_token = config.kv_cache_values_per_token()
+    return {
+        "label": config.label,
+        "attention": config.attention,
+        "params": counts["total"],
+        "params_non_embedding": counts["total"] - counts["embedding"] - counts["head"],
+        "attention_params_per_layer": counts["attention"] // config.n_layer,
+        "kv_values_per_token_per_layer": per_token,
+        "kv_fraction_of_mha": config.kv_cache_fraction_of_mha(),
+        "context": context,
+        "batch_size": batch_size,
+        "dtype": dtype,
+        "kv_cache_bytes": per_token * config.n_layer * context * batch_size * DTYPE_BYTES[dtype],
+    }
+
+
+def _config_from_args(args, attention: str) -> ModelConfig:
+    overrides = {name: getattr(args, name) for name in CONFIG_OVERRIDES if getattr(args, name) is not None}
+    if args.config:
+        return ModelConfig.from_json(Path(args.config).read_text()).replace(attention=attention, **overrides)
+    return preset(args.preset, attention, **overrides)
+
+
+def _format_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def cmd_info(args) -> int:
+    if args.config:
+        base_attention = ModelConfig.from_json(Path(args.config).read_text()).attention
+    else:
+        base_attention = "mha"
+    families = [args.attention] if args.attention else ([base_attention] if args.config else list(ATTENTION_FAMILIES))
+    rows = []
+    for attention in families:
+        config = _config_from_args(args, attention)
+        rows.append(describe(config, args.context or config.seq_len, args.dtype, args.batch_size))
+    if args.json:
+        print(json.dumps(rows if len(rows) > 1 else rows[0], indent=2))
+        return 0
+    source = args.config or f"preset {args.preset}"
+    print(f"{source}: context {rows[0]['context']}, batch {rows[0]['batch_size']}, {args.dtype}")
+    header = f"{'variant':<22}{'params':>14}{'KV values/token/layer':>24}{'% of MHA':>10}{'KV cache':>12}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(f"{row['label']:<22}{row['params']:>14,}{row['kv_values_per_token_per_layer']:>24,}"
+              f"{100 * row['kv_fraction_of_mha']:>9.1f}%{_format_bytes(row['kv_cache_bytes']):>12}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .data import shakespeare_splits
+    from .train import TrainConfig, train_model
+
+    train_tokens, val_tokens = shakespeare_splits()
+    train_config = TrainConfig(steps=args.steps)
+    print(f"Shakespeare: {len(train_tokens):,} train / {len(val_tokens):,} val bytes; "
+          f"preset {args.preset}, {args.steps} steps per variant, {torch.get_num_threads()} threads")
+    print(f"{'variant':<22}{'params':>10}{'train loss':>12}{'val loss':>10}{'KV values/token':>17}{'% of MHA':>10}{'time':>8}")
+    for config in comparison_variants(args.preset):
+        start = time.perf_counter()
+        model, history = train_model(config, train_config, train_tokens, val_tokens, progress=sys.stderr.isatty())
+        final_train = sum(history["train_loss"][-20:]) / len(history["train_loss"][-20:])
+        per_token = config.kv_cache_values_per_token() * config.n_layer
+        print(f"{config.label:<22}{model.param_counts()['total']:>10,}{final_train:>12.3f}{history['val_loss']:>10.3f}"
+              f"{per_token:>17,}{100 * config.kv_cache_fraction_of_mha():>9.1f}%{time.perf_counter() - start:>7.0f}s",
+              flush=True)
+    print("losses are nats/byte; KV values/token are summed over layers")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="headlab", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser("info", help="parameter count and KV-cache size of a preset or config")
+    info.add_argument("--preset", default="paper-128m", choices=sorted(PRESETS))
+    info.add_argument("--config", help="a ModelConfig JSON file instead of a preset")
+    info.add_argument("--attention", choices=ATTENTION_FAMILIES, help="one family (default: all five)")
+    for name in CONFIG_OVERRIDES:
+        info.add_argument("--" + name.replace("_", "-"), dest=name, type=int)
+    info.add_argument("--context", type=int, help="tokens in the cache (default: seq_len)")
+    info.add_argument("--batch-size", type=int, default=1)
+    info.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_BYTES))
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.set_defaults(func=cmd_info)
+
+    demo = sub.add_parser("demo", help="train the six comparison variants on Shakespeare and compare them")
+    demo.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
+    demo.add_argument("--steps", type=int, default=300)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as error:
+        print(f"headlab: error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,23 @@
+import pytest
+import torch
+
+from headlab import GPT, preset
+
+# Every decode path, including MLA's two caches.
+DECODE_CASES = [("mha", True), ("mqa", True), ("gqa", True), ("lrkv", True), ("mla", True), ("mla", False)]
+
+
+def tiny_model(attention: str, seed: int = 0, **overrides) -> GPT:
+    """A tiny random model; norms and all weights randomised so no path hides behind init."""
+    torch.manual_seed(seed)
+    model = GPT(preset("tiny", attention, **overrides))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p)) if p.dim() < 2 else p.mul_(3.0)
+    return model.eval()
+
+
+@pytest.fixture
+def tokens():
+    generator = torch.Generator().manual_seed(1)
+    return torch.randint(0, 97, (2, 24), generator=generator)

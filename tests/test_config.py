@@ -1,0 +1,74 @@
+import json
+
+import pytest
+
+from headlab import ATTENTION_FAMILIES, PRESETS, ModelConfig, comparison_variants, preset
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("attention", ATTENTION_FAMILIES)
+def test_every_preset_is_valid_for_every_family_and_round_trips_through_json(name, attention):
+    config = preset(name, attention)
+    assert config.attention == attention
+    assert ModelConfig.from_json(config.to_json()) == config
+    assert json.loads(config.to_json())["attention"] == attention
+
+
+def test_paper_128m_matches_the_papers_tables_5_and_7():
+    config = PRESETS["paper-128m"]
+    assert (config.n_layer, config.n_head, config.d_model, config.head_dim) == (12, 6, 768, 128)
+    assert (config.n_kv_head, config.kv_latent_dim, config.kv_rank) == (3, 128, 46)
+    assert (config.vocab_size, config.seq_len, config.mlp_ratio) == (50304, 2048, 4)
+
+
+def test_cpu_small_has_six_heads_and_six_comparison_variants_in_the_figures_order():
+    assert PRESETS["cpu-small"].n_head == 6
+    labels = [c.label for c in comparison_variants("cpu-small")]
+    assert labels == ["Standard MHA", "LRKV (r=4)", "LRKV (r=16)", "MQA", "MLA (d_c=32)", "GQA (3 KV heads)"]
+
+
+BAD_VALUES = [
+    ("attention", "flash", "mha, mqa, gqa, mla, lrkv"),
+    ("n_kv_head", 4, "must divide n_head = 6"),
+    ("n_kv_head", 0, "must divide n_head"),
+    ("kv_rank", 0, "1..head_dim = 1..32"),
+    ("kv_rank", 33, "1..head_dim = 1..32"),
+    ("head_dim", 31, "even"),
+    ("kv_latent_dim", 0, "positive"),
+    ("rope_head_dim", 3, "even"),
+    ("q_latent_dim", -1, "0 (no query compression)"),
+    ("mlp", "relu", "relu2, gelu, swiglu"),
+    ("n_layer", 0, "positive"),
+    ("vocab_size", -5, "positive"),
+    ("rope_base", 0.0, "positive"),
+    ("n_head", "6", "type int"),
+    ("qk_norm", 1, "type bool"),
+]
+
+
+@pytest.mark.parametrize("field,value,allowed", BAD_VALUES)
+def test_bad_values_raise_an_error_naming_the_field_the_value_and_what_is_allowed(field, value, allowed):
+    with pytest.raises(ValueError) as error:
+        PRESETS["cpu-small"].replace(**{field: value})
+    message = str(error.value)
+    assert f"ModelConfig.{field} = {value!r}" in message
+    assert allowed in message
+
+
+def test_mla_with_qk_norm_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match=r"ModelConfig.qk_norm = True .*absorption"):
+        PRESETS["cpu-small"].replace(attention="mla", qk_norm=True)
+
+
+def test_unknown_json_fields_and_presets_are_named():
+    with pytest.raises(ValueError, match="no field.*'n_heads'"):
+        ModelConfig.from_dict({"n_heads": 6})
+    with pytest.raises(ValueError, match="preset 'huge' is unknown.*cpu-small"):
+        preset("huge")
+
+
+@pytest.mark.parametrize("attention,expected", [
+    ("mha", 2 * 6 * 32), ("mqa", 2 * 32), ("gqa", 2 * 3 * 32), ("lrkv", 2 * (32 + 6 * 8)), ("mla", 32 + 16),
+])
+def test_kv_cache_formula_per_family(attention, expected):
+    assert preset("cpu-small", attention).kv_cache_values_per_token() == expected
