@@ -93,7 +93,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.norm_f(x))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def new_cache(self, batch_size: int, max_len: int | None = None, mla_absorb: bool = True,

@@ -17,6 +17,15 @@ def tiny_model(attention: str, seed: int = 0, **overrides) -> GPT:
     return model.eval()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _single_thread():
+    """Test tensors are tiny: intra-op threads only add sync overhead (seconds on a busy box)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture
 def tokens():
     generator = torch.Generator().manual_seed(1)

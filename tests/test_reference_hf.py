@@ -9,8 +9,9 @@ tiny random config (nothing is downloaded), and the two outputs must agree to 1e
 Both a full forward (no cache) and headlab's decode caches (one prefill, then chunked and
 single-token decoding) are checked against HF's full causal forward. Each family also has a
 "mis-port" test showing that the comparison would catch a wrong port, so the checks are not
-vacuous. Written against transformers 5.x (`rope_parameters`, `cache=` keyword); the calls used
-here (`position_embeddings=`, `attention_mask=`) are the same in 4.5x.
+vacuous. Written against transformers 5.24 (`rope_parameters`; modules called with keyword
+`position_embeddings=` / `attention_mask=`); `_rope_kwargs` falls back to 4.x's `rope_theta`, but
+only 5.24 has been run.
 """
 
 from __future__ import annotations
