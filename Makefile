@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(PY) -m headlab demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --nbmake tests $(wildcard notebooks/*.ipynb)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
