@@ -1,0 +1,142 @@
+"""Training throughput and model FLOPs utilisation (MFU) of the six comparison variants.
+
+A step here is exactly the trainer's: random windows, forward, backward, gradient clipping and
+the AdamW step, at the preset's training batch. Model FLOPs per token follow PaLM (App. B):
+
+    6 · N_matmul  +  6 · L · H · T · (d_qk + d_v)
+
+with N_matmul the parameters that take part in matrix products (all but the embedding lookup
+and the norms) and T the context. MFU divides the achieved model FLOP/s by this CPU's fp32
+matmul peak, measured in the same run (the best of several large square matmuls).
+
+Targets: MHA at >= 50% of the peak; every other variant within 10% of MHA's tokens/s.
+On a CUDA machine, `--preset paper-128m` runs the same in bf16 against the bf16 peak.
+
+    python benchmarks/train_throughput.py [--quick] [--preset cpu-small]
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+try:
+    from benchmarks import common
+except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+    import common  # type: ignore[no-redef]
+
+import torch  # noqa: E402
+
+from headlab.config import ModelConfig, comparison_variants  # noqa: E402
+from headlab.data import load_corpus, random_windows  # noqa: E402
+from headlab.model import GPT  # noqa: E402
+from headlab.train import make_optimizers, train_preset  # noqa: E402
+
+MFU_TARGET = 0.50
+GPU_MFU_TARGET = 0.35
+TOKENS_TARGET = 0.90
+
+
+def model_flops_per_token(model: GPT, config: ModelConfig) -> float:
+    matmul_params = sum(p.numel() for n, p in model.named_parameters() if p.dim() >= 2 and not n.startswith("wte."))
+    qk = config.head_dim + (config.rope_head_dim if config.attention == "mla" else 0)
+    attention = 6 * config.n_layer * config.n_head * config.seq_len * (qk + config.head_dim)
+    return 6 * matmul_params + attention
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, quick: bool) -> float:
+    """Best FLOP/s over a few sizes of square matmuls."""
+    best = 0.0
+    for n in ((1024, 2048) if quick else (1024, 2048, 3072)) if device.type == "cpu" else (8192,):
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        times = common.time_fn(lambda: _sync(a @ b, device), warmup=2, repeats=3 if quick else 6)
+        best = max(best, 2 * n ** 3 / min(times))
+    return best
+
+
+def _sync(x, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return x
+
+
+def run(quick: bool = False, preset_name: str = "cpu-small", rounds: int | None = None) -> common.Report:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    monitor = common.CpuMonitor()
+    train_config = train_preset(preset_name)
+    use_bf16 = device.type == "cuda" and train_config.dtype == "bfloat16"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    peak = matmul_peak(device, torch.bfloat16 if use_bf16 else torch.float32, quick)
+    corpus = load_corpus("synthetic")
+    configs = comparison_variants(preset_name)
+    if configs[0].vocab_size < corpus.vocab_size:
+        configs = [c.replace(vocab_size=corpus.vocab_size) for c in configs]
+    batch = train_config.batch_size
+    generator = torch.Generator().manual_seed(0)
+
+    steps, flops = {}, {}
+    for config in configs:
+        torch.manual_seed(0)
+        model = GPT(config).to(device).train()
+        optimizers = make_optimizers(model, train_config)
+        flops[config.label] = model_flops_per_token(model, config)
+
+        def step(model=model, optimizers=optimizers, config=config):
+            x, y = random_windows(corpus.train, batch, config.seq_len, generator)
+            with autocast:
+                _, loss = model(x.to(device), y.to(device))
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
+            for optimizer in optimizers:
+                optimizer.step()
+            _sync(loss, device)
+
+        steps[config.label] = step
+
+    rounds = rounds or (2 if quick else 6)
+    times = common.interleaved(steps, rounds=rounds, warmup=1, inner=1 if quick else 3)
+    tokens_per_step = batch * configs[0].seq_len
+    mha = configs[0].label
+    mha_tokens = tokens_per_step / common.median(times[mha])
+    rows, misses = [], []
+    for config in configs:
+        label = config.label
+        tokens_per_s = tokens_per_step / common.median(times[label])
+        mfu = tokens_per_s * flops[label] / peak
+        relative = common.paired_ratio(times, mha, label)  # tokens/s relative to MHA, same-round pairs
+        if label == mha:
+            target = GPU_MFU_TARGET if device.type == "cuda" else MFU_TARGET
+            ok, goal = mfu >= target, f"MFU >= {target:.0%}"
+        else:
+            ok, goal = relative >= TOKENS_TARGET, f">= {TOKENS_TARGET:.0%} of MHA tok/s"
+        if not ok:
+            misses.append(f"{label}: {goal}")
+        rows.append([label, round(tokens_per_s), round(flops[label] / 1e6, 2), mfu * 100, relative, goal,
+                     common.verdict(ok)])
+    table = common.format_table(
+        ["variant", "tokens/s", "MFLOP/token", "MFU %", "tok/s vs MHA", "target", "result"], rows)
+    header = common.machine_header(
+        f"Training throughput on {preset_name} ({'bf16' if use_bf16 else 'fp32'}, {device.type})",
+        {"matmul peak (measured now)": f"{peak / 1e9:.1f} GFLOP/s",
+         "step": f"trainer step (windows, fwd, bwd, clip, {train_config.optimizer}), batch {batch} x {configs[0].seq_len}",
+         "MHA tokens/s": f"{mha_tokens:,.0f}"}, monitor)
+    return common.Report("train_throughput", f"{header}\n\n{table}\n", not misses, misses)
+
+
+def main(argv=None) -> int:
+    parser = common.parser(__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="cpu-small")
+    args = parser.parse_args(argv)
+    common.setup(args)
+    start = time.perf_counter()
+    report = run(quick=args.quick, preset_name=args.preset, rounds=args.rounds)
+    print(report)
+    print(f"({time.perf_counter() - start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
