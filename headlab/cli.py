@@ -90,7 +90,8 @@ def cmd_train(args) -> int:
     from .data import load_corpus
     from .train import train
 
-    corpus = load_corpus(args.corpus, tokenizer=args.tokenizer)
+    source_options = {"max_chars": args.max_chars} if args.max_chars else {}
+    corpus = load_corpus(args.corpus, tokenizer=args.tokenizer, **source_options)
     overrides = {name: getattr(args, name) for name in CONFIG_OVERRIDES if getattr(args, name) is not None}
     if args.config:
         model_config = ModelConfig.from_json(Path(args.config).read_text()).replace(**overrides)
@@ -150,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         train.add_argument("--" + name.replace("_", "-"), dest=name, type=int)
     train.add_argument("--corpus", default="shakespeare", help="shakespeare, synthetic, hf:<dataset> or a text path")
     train.add_argument("--tokenizer", default="byte", choices=("byte", "gpt2"))
+    train.add_argument("--max-chars", type=int, help="for hf:<dataset> corpora: stop streaming after this many characters")
     for name, kind in (("steps", int), ("batch_size", int), ("optimizer", str), ("lr", float), ("warmup_steps", int),
                        ("eval_every", int), ("checkpoint_every", int), ("log_every", int), ("dtype", str),
                        ("device", str), ("seed", int)):
@@ -165,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int)
     demo.add_argument("--out", default="runs/demo")
     demo.set_defaults(func=cmd_demo)
+
+    from .analysis_cli import add_analyze_command
+    add_analyze_command(sub)
     return parser
 
 

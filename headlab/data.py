@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -213,26 +213,35 @@ class Corpus:
 
 def write_shards(texts: Iterable[str], tokenizer, folder: Path) -> None:
     """Tokenize `texts` into `train_NNN.bin` / `val_NNN.bin` and `meta.json` under `folder`.
-    The final VAL_FRACTION of the token stream is the validation split."""
+
+    Tokens stream to a scratch file as they are produced, so memory stays bounded whatever the
+    corpus size; the final VAL_FRACTION of the stream becomes the validation split."""
     folder.mkdir(parents=True, exist_ok=True)
-    pieces, n_bytes = [], []
-    for text in texts:
-        pieces.append(tokenizer.encode(text))
-        n_bytes.append(len(text.encode("utf-8")))
-    tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=tokenizer.dtype)
-    if len(tokens) < 1000:
-        raise ValueError(f"corpus has only {len(tokens)} tokens; at least 1000 are needed")
-    cut = int(len(tokens) * (1 - VAL_FRACTION))
+    scratch = folder / "stream.tmp"
+    n_tokens = n_bytes = 0
+    with open(scratch, "wb") as f:
+        for text in texts:
+            tokens = tokenizer.encode(text)
+            f.write(tokens.tobytes())
+            n_tokens += len(tokens)
+            n_bytes += len(text.encode("utf-8"))
+    if n_tokens < 1000:
+        scratch.unlink()
+        raise ValueError(f"corpus has only {n_tokens} tokens; at least 1000 are needed")
+    stream = np.memmap(scratch, dtype=tokenizer.dtype, mode="r")
+    cut = int(n_tokens * (1 - VAL_FRACTION))
     meta = {"tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "dtype": np.dtype(tokenizer.dtype).name,
-            "bytes_per_token": sum(n_bytes) / len(tokens), "shards": {}}
-    for split, part in (("train", tokens[:cut]), ("val", tokens[cut:])):
+            "bytes_per_token": n_bytes / n_tokens, "shards": {}}
+    for split, (start, end) in (("train", (0, cut)), ("val", (cut, n_tokens))):
         names = []
-        for i in range(math.ceil(len(part) / SHARD_TOKENS)):
+        for i, shard_start in enumerate(range(start, end, SHARD_TOKENS)):
             name = f"{split}_{i:03d}.bin"
-            atomic_write_bytes(folder / name, part[i * SHARD_TOKENS:(i + 1) * SHARD_TOKENS].tobytes())
+            atomic_write_bytes(folder / name, stream[shard_start:min(end, shard_start + SHARD_TOKENS)].tobytes())
             names.append(name)
         meta["shards"][split] = names
-    atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))  # written last: marks completion
+    del stream
+    scratch.unlink()
+    atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
 
 
 def read_shards(folder: Path, name: str) -> Corpus:
@@ -264,7 +273,14 @@ def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", **source_opt
             f"corpus {name!r} is unknown: use 'shakespeare', 'synthetic', 'hf:<dataset>' or a path to a text file or folder")
     folder = cache_dir() / "tokens" / f"{key}-{tok.name}"
     if not (folder / "meta.json").exists():
-        write_shards(texts(), tok, folder)
+        # Build in a private folder and rename it into place: concurrent processes (DDP ranks)
+        # may all build, and the first rename wins; a killed build leaves only a scratch folder.
+        scratch = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+        write_shards(texts(), tok, scratch)
+        try:
+            os.rename(scratch, folder)
+        except OSError:
+            shutil.rmtree(scratch)
     return read_shards(folder, name)
 
 
