@@ -1,0 +1,291 @@
+"""headlab.plots on small synthetic tables (random PSD similarity matrices; no analysis run)."""
+
+import os
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from headlab import plots  # noqa: E402
+
+# The six demo variants, deliberately out of figure order, and their redundancy: the share of
+# each head's bilinear form that is common to all heads of a layer.
+METHODS = {"MQA": 0.6, "GQA (3 KV heads)": 0.45, "LRKV (r=16)": 0.3, "Standard MHA": 0.2,
+           "MLA (d_c=32)": 0.5, "LRKV (r=4)": 0.4}
+FIGURE_ORDER = ["Standard MHA", "LRKV (r=4)", "LRKV (r=16)", "MQA", "MLA (d_c=32)", "GQA (3 KV heads)"]
+TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+
+
+def _spectrum_rows(model, layer, kind, matrix):
+    eigenvalues = np.clip(np.linalg.eigvalsh(matrix)[::-1], 0, None)
+    ratio = eigenvalues / eigenvalues.sum()
+    rows = pd.DataFrame({"model": model, "layer": layer, "circuit": "qk", "kind": kind,
+                         "index": np.arange(1, len(matrix) + 1), "eigenvalue": eigenvalues,
+                         "variance_ratio": ratio, "cumulative": np.cumsum(ratio)})
+    n = len(matrix)
+    rank = float(np.exp(-np.sum(ratio[ratio > 0] * np.log(ratio[ratio > 0]))))
+    ceiling = n if kind == "uncentered" else n - 1
+    summary = {"model": model, "layer": layer, "circuit": "qk", "kind": kind, "n_heads": n, "effective_rank": rank,
+               "effective_rank_pct_of_heads": 100 * rank / n, "effective_rank_pct_of_ceiling": 100 * rank / ceiling,
+               "n_components_90": int(np.searchsorted(np.cumsum(ratio), 0.9) + 1),
+               "participation_ratio": eigenvalues.sum() ** 2 / np.sum(eigenvalues ** 2),
+               "mean_offdiag_similarity": matrix[~np.eye(n, dtype=bool)].mean()}
+    return rows, summary
+
+
+def synthetic_tables(methods=METHODS, n_layers=4, n_heads=6, seeds=None, width=32, rng_seed=0):
+    """similarity, spectra and summary tables with the columns of headlab.analysis: head h of a
+    layer is a vector a_h = √w·shared + √(1−w)·own (w: the method's redundancy), G its cosine
+    matrix (PSD, unit diagonal), spectra of G and of J G J. `seeds` adds a seed column."""
+    rng = np.random.default_rng(rng_seed)
+    similarity, spectra, summary = [], [], []
+    centring = np.eye(n_heads) - 1 / n_heads
+    for seed in seeds if seeds is not None else [None]:
+        for model, shared in methods.items():
+            for layer in range(n_layers):
+                w = np.clip(shared + 0.1 * np.sin(layer) + 0.03 * rng.standard_normal(), 0.02, 0.95)
+                heads = np.sqrt(w) * rng.standard_normal(width) + np.sqrt(1 - w) * rng.standard_normal((n_heads, width))
+                heads /= np.linalg.norm(heads, axis=1, keepdims=True)
+                gram = heads @ heads.T
+                i, j = np.indices(gram.shape)
+                similarity.append(pd.DataFrame({"model": model, "layer": layer, "circuit": "qk",
+                                                "head_i": i.ravel(), "head_j": j.ravel(), "value": gram.ravel()}))
+                for kind, matrix in (("uncentered", gram), ("centered", centring @ gram @ centring)):
+                    rows, row = _spectrum_rows(model, layer, kind, matrix)
+                    spectra.append(rows)
+                    summary.append(row)
+    tables = {"similarity": pd.concat(similarity, ignore_index=True),
+              "spectra": pd.concat(spectra, ignore_index=True), "summary": pd.DataFrame(summary)}
+    if seeds is not None:
+        for name, table in tables.items():
+            per_seed = len(table) // len(seeds)
+            table["seed"] = np.repeat(seeds, per_seed)
+    return tables
+
+
+def synthetic_training(methods=METHODS, steps=(0, 100, 200, 300), tokens_per_step=4096):
+    """A training table (model, step, tokens, val_loss) with decreasing losses, plus train-only rows."""
+    rows = []
+    for n, model in enumerate(methods):
+        for step in steps:
+            rows.append({"model": model, "step": step, "tokens": step * tokens_per_step,
+                         "val_loss": 2.0 + 3.5 * np.exp(-step / 120) + 0.03 * n, "train_loss": np.nan})
+            rows.append({"model": model, "step": step, "tokens": step * tokens_per_step, "val_loss": np.nan,
+                         "train_loss": 2.5})
+    return pd.DataFrame(rows)
+
+
+def synthetic_results(methods=METHODS):
+    """model, kv_cache_pct, val_loss: one final result per method."""
+    pct = {"Standard MHA": 100.0, "LRKV (r=4)": 29.2, "LRKV (r=16)": 66.7, "MQA": 16.7, "MLA (d_c=32)": 12.5,
+           "GQA (3 KV heads)": 50.0}
+    return pd.DataFrame({"model": list(methods), "kv_cache_pct": [pct[m] for m in methods],
+                         "val_loss": [2.05 + 0.02 * n for n in range(len(methods))]})
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return synthetic_tables()
+
+
+def legend_labels(fig: Figure) -> list[str]:
+    (legend,) = fig.legends
+    return [t.get_text() for t in legend.get_texts()]
+
+
+def line_colours(ax) -> list[str]:
+    """Colours of the method lines (those with markers; reference lines have none)."""
+    return [to_hex(line.get_color()) for line in ax.get_lines() if line.get_marker() not in ("None", None, "")]
+
+
+# ---- order and colours -----------------------------------------------------------------------
+
+def test_method_order_sorts_families_and_ranks():
+    labels = ["my-pretrained-bert", "GQA (3 KV heads)", "LRKV (r=64)", "MLA (d_c=32)", "MQA", "LRKV (r=8)",
+              "Standard MHA", "LRKV (r=16)", "another-model"]
+    assert plots.method_order(labels) == ["Standard MHA", "LRKV (r=8)", "LRKV (r=16)", "LRKV (r=64)", "MQA",
+                                          "MLA (d_c=32)", "GQA (3 KV heads)", "my-pretrained-bert", "another-model"]
+    assert plots.method_order(["MQA", "MQA", "MHA"]) == ["MHA", "MQA"]
+
+
+def test_palette_is_tab10_in_figure_order_and_distinct():
+    colours = plots.palette(METHODS)
+    assert list(colours) == FIGURE_ORDER
+    assert list(colours.values()) == TAB10
+    assert plots.palette(reversed(list(METHODS))) == colours
+    many = plots.palette([f"model {n}" for n in range(14)])
+    assert len(set(many.values())) == 14
+
+
+def test_layer_roles_and_titles():
+    assert plots.layer_roles(range(12)) == {"Early": 0, "Middle": 6, "Late": 11}
+    assert plots.layer_roles([0, 6, 11]) == {"Early": 0, "Middle": 6, "Late": 11}
+    assert plots.layer_title(6, range(12)) == "Middle Layer (L=6)"
+    assert plots.layer_title(4, range(12)) == "Layer (L=4)"
+
+
+# ---- the flagship spectra figure --------------------------------------------------------------
+
+@pytest.mark.parametrize("kind, word", [("centered", "centred"), ("uncentered", "uncentred")])
+def test_spectra_figure_panels_labels_legend(tables, kind, word):
+    fig = plots.spectra_figure(tables["spectra"], kind=kind)
+    assert isinstance(fig, Figure)
+    assert [ax.get_title() for ax in fig.axes] == ["Early Layer (L=0)", "Middle Layer (L=2)", "Late Layer (L=3)"]
+    assert {ax.get_xlabel() for ax in fig.axes} == {"Eigenvalue Index"}
+    assert {ax.get_ylabel() for ax in fig.axes} == {"Eigenvalue"}
+    title = fig.get_suptitle()
+    assert title.startswith("Eigenvalue spectra of head similarity matrices") and f"({word}" in title
+    assert legend_labels(fig) == FIGURE_ORDER
+    for ax in fig.axes:
+        assert line_colours(ax) == TAB10  # one line per method, in order, in its colour
+        assert all(tick == int(tick) for tick in ax.get_xticks())
+        (first_line, *_) = ax.get_lines()
+        assert list(first_line.get_xdata()) == [1, 2, 3, 4, 5, 6]
+
+
+def test_spectra_figure_draws_the_table_values(tables):
+    fig = plots.spectra_figure(tables["spectra"], kind="uncentered", layers=[1])
+    (ax,) = fig.axes
+    assert ax.get_title() == "Layer (L=1)"
+    spectra = tables["spectra"]
+    expected = spectra[(spectra.model == "MQA") & (spectra.layer == 1) & (spectra.kind == "uncentered")]
+    np.testing.assert_allclose(ax.get_lines()[3].get_ydata(), expected.sort_values("index").eigenvalue)
+
+
+def test_spectra_figure_with_seeds_draws_mean_and_band():
+    tables = synthetic_tables(seeds=[0, 1, 2])
+    fig = plots.spectra_figure(tables["spectra"])
+    assert "mean of 3 seeds" in fig.get_suptitle()
+    assert legend_labels(fig) == FIGURE_ORDER + [plots.BAND]
+    ax = fig.axes[0]
+    assert len(ax.collections) == len(METHODS)  # one band per method
+    spectra = tables["spectra"]
+    mha = spectra[(spectra.model == "Standard MHA") & (spectra.layer == 0) & (spectra.kind == "centered")]
+    np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), mha.groupby("index").eigenvalue.mean())
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() == pytest.approx(mha.eigenvalue[mha["index"] == 6].min())
+    assert band.max() == pytest.approx(mha.eigenvalue[mha["index"] == 1].max())
+
+
+def test_fixed_palette_keeps_colours_for_a_subset(tables):
+    spectra = tables["spectra"]
+    subset = spectra[spectra.model.isin(["MQA", "GQA (3 KV heads)"])]
+    fig = plots.spectra_figure(subset, palette=plots.palette(METHODS))
+    assert legend_labels(fig) == ["MQA", "GQA (3 KV heads)"]
+    assert line_colours(fig.axes[0]) == [TAB10[3], TAB10[5]]
+    with pytest.raises(ValueError, match="no colour for 'MQA'"):
+        plots.spectra_figure(subset, palette={"GQA (3 KV heads)": "red"})
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda t: plots.spectra_figure(t["spectra"], kind="pca"), "kind = 'pca' is invalid: allowed values are "
+                                                                "uncentered, centered"),
+    (lambda t: plots.spectra_figure(t["spectra"].drop(columns="eigenvalue")), "missing column.*eigenvalue"),
+    (lambda t: plots.spectra_figure(t["spectra"], circuit="ov"), "circuit = 'ov'.*allowed values are qk"),
+    (lambda t: plots.spectra_figure(t["spectra"], layers=[0, 9]), "layers = \\[0, 9\\].*layers 0, 1, 2, 3"),
+    (lambda t: plots.spectra_figure(pd.concat([t["spectra"]] * 2)), "several rows for .*seed"),
+    (lambda t: plots.effective_rank_figure(t["summary"].drop(columns="n_heads")), "missing column.*n_heads"),
+    (lambda t: plots.effective_rank_figure(t["summary"], kind="both"), "allowed values"),
+    (lambda t: plots.similarity_heatmaps(t["similarity"], layer=7), "layers 0, 1, 2, 3"),
+    (lambda t: plots.cumulative_variance_figure(t["spectra"], threshold=90), "threshold"),
+    (lambda t: plots.similarity_heatmaps(pd.concat([t["similarity"].assign(seed=s) for s in (0, 1)]), layer=0),
+     "holds 2 seeds"),
+])
+def test_invalid_inputs_raise_value_error(tables, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(tables)
+
+
+# ---- the other figures ------------------------------------------------------------------------
+
+def test_similarity_heatmaps(tables):
+    fig = plots.similarity_heatmaps(tables["similarity"], layer=2)
+    *panels, bar = fig.axes
+    assert [ax.get_title() for ax in panels] == FIGURE_ORDER
+    assert [to_hex(ax.title.get_color()) for ax in panels] == TAB10
+    assert fig.get_suptitle() == "Head similarity matrices, layer L=2"
+    for ax in panels:
+        mesh = ax.collections[0]
+        assert mesh.get_array().shape == (6, 6)
+        assert mesh.get_clim() == (-1, 1)
+    assert bar.get_ylim() == (-1, 1)
+    assert bar.get_ylabel() == "cosine similarity"
+    assert len(fig.axes) == len(METHODS) + 1  # one shared colour bar
+
+
+def test_similarity_heatmaps_grid_drops_empty_cells(tables):
+    similarity = tables["similarity"]
+    fig = plots.similarity_heatmaps(similarity[similarity.model != "MQA"], layer=0, annotate=False)
+    assert len(fig.axes) == 5 + 1
+    assert not fig.axes[0].texts
+
+
+@pytest.mark.parametrize("kind, ceiling, label", [("uncentered", 6, "ceiling: H = 6"),
+                                                  ("centered", 5, "ceiling: H − 1 = 5")])
+def test_effective_rank_figure(tables, kind, ceiling, label):
+    fig = plots.effective_rank_figure(tables["summary"], kind=kind, highlight_layers=[1])
+    (ax,) = fig.axes
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("Layer", "Effective rank (entropy)")
+    assert legend_labels(fig) == FIGURE_ORDER + ["layer 1", label, "fully redundant"]
+    levels = {line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() in ("--", ":")}
+    assert levels == {ceiling, 1}
+    assert line_colours(ax) == TAB10
+    assert list(ax.get_lines()[0].get_xdata()) == [0, 1, 2, 3]
+
+
+def test_cumulative_variance_figure(tables):
+    fig = plots.cumulative_variance_figure(tables["spectra"], layers=[0, 3])
+    assert [ax.get_title() for ax in fig.axes] == ["Early Layer (L=0)", "Late Layer (L=3)"]
+    assert legend_labels(fig) == FIGURE_ORDER + ["90% of variance"]
+    for ax in fig.axes:
+        assert ax.get_xlabel() == "Number of components"
+        assert [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"] == [0.9]
+        assert ax.get_lines()[0].get_ydata()[-1] == pytest.approx(1.0)
+
+
+def test_loss_curves_figure_skips_rows_without_val_loss():
+    fig = plots.loss_curves_figure(synthetic_training())
+    (ax,) = fig.axes
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("Training tokens", "Validation loss (nats/token)")
+    assert legend_labels(fig) == FIGURE_ORDER
+    assert list(ax.get_lines()[0].get_xdata()) == [0, 409600, 819200, 1228800]
+
+
+def test_loss_vs_cache_figure():
+    fig = plots.loss_vs_cache_figure(synthetic_results())
+    (ax,) = fig.axes
+    assert ax.get_xlabel() == "KV cache (% of Standard MHA)"
+    assert [t.get_text() for t in ax.texts] == FIGURE_ORDER
+    assert [to_hex(c.get_facecolor()[0]) for c in ax.collections] == TAB10
+    assert ax.collections[0].get_offsets()[0].tolist() == [100.0, pytest.approx(2.11)]
+
+
+def test_loss_vs_cache_figure_with_seeds_has_error_bars():
+    results = pd.concat([synthetic_results().assign(seed=s, val_loss=lambda t, s=s: t.val_loss + 0.01 * s)
+                         for s in range(3)])
+    fig = plots.loss_vs_cache_figure(results)
+    (ax,) = fig.axes
+    assert "mean of 3 seeds" in fig.get_suptitle()
+    assert len(ax.containers) == len(METHODS)  # one error bar per method
+
+
+def test_figures_stay_out_of_pyplot_and_display_as_png(tables):
+    import matplotlib.pyplot as plt
+    from IPython.core.formatters import PNGFormatter
+
+    before = plt.get_fignums()
+    fig = plots.effective_rank_figure(tables["summary"])
+    similarity = tables["similarity"]
+    plots.similarity_heatmaps(similarity[similarity.model == "MQA"], layer=0)
+    assert plt.get_fignums() == before
+    # IPython's PNG formatter with no inline backend registered, as in a fresh kernel (a
+    # standalone formatter: creating the IPython shell would make every later display() render)
+    assert PNGFormatter()(fig).startswith(b"\x89PNG")
