@@ -85,9 +85,11 @@ def plain_from(cfg: ModelConfig, block: Block) -> PlainBlock:
 
 
 def run(quick: bool = False, batch: int = 16, seq_len: int = 128, rounds: int | None = None,
-        seed: int = 0) -> common.Report:
+        seed: int = 0, budget_s: float | None = None) -> common.Report:
     rounds = rounds or (5 if quick else 40)
+    budget_s = budget_s if budget_s is not None else (10.0 if quick else 25.0)
     t_start = time.perf_counter()
+    monitor = common.CpuMonitor()
     cfg = preset("cpu-small", "mha")
     seq_len = min(seq_len, cfg.seq_len)
     torch.manual_seed(seed)
@@ -125,7 +127,8 @@ def run(quick: bool = False, batch: int = 16, seq_len: int = 128, rounds: int | 
         return step
 
     fns = {"headlab Block": fwd_bwd(block), "plain block": fwd_bwd(plain)}
-    times = common.interleaved(fns, rounds=rounds, warmup=2 if quick else 5)
+    times = common.interleaved(fns, rounds=rounds, warmup=2 if quick else 5, budget_s=budget_s)
+    done = len(times["plain block"])
     ratio = common.paired_ratio(times, "headlab Block", "plain block")
     ok = ratio <= TARGET
     rows = [
@@ -142,9 +145,10 @@ def run(quick: bool = False, batch: int = 16, seq_len: int = 128, rounds: int | 
             "timed": f"forward + backward of one block, x {batch} x {seq_len} x {cfg.d_model} with requires_grad",
             "same function": f"weights copied; max |out diff| = {out_diff:.2e}, max |dx diff| = {grad_diff:.2e}, "
                              f"max |dW diff| (wq, fc) = {wgrad_diff:.2e} (asserted < 1e-4)",
-            "method": f"{rounds} interleaved rounds; ms = median; ratio = median of same-round ratios",
+            "method": f"{done} interleaved rounds (max {rounds}, time budget {budget_s:.0f} s); ms = median; ratio = median of same-round ratios",
             "target": f"headlab / plain <= {TARGET:.2f}",
         },
+        monitor=monitor, quick=quick,
     )
     table = common.format_table(["block", "ms fwd+bwd", "IQR/med", "ratio vs plain", "target", "result"], rows)
     misses = [] if ok else [f"block_overhead: headlab/plain ratio {ratio:.3f} > {TARGET}"]
@@ -158,7 +162,8 @@ def main(argv=None) -> common.Report:
     p.add_argument("--seq-len", type=int, default=128)
     args = p.parse_args(argv)
     common.setup(args)
-    report = run(quick=args.quick, batch=args.batch, seq_len=args.seq_len, rounds=args.rounds, seed=args.seed)
+    report = run(quick=args.quick, batch=args.batch, seq_len=args.seq_len, rounds=args.rounds, seed=args.seed,
+                 budget_s=args.budget)
     print(report)
     return report
 

@@ -35,6 +35,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads(N); default: leave torch's machine default")
     p.add_argument("--rounds", type=int, default=None, help="override the number of interleaved rounds")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds of timing rounds after which a benchmark stops early (never before 3 rounds)")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -64,21 +66,27 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
 
 
-def interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 1,
-                inner: int = 1, reduce: Callable[[Sequence[float]], float] = median) -> dict[str, list[float]]:
+def interleaved(fns: dict, rounds: int, warmup: int = 1, inner: int = 1,
+                reduce: Callable[[Sequence[float]], float] = median,
+                budget_s: float | None = None, min_rounds: int = 3) -> dict:
     """Round-robin timing: every round runs each fn `inner` times back to back and records
     `reduce` of those times (seconds). The order rotates each round so no method always runs
     first (or right after the same neighbour). Each fn is warmed up `warmup` times, also
-    round-robin, before any timing. Returns name -> one value per round."""
+    round-robin, before any timing. With `budget_s`, rounds stop early once that many seconds
+    have passed (but never before `min_rounds`), so a busy machine cannot make a run drag on.
+    Returns name -> one value per completed round."""
     names = list(fns)
     for _ in range(warmup):
         for name in names:
             fns[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
+    times: dict = {name: [] for name in names}
+    t0 = time.perf_counter()
     for r in range(rounds):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
             times[name].append(reduce([time_once(fns[name]) for _ in range(inner)]))
+        if budget_s is not None and r + 1 >= min_rounds and time.perf_counter() - t0 > budget_s:
+            break
     return times
 
 
@@ -95,13 +103,50 @@ def spread(xs: Sequence[float]) -> float:
     return (q[2] - q[0]) / median(xs)
 
 
+# ---- machine load -------------------------------------------------------------------------
+class CpuMonitor:
+    """How much CPU *other* processes took while a benchmark ran (Linux /proc only).
+
+    busy ticks of the whole machine (from /proc/stat) minus this process's own ticks (from
+    /proc/self/stat), as a share of elapsed time x cores. Near 0 % means the numbers are
+    clean; tens of percent mean another job competed for the cores (absolute times inflate,
+    and with OpenMP threads a stolen core stalls every parallel op, so ratios get noisier)."""
+
+    def __init__(self):
+        self.start = self._sample()
+
+    @staticmethod
+    def _sample():
+        try:
+            with open("/proc/stat") as f:
+                cpu = [int(v) for v in f.readline().split()[1:]]
+            with open("/proc/self/stat") as f:
+                own = f.read().rsplit(")", 1)[1].split()
+            idle = cpu[3] + (cpu[4] if len(cpu) > 4 else 0)
+            busy = sum(cpu[:8]) - idle  # user..steal; guest time is already inside user
+            return time.perf_counter(), busy, int(own[11]) + int(own[12])  # utime + stime
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def others_share(self) -> float | None:
+        end = self._sample()
+        if self.start is None or end is None:
+            return None
+        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        wall = end[0] - self.start[0]
+        others = (end[1] - self.start[1]) - (end[2] - self.start[2])
+        return max(0.0, others / hz / (wall * (os.cpu_count() or 1))) if wall > 0 else None
+
+
 # ---- reporting ----------------------------------------------------------------------------
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def machine_header(title: str, extra: dict[str, object] | None = None) -> str:
-    """A few lines naming the benchmark and the conditions it ran under."""
+def machine_header(title: str, extra: dict[str, object] | None = None,
+                   monitor: CpuMonitor | None = None, quick: bool = False) -> str:
+    """A few lines naming the benchmark and the conditions it ran under. With a CpuMonitor
+    started before the measurements, also the CPU share other processes took meanwhile."""
     try:
         load = "/".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
@@ -109,16 +154,18 @@ def machine_header(title: str, extra: dict[str, object] | None = None) -> str:
     lines = [
         f"## {title}",
         "",
-        f"torch {torch.__version__} | threads torch.get_num_threads()={torch.get_num_threads()} "
+        f"torch {torch.__version__} | torch.get_num_threads()={torch.get_num_threads()} "
         f"| os.cpu_count()={os.cpu_count()} | load avg 1/5/15 min {load} "
         f"| python {platform.python_version()} | {platform.machine()}",
     ]
-    try:
-        if os.getloadavg()[0] > (os.cpu_count() or 1) * 0.75:
-            lines.append("WARNING: the machine is busy (load average near or above the core count); "
-                         "absolute times are inflated, ratios from interleaved rounds are less affected.")
-    except OSError:
-        pass
+    share = monitor.others_share() if monitor is not None else None
+    if share is not None:
+        lines.append(f"other processes used {100 * share:.0f}% of the machine's CPU during this benchmark")
+        if share > 0.10:
+            lines.append("WARNING: the machine was shared while measuring; absolute times are inflated and "
+                         "ratios noisier (interleaving spreads the noise over all rows alike). Rerun when idle.")
+    if quick:
+        lines.append("QUICK MODE: a smoke test of the script; too few rounds for the PASS/MISS verdicts to be reliable.")
     for key, value in (extra or {}).items():
         lines.append(f"{key}: {value}")
     return "\n".join(lines)

@@ -36,10 +36,12 @@ TARGET = 5.0
 
 
 def run(quick: bool = False, context: int = 512, rounds: int | None = None, inner: int | None = None,
-        preset_name: str = "cpu-small", seed: int = 0) -> common.Report:
-    rounds = rounds or (2 if quick else 7)
+        preset_name: str = "cpu-small", seed: int = 0, budget_s: float | None = None) -> common.Report:
+    rounds = rounds or (3 if quick else 9)
+    budget_s = budget_s if budget_s is not None else (15.0 if quick else 40.0)
     inner = inner or (3 if quick else 10)
     t_start = time.perf_counter()
+    monitor = common.CpuMonitor()
     gen = torch.Generator().manual_seed(seed)
     configs = [cfg.replace(seq_len=max(cfg.seq_len, context)) for cfg in comparison_variants(preset_name)]
     tokens = torch.randint(0, configs[0].vocab_size, (1, context), generator=gen)
@@ -62,35 +64,25 @@ def run(quick: bool = False, context: int = 512, rounds: int | None = None, inne
             rows_meta.append(dict(name=name, cfg=cfg, absorb=absorb, nbytes=cache.nbytes(), formula=formula,
                                   logit_diff=logit_diff))
 
-            def cached_step(model=model, cache=cache):
-                cache.pos = context - 1  # step at position 511: attends over all 512 keys
-                return model(tokens[:, -1:], cache=cache)
+            def cached_steps(model=model, cache=cache):
+                for _ in range(inner):
+                    cache.pos = context - 1  # step at position 511: attends over all 512 keys
+                    model(tokens[:, -1:], cache=cache)
 
             def recompute(model=model):
-                return model(tokens)
+                model(tokens)
 
-            fns[(name, "cached")] = cached_step
+            fns[(name, "cached")] = cached_steps
             fns[(name, "full")] = recompute
 
-    # Interleave: every round runs each row's cached steps (`inner` in a row, median kept) and
-    # one full recompute, rows in rotating order.
-    def call(key):
-        fn = fns[key]
-        if key[1] == "cached":
-            return lambda: common.median([common.time_once(fn) for _ in range(inner)])
-        return lambda: common.time_once(fn)
-
-    names = [m["name"] for m in rows_meta]
-    times: dict[tuple, list[float]] = {k: [] for k in fns}
+    # Interleaved over every (row, mode): a "cached" call runs `inner` steps back to back
+    # (time / inner = ms per token), a "full" call one 512-token forward.
     with torch.inference_mode():
-        for key in fns:  # warm-up
-            fns[key]()
-            fns[key]()
-        for r in range(rounds):
-            shift = r % len(names)
-            for name in names[shift:] + names[:shift]:
-                for mode in ("cached", "full"):
-                    times[(name, mode)].append(call((name, mode))())
+        times = common.interleaved(fns, rounds=rounds, warmup=1, budget_s=budget_s)
+    done = len(next(iter(times.values())))
+    for key in fns:
+        if key[1] == "cached":
+            times[key] = [t / inner for t in times[key]]
 
     mha_bytes = rows_meta[0]["nbytes"]
     rows, misses = [], []
@@ -117,13 +109,15 @@ def run(quick: bool = False, context: int = 512, rounds: int | None = None, inne
             "cached": f"prefill {context - 1} tokens once; time 1-token steps at position {context - 1} "
                       "(cache.pos reset before each step); model.eval(), torch.inference_mode()",
             "recompute": f"one forward over all {context} tokens per generated token",
-            "method": f"2 warm-up calls each; {rounds} interleaved rounds, each = median of {inner} cached steps + "
-                      "1 recompute per row; ms = median over rounds; speedup = median of same-round ratios",
+            "method": f"1 warm-up call each; {done} interleaved rounds (max {rounds}, time budget {budget_s:.0f} s), "
+                      f"each = {inner} cached steps back to back + 1 recompute per row; "
+                      "ms = median over rounds; speedup = median of same-round ratios",
             "bytes": f"cache.nbytes() of a {context}-token cache vs kv_cache_values_per_token()"
                      f" * n_layer * {context} * 4 (float32); 'x MHA' = cache size relative to MHA",
             "logit diff": "max |cached-step logits - full-forward last-position logits|",
             "target": f"speedup >= {TARGET:.0f}x for every row (and bytes agree)",
         },
+        monitor=monitor, quick=quick,
     )
     table = common.format_table(
         ["variant", "cached ms/tok", "recompute ms/tok", "speedup", "cache bytes", "formula bytes",
@@ -139,7 +133,7 @@ def main(argv=None) -> common.Report:
     args = p.parse_args(argv)
     common.setup(args)
     report = run(quick=args.quick, context=args.context, rounds=args.rounds, preset_name=args.preset,
-                 seed=args.seed)
+                 seed=args.seed, budget_s=args.budget)
     print(report)
     return report
 

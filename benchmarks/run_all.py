@@ -26,11 +26,9 @@ def main(argv=None) -> int:
     common.setup(args)
     t0 = time.perf_counter()
     reports = []
-    for name, fn in (
-        ("train_step", lambda: train_step.run(quick=args.quick, adamw=args.adamw, rounds=args.rounds, seed=args.seed)),
-        ("block_overhead", lambda: block_overhead.run(quick=args.quick, rounds=args.rounds, seed=args.seed)),
-        ("decode", lambda: decode.run(quick=args.quick, rounds=args.rounds, seed=args.seed)),
-    ):
+    kw = dict(quick=args.quick, rounds=args.rounds, seed=args.seed, budget_s=args.budget)
+    for fn in (lambda: train_step.run(adamw=args.adamw, **kw), lambda: block_overhead.run(**kw),
+               lambda: decode.run(**kw)):
         report = fn()
         print(report, end="\n\n", flush=True)
         reports.append(report)
