@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m headlab demo
+	$(PY) -m headlab reproduce --out runs/reproduce
 
 test: $(STAMP)
 	$(PY) -m pytest -q --nbmake tests $(wildcard notebooks/*.ipynb)

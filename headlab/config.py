@@ -38,7 +38,7 @@ class ModelConfig:
     seq_len: int = 128
     n_layer: int = 4
     n_head: int = 6
-    d_model: int = 192
+    d_model: int = 128
     head_dim: int = 32
     attention: str = "mha"
     n_kv_head: int = 3

@@ -38,20 +38,20 @@ class TrainingDiverged(RuntimeError):
 class TrainConfig:
     """How to train. `batch_size` is the global batch in sequences (split across ranks)."""
 
-    steps: int = 600
-    batch_size: int = 32
+    steps: int = 400
+    batch_size: int = 16
     optimizer: str = "adamw"
     lr: float = 3e-3  # AdamW: every parameter
     matrix_lr: float = 0.02  # Muon: 2-D weights inside the blocks
     embedding_lr: float = 0.2  # Muon split: AdamW on the embedding
     unembedding_lr: float = 0.004  # Muon split: AdamW on the output head
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
+    warmup_steps: int = 30
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    eval_every: int = 200
+    eval_every: int = 100
     eval_batches: int = 16
-    checkpoint_every: int = 200
+    checkpoint_every: int = 100
     log_every: int = 10
     dtype: str = "float32"
     compile: bool = False
