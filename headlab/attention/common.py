@@ -67,6 +67,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
     return _kernel(q, k, v, scale, causal=True)
 
 
+def attention_probabilities(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q kᵀ · scale) with the end-aligned causal mask, for q (B, H, Tq, D) and k
+    (B, H, Tk, D): the explicit attention pattern, (B, H, Tq, Tk)."""
+    scores = (q @ k.transpose(-2, -1)) * scale
+    if q.size(-2) > 1:
+        scores = scores.masked_fill(~_causal_mask(q.size(-2), k.size(-2), q.device), -math.inf)
+    return scores.softmax(dim=-1)
+
+
 def _kernel(q, k, v, scale: float, causal: bool) -> torch.Tensor:
     """softmax(q kᵀ · scale) v, end-aligned causal mask if asked; SDPA or the explicit formula."""
     tq, tk = q.size(-2), k.size(-2)

@@ -6,7 +6,8 @@ with U_h (d x r) and B_h (d_h x r). Queries are ordinary per-head projections.
 
 Training materialises K_h and V_h. Decoding caches only K_shared, V_shared (d_h each) and the
 latents R_h = X U_h (r per head): 2·(d_h + H·r) values per token (Eq. 8).
-  * Values use Eq. 7 exactly: a·V_h = a·V_shared + (a·R^V_h) B^V_hᵀ, never forming V_h.
+  * Values use Eq. 7 exactly: a·V_h = a·V_shared + (a·R^V_h) B^V_hᵀ, never forming V_h
+    (the pattern a is formed explicitly: one query row per head at decode time).
   * Keys cannot use Eq. 6 once RoPE or QK-norm is on: RoPE rotates the d_h-dim key
     K_shared + R_h B_hᵀ, and a rotation does not pass through B_h (paper digest, C1). So each
     step rebuilds K_h for the cached positions, O(T·H·r·d_h) extra FLOPs per layer, which is
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .common import LayerCache, apply_rope, attend, qk_rms_norm
+from .common import LayerCache, apply_rope, attend, attention_probabilities, qk_rms_norm
 
 
 class LowRankKVAttention(nn.Module):
@@ -93,8 +94,8 @@ class LowRankKVAttention(nn.Module):
         return qk_rms_norm(k) if self.qk_norm else k
 
     def _attend_factored_values(self, q, k, v_shared, v_latent, scale) -> torch.Tensor:
-        """Eq. 7: attend once over [V_shared | R^V_h], then a·V_h = a·V_shared + (a·R^V_h) B^V_hᵀ."""
-        b, t = v_shared.shape[:2]
-        values = torch.cat((v_shared[:, :, None, :].expand(b, t, self.n_head, self.head_dim), v_latent), dim=-1)
-        y = attend(q, k, values.transpose(1, 2), scale)
-        return y[..., :self.head_dim] + torch.einsum("bhtr,hdr->bhtd", y[..., self.head_dim:], self.b_v)
+        """Eq. 7 with the pattern a = softmax(q K_hᵀ):  a·V_h = a·V_shared + (a·R^V_h) B^V_hᵀ."""
+        probs = attention_probabilities(q, k, scale)  # (B, H, Tq, T)
+        shared = probs @ v_shared[:, None]  # one V_shared for every head
+        latent = probs @ v_latent.transpose(1, 2)  # (B, H, Tq, r)
+        return shared + torch.einsum("bhtr,hdr->bhtd", latent, self.b_v)

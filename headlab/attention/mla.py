@@ -16,6 +16,7 @@ Two decode paths, chosen by the cache layout:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
@@ -89,8 +90,11 @@ class MultiHeadLatentAttention(nn.Module):
             cached = cache.update(k=k, v=v)
             k, v = cached["k"], cached["v"]
         q = torch.cat((q_nope, q_rope), dim=-1)
+        # Values padded to the query/key width: fused SDPA kernels need equal widths, and
+        # without them CPU attention falls back to a path several times slower.
+        v = F.pad(v, (0, self.rope_head_dim))
         y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.scale)
-        return y.transpose(1, 2)
+        return y[..., :self.head_dim].transpose(1, 2)
 
     def _absorbed(self, q_nope, q_rope, latent, k_rope) -> torch.Tensor:
         w_uk, w_uv = self.up_projections()
