@@ -10,7 +10,9 @@
     would cost disk reads instead). Target < 30 s and peak memory < 4 GB.
 
 Every case runs in a fresh subprocess, so "peak MB" is that process's maximum resident set size
-(interpreter, torch and numpy included), not memory left over from an earlier case.
+(interpreter, torch and numpy included), not memory left over from an earlier case; "others
+CPU %" is the share of the machine that other processes took meanwhile (on a shared machine
+OpenBLAS threads that lose their core stall each other, so times inflate far more than that share).
 
     python benchmarks/analysis_speed.py [--quick]      # --quick: MHA only at 2.5B
 """
@@ -74,12 +76,13 @@ class RandomAttentionWeights(Mapping):
 def measure(case: str, attention: str, seed: int = 0) -> dict:
     """Time the analysis in this process (after a warm-up on the tiny preset, which pays for lazy
     imports and thread start-up): the median of 3 runs at 128M, one run at 2.5B. Returns
-    seconds, weight-drawing seconds and peak MB."""
+    seconds, weight-drawing seconds, the CPU share other processes took, and peak MB."""
     torch.manual_seed(seed)
     analyze(GPT(preset("tiny", attention)))
     config = preset(case, attention)
     big = case == "paper-2.5b"
     model = None if big else GPT(config)
+    monitor = common.CpuMonitor()  # in this worker, so its own CPU is not counted as "others"
     times, drawing = [], 0.0
     for _ in range(1 if big else 3):
         weights = RandomAttentionWeights(config, seed) if big else None
@@ -89,7 +92,9 @@ def measure(case: str, attention: str, seed: int = 0) -> dict:
         drawing = weights.generation_s if weights else 0.0
         times.append(time.perf_counter() - t0 - drawing)
         assert len(result.summary) == 2 * config.n_layer
+    share = monitor.others_share()
     return {"seconds": common.median(times), "generation_s": drawing,
+            "others_pct": float("nan") if share is None else 100 * share,
             "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "layers": config.n_layer, "heads": config.n_head, "d_model": config.d_model}
 
@@ -109,14 +114,18 @@ def run(quick: bool = False, seed: int = 0, **_ignored) -> common.Report:
         ok = m["seconds"] < TARGET_S[case] and (case != "paper-2.5b" or m["peak_mb"] < TARGET_PEAK_MB)
         target = f"< {TARGET_S[case]:.0f} s" + (f", < {TARGET_PEAK_MB} MB" if case == "paper-2.5b" else "")
         rows.append([case, attention, f"{m['layers']}x{m['heads']}", m["d_model"], m["seconds"],
-                     m["generation_s"], round(m["peak_mb"]), target, common.verdict(ok)])
+                     m["generation_s"], round(m["peak_mb"]), m["others_pct"], target, common.verdict(ok)])
         if not ok:
             misses.append(f"analysis_speed {case} {attention}: {m['seconds']:.1f} s, {m['peak_mb']:.0f} MB ({target})")
+    header = common.machine_header("Head-similarity analysis (QK circuit, all layers)")
+    if max(row[7] for row in rows) > 10:
+        header += ("\nWARNING: other processes took CPU while measuring (column 'others CPU %'); the "
+                   "absolute times are inflated. Rerun when the machine is idle.")
     text = "\n".join([
-        common.machine_header("Head-similarity analysis (QK circuit, all layers)"),
+        header,
         "",
         common.format_table(["model", "family", "layers x heads", "d_model", "analysis s", "+ drawing weights s",
-                             "peak MB", "target", "result"], rows),
+                             "peak MB", "others CPU %", "target", "result"], rows),
     ])
     return common.Report("analysis_speed", text, not misses, misses)
 
