@@ -38,7 +38,7 @@ class TrainingDiverged(RuntimeError):
 class TrainConfig:
     """How to train. `batch_size` is the global batch in sequences (split across ranks)."""
 
-    steps: int = 400
+    steps: int = 350
     batch_size: int = 16
     optimizer: str = "adamw"
     lr: float = 3e-3  # AdamW: every parameter
