@@ -28,7 +28,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     if args.label is not None and len(args.label) != len(args.sources):
         raise ValueError(f"--label was given {len(args.label)} times for {len(args.sources)} sources")
-    sources = [load_heads(source, label) for source, label in zip(args.sources, args.label or [None] * len(args.sources))]
+    given = args.label or [None] * len(args.sources)
+    sources = [load_heads(source, label) for source, label in zip(args.sources, given)]
     labels = [heads.label for heads in sources]
     if args.label is None:  # two runs of one variant share a default label: add the folder name
         labels = [f"{label} [{Path(src).name}]" if labels.count(label) > 1 else label

@@ -126,12 +126,15 @@ class Factors:
 
     def head_norms(self) -> np.ndarray:
         """‖F_h‖_F for every head, shape (H,)."""
-        if self._latent:
+        if "block_gram" in self.__dict__:  # already computed: its diagonal holds every ‖column‖²
+            squares = np.diag(self.block_gram)
+        elif self._latent:
             squares = (self.matrix * (self._metric @ self.matrix)).sum(axis=0)
         else:
             squares = (self._columns() ** 2).sum(axis=0)
         return np.sqrt(np.clip(squares.reshape(self.n_blocks, self.head_dim).sum(axis=1), 0.0, None))[self.index]
 
+    @cached_property
     def block_gram(self) -> np.ndarray:
         """XᵀX for the distinct blocks X = [F_1 … F_G] (d × G·e): every e × e product F_gᵀ F_g'."""
         if self._latent:
@@ -143,7 +146,7 @@ class Factors:
         """All e × e products F_iᵀ F_j as an (H, e, H, e) array; shared blocks are multiplied
         once and only expanded to heads afterwards, by indexing."""
         e, g = self.head_dim, self.n_blocks
-        blocks = self.block_gram().reshape(g, e, g, e)
+        blocks = self.block_gram.reshape(g, e, g, e)
         if self.n_blocks == self.n_heads and np.array_equal(self.index, np.arange(self.n_heads)):
             return blocks
         return blocks[self.index][:, :, self.index]
@@ -156,7 +159,7 @@ class Factors:
             return _gram_root(self._metric) @ self.matrix
         if self.matrix.shape[1] >= self.dim:
             return self._columns()
-        return _gram_root(self.block_gram())
+        return _gram_root(self.block_gram)
 
     @cached_property
     def _metric(self) -> np.ndarray:
@@ -179,7 +182,7 @@ def _gram_root(gram: np.ndarray) -> np.ndarray:
 
 
 def _cost(f: Factors, what: str) -> int:
-    """Multiply-adds of `f.block_gram()` ("products") or `f.coordinates()` ("coordinates")."""
+    """Multiply-adds of `f.block_gram` ("products") or `f.coordinates()` ("coordinates")."""
     m, n = f.matrix.shape
     d = f.dim
     if f._latent:
@@ -198,9 +201,9 @@ def frobenius_gram(left: Factors, right: Factors, method: str = "auto") -> np.nd
                 d·(H·e)² each (what MHA needs).
       reduced   write each side in an orthonormal basis of its span, F_h = U C_h (C from the
                 e × e products, `Factors.coordinates`); then ⟨A_i, A_j⟩ = ⟨C^L_i C^Rᵀ_i, C^L_j C^Rᵀ_j⟩
-                with r_L × r_R reduced forms. Cheap when a side spans few dimensions: shared MQA/GQA
-                keys (G·e), MLA's latent (d_c + d_R), LRKV's [W_shared | U_h] (d_h + H·r). Refused
-                when neither side is narrower than d (the reduced forms would be d × d).
+                with r_L × r_R reduced forms. Cheap when a side spans few dimensions: MQA's shared
+                key (e), MLA's latent (d_c + d_R). Refused when neither side is narrower than d
+                (the reduced forms would be d × d).
     """
     if left.n_heads != right.n_heads or left.head_dim != right.head_dim:
         raise ValueError(f"left and right factors disagree: {left.n_heads} vs {right.n_heads} heads, "

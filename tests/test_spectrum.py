@@ -170,7 +170,10 @@ def test_reduced_route_is_refused_when_it_would_form_d_by_d():
 def test_head_norms_match_materialised_heads():
     rng = np.random.default_rng(5)
     f = Factors.per_head(rng.standard_normal((4, H * E)), E, base=rng.standard_normal((D, 4)))
-    np.testing.assert_allclose(f.head_norms(), np.linalg.norm(f.heads(), axis=(1, 2)), rtol=1e-12)
+    expected = np.linalg.norm(f.heads(), axis=(1, 2))
+    np.testing.assert_allclose(f.head_norms(), expected, rtol=1e-12)
+    assert f.block_gram.shape == (H * E, H * E)  # once computed, the norms come off its diagonal
+    np.testing.assert_allclose(f.head_norms(), expected, rtol=1e-12)
 
 
 # ---- degenerate and invalid input --------------------------------------------------------------
