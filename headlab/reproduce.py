@@ -109,8 +109,10 @@ def _markdown(frame: pd.DataFrame) -> str:
 
 
 def _cell(value) -> str:
-    """Floats to at most three decimals without trailing zeros (83.300 -> 83.3)."""
-    return f"{value:.3f}".rstrip("0").rstrip(".") if isinstance(value, float) else str(value)
+    """Percentages (>= 10) to one decimal, smaller floats to three, without trailing zeros."""
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:.{1 if abs(value) >= 10 else 3}f}".rstrip("0").rstrip(".")
 
 
 def report_tables(tables, training, variants: list[ModelConfig]) -> dict[str, pd.DataFrame]:
