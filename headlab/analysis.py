@@ -105,8 +105,13 @@ def concat(analyses: Iterable[Analysis]) -> Analysis:
                 raise ValueError(f"model label {key[0]!r} ({key[1]}) is in analyses {seen[key]} and {n}: "
                                  "pass label= to analyze() to tell them apart")
             seen[key] = n
-    return Analysis(**{name: pd.concat([getattr(a, name) for a in analyses], ignore_index=True)
-                       for name in COLUMNS})
+    return Analysis(**{name: _stack([getattr(a, name) for a in analyses]) for name in COLUMNS})
+
+
+def _stack(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """Concatenate, leaving out empty tables (they would turn integer columns into floats)."""
+    filled = [t for t in tables if len(t)]
+    return pd.concat(filled, ignore_index=True) if filled else tables[0]
 
 
 def analyze(source, label: str | None = None, circuit: str = "qk",
