@@ -75,13 +75,18 @@ def collect_tables(runs) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
     return tables, training
 
 
+def final_losses(training: pd.DataFrame) -> pd.DataFrame:
+    """The last validation record of every (model, seed) run in a training table."""
+    return training.sort_values("step").groupby(["model", "seed"]).tail(1)
+
+
 def draw_figures(tables: dict[str, pd.DataFrame], training: pd.DataFrame, folder: Path) -> list[Path]:
     """Every figure of the report as PNG and SVG; returns the PNG paths."""
     folder.mkdir(parents=True, exist_ok=True)
     colours = plots.palette(tables["summary"]["model"].unique())
     spectra, summary = tables["spectra"], tables["summary"]
     middle = plots.layer_roles(sorted(summary["layer"].unique()))["Middle"]
-    final = training.sort_values("step").groupby(["model", "seed"]).tail(1)
+    final = final_losses(training)
     figures = {
         "spectra_uncentered": plots.spectra_figure(spectra, kind="uncentered", palette=colours),
         "spectra_centered": plots.spectra_figure(spectra, kind="centered", palette=colours),
@@ -119,7 +124,7 @@ def report_tables(tables, training, variants: list[ModelConfig]) -> dict[str, pd
     """Effective rank (Table 3 form), KV cache (Table 7 form) and loss (Table 1 form)."""
     summary = tables["summary"][tables["summary"]["circuit"] == "qk"]
     mean_rank = summary.groupby(["model", "kind"])["effective_rank_pct_of_heads"].mean()
-    final = training.sort_values("step").groupby(["model", "seed"]).tail(1).groupby("model")["val_loss"]
+    final = final_losses(training).groupby("model")["val_loss"]
     mha_loss = final.mean()[variants[0].label]
     rank_rows, cache_rows, loss_rows = [], [], []
     for role, config in zip(ROLES, variants):

@@ -78,7 +78,7 @@ import torch
 import headlab
 from headlab import plots
 from headlab.cli import describe
-from headlab.reproduce import collect_tables, report_tables, slug, train_variants
+from headlab.reproduce import collect_tables, final_losses, report_tables, slug, train_variants
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead
@@ -149,7 +149,7 @@ plots.loss_curves_figure(training)
 # Shakespeare; the paper's: cross-entropy per GPT-2 token on FineWeb-Edu).
 
 # %%
-final = training.sort_values("step").groupby(["model", "seed"]).tail(1)
+final = final_losses(training)
 plots.loss_vs_cache_figure(final)
 
 # %%
