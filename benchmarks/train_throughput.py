@@ -1,7 +1,8 @@
 """Training throughput and model FLOPs utilisation (MFU) of the six comparison variants.
 
 A step here is exactly the trainer's: random windows, forward, backward, gradient clipping and
-the AdamW step, at the preset's training batch. Model FLOPs per token follow PaLM (App. B):
+the AdamW step, at the preset's training batch, with the trainer's CPU allocator setting
+(`keep_freed_cpu_memory`). Model FLOPs per token follow PaLM (App. B):
 
     6 · N_matmul  +  6 · L · H · T · (d_qk + d_v)
 
@@ -30,7 +31,7 @@ import torch  # noqa: E402
 from headlab.config import ModelConfig, comparison_variants  # noqa: E402
 from headlab.data import load_corpus, random_windows  # noqa: E402
 from headlab.model import GPT  # noqa: E402
-from headlab.train import make_optimizers, train_preset  # noqa: E402
+from headlab.train import keep_freed_cpu_memory, make_optimizers, train_preset  # noqa: E402
 
 MFU_TARGET = 0.50
 GPU_MFU_TARGET = 0.35
@@ -63,6 +64,8 @@ def _sync(x, device):
 
 def run(quick: bool = False, preset_name: str = "cpu-small", rounds: int | None = None) -> common.Report:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":
+        keep_freed_cpu_memory()
     monitor = common.CpuMonitor()
     train_config = train_preset(preset_name)
     use_bf16 = device.type == "cuda" and train_config.dtype == "bfloat16"

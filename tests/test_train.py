@@ -171,3 +171,32 @@ def test_two_process_gloo_run_follows_the_single_process_curve(tmp_path, synthet
     for a, b in zip(one, two):
         key = "train_loss" if "train_loss" in a else "val_loss"
         assert abs(a[key] - b[key]) <= 1e-4 * abs(a[key]), (a, b)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc is Linux-only")
+def test_keeping_freed_cpu_memory_stops_training_steps_page_faulting():
+    # A fresh interpreter, as the default allocator settings are process-wide.
+    script = """
+import resource, torch
+from headlab import preset
+from headlab.model import GPT
+from headlab.train import keep_freed_cpu_memory
+torch.set_num_threads(1)
+model = GPT(preset("cpu-small"))
+idx = torch.randint(0, 256, (16, 128))
+def faults_per_step():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        model(idx, idx)[1].backward()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3
+faults_per_step()
+default = faults_per_step()
+assert keep_freed_cpu_memory()
+faults_per_step(), faults_per_step()  # the heap grows to the step's high-water mark once
+print(default, faults_per_step())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    default, kept = map(float, out.split())
+    assert default > 1000, default
+    assert kept < default / 20, (default, kept)
