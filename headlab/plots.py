@@ -324,7 +324,7 @@ def similarity_heatmaps(similarity: pd.DataFrame, layer: int, circuit: str = "qk
         ax.remove()
     bar = fig.colorbar(axes[0].collections[0], ax=axes[:len(methods.order)].tolist(), shrink=0.8,
                        ticks=[-1, -0.5, 0, 0.5, 1])
-    bar.set_label("cosine similarity")
+    bar.set_label("1 − Jensen–Shannon distance" if circuit == "pattern" else "cosine similarity")
     fig.suptitle(_title(f"Head similarity matrices, layer L={layer}", 1, circuit), fontweight="bold")
     return fig
 

@@ -221,6 +221,13 @@ def test_similarity_heatmaps(tables):
     assert len(fig.axes) == len(METHODS) + 1  # one shared colour bar
 
 
+def test_attention_map_heatmaps_name_their_measure(tables):
+    pattern = tables["similarity"].assign(circuit="pattern")
+    fig = plots.similarity_heatmaps(pattern, layer=2, circuit="pattern")
+    assert fig.get_suptitle() == "Head similarity matrices, layer L=2 — attention maps"
+    assert fig.axes[-1].get_ylabel() == "1 − Jensen–Shannon distance"
+
+
 def test_similarity_heatmaps_grid_drops_empty_cells(tables):
     similarity = tables["similarity"]
     fig = plots.similarity_heatmaps(similarity[similarity.model != "MQA"], layer=0, annotate=False)
