@@ -420,3 +420,27 @@ def loss_vs_cache_figure(results: pd.DataFrame, palette: Mapping[str, str] | Non
     ax.set(xlabel="KV cache (% of Standard MHA)", ylabel="Final validation loss (nats/token)")
     fig.suptitle(_title("Final loss against KV cache size", n_seeds), fontweight="bold")
     return fig
+
+
+@_styled
+def decode_latency_figure(latency: pd.DataFrame, palette: Mapping[str, str] | None = None) -> Figure:
+    """Milliseconds per cached decoding step against the number of cached tokens, a line per
+    method, context on a log-2 axis (from `headlab.decoding.step_latency`).
+
+    latency: model, context, ms [, seed].
+    """
+    data = _checked(latency, "latency", ["model", "context", "ms"])
+    methods = _methods(data, palette)
+    n_seeds = _n_seeds(data, "latency", ["model", "context"])
+    fig = NotebookFigure(figsize=SINGLE_SIZE, layout="constrained")
+    ax = fig.subplots()
+    _lines(ax, data, "context", "ms", methods, n_seeds)
+    contexts = sorted(data["context"].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(contexts, [str(c) for c in contexts])
+    ax.minorticks_off()
+    ax.set_ylim(bottom=0)
+    ax.set(xlabel="Tokens in the cache (T)", ylabel="ms per decoding step")
+    fig.suptitle(_title("Cached decoding step against context length", n_seeds), fontweight="bold")
+    _legend(fig, methods, n_seeds=n_seeds)
+    return fig

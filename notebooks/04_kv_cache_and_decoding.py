@@ -57,14 +57,11 @@ SMALL = True  # True: short context, quick timings (CI). False: context 512 and 
 
 # %%
 # %matplotlib inline
-import timeit
-
 import pandas as pd
 import torch
-from torch.utils.benchmark import Timer
 
 import headlab
-from headlab import plots
+from headlab import decoding, plots
 from headlab.cli import describe
 
 torch.set_num_threads(1)  # single-threaded timings (see above)
@@ -86,17 +83,7 @@ MODELS = {config.label: headlab.GPT(config).eval() for config in VARIANTS}
 # headlab decodes with by default, and the naive cache of decompressed per-head keys and values.
 
 # %%
-rows = []
-for config in VARIANTS:
-    for absorb in (True, False) if config.attention == "mla" else (True,):
-        cache = MODELS[config.label].new_cache(1, CONTEXT, mla_absorb=absorb)
-        formula = config.kv_cache_values_per_token(mla_absorb=absorb) * config.n_layer * CONTEXT * 4
-        rows.append({"variant": config.label + ("" if absorb else ", naive cache"),
-                     "cache tensors (bytes)": cache.nbytes(), "formula (bytes)": formula,
-                     "agree": cache.nbytes() == formula})
-cache_bytes = pd.DataFrame(rows).set_index("variant")
-cache_bytes["% of MHA"] = 100 * cache_bytes["cache tensors (bytes)"] / cache_bytes["cache tensors (bytes)"].iloc[0]
-cache_bytes.round(1)
+decoding.cache_bytes_table(MODELS, CONTEXT).round(1)
 
 # %% [markdown]
 # ## At the paper's scale
@@ -122,18 +109,7 @@ paper[["params", "kv_values_per_token_per_layer", "kv_fraction_of_mha", "kv_cach
 
 # %%
 prompt = torch.randint(0, 256, (1, CONTEXT - NEW_TOKENS), generator=torch.Generator().manual_seed(0))
-rows = []
-for label, model in MODELS.items():
-    same = torch.equal(model.generate(prompt, NEW_TOKENS, temperature=0),
-                       model.generate(prompt, NEW_TOKENS, temperature=0, use_cache=False))
-    timings = {use_cache: min(timeit.repeat("model.generate(prompt, n, temperature=0, use_cache=use_cache)",
-                                            globals={"model": model, "prompt": prompt, "n": NEW_TOKENS,
-                                                     "use_cache": use_cache}, number=1, repeat=REPEATS))
-               for use_cache in (True, False)}
-    rows.append({"variant": label, "with cache (ms/token)": 1e3 * timings[True] / NEW_TOKENS,
-                 "without cache (ms/token)": 1e3 * timings[False] / NEW_TOKENS,
-                 "speed-up": timings[False] / timings[True], "same tokens": same})
-pd.DataFrame(rows).set_index("variant").round(2)
+decoding.generation_speed(MODELS, prompt, NEW_TOKENS, repeats=REPEATS).round(2)
 
 # %% [markdown]
 # ## What the paper's RoPE claim costs for LRKV
@@ -155,11 +131,7 @@ pd.DataFrame(rows).set_index("variant").round(2)
 # parameter outside the embedding and the output head):
 
 # %%
-rebuild = pd.DataFrame([{"variant": c.label, "context T": T,
-                         "key rebuild (MACs/token)": c.n_layer * T * c.n_head * c.kv_rank * c.head_dim,
-                         "attention scores (MACs/token)": c.n_layer * T * c.n_head * c.head_dim,
-                         "block weight matmuls (MACs/token)": paper.loc[c.label, "params_non_embedding"]}
-                        for c in PAPER_VARIANTS if c.attention == "lrkv" for T in (2048, 8192)])
+rebuild = decoding.lrkv_key_rebuild_macs(PAPER_VARIANTS, [2048, 8192])
 rebuild.style.format("{:,}", subset=[column for column in rebuild.columns if "MACs" in column])
 
 # %% [markdown]
@@ -169,31 +141,22 @@ rebuild.style.format("{:,}", subset=[column for column in rebuild.columns if "MA
 # (for instance with positions encoded in the latent space), which is not the model the paper trains.
 
 # %% [markdown]
-# Measured: one cached decoding step at growing context length T. Every variant gets slower as
-# the cache grows, because attention reads T keys; LRKV gets slower faster, and more so at the
-# larger rank, because it also rebuilds T·H keys of width d_h from the r-wide latents.
+# Measured: one cached decoding step at growing context length T. The variants that keep per-head
+# keys (MHA, GQA) get slower as the cache grows, because attention reads T keys per head; MQA and
+# MLA's absorbed path read one shared key per position and stay nearly flat. LRKV is the slowest,
+# and its distance to MHA widens with T, because it also rebuilds T·H keys of width d_h from the
+# r-wide latents before it can score them.
 
 # %%
-rows = []
-for T in ROPE_CONTEXTS:
-    tokens = torch.randint(0, 256, (1, T + 1), generator=torch.Generator().manual_seed(T))
-    for label, model in MODELS.items():
-        with torch.inference_mode():
-            cache = model.new_cache(1, T + 1)
-            model(tokens[:, :T], cache=cache)  # prefill T tokens; each timed step is token T + 1
-            step = Timer("model(token, cache=cache); cache.pos -= 1",
-                         globals={"model": model, "token": tokens[:, T:], "cache": cache})
-            rows.append({"model": label, "context": T,
-                         "ms": 1e3 * step.blocked_autorange(min_run_time=MIN_RUN_TIME).median})
-per_step = pd.DataFrame(rows).pivot(index="context", columns="model", values="ms")[list(colours)]
-per_step.rename(index=str).plot(marker="o", color=list(colours.values()), xlabel="tokens in the cache (T)",
-                                ylabel="ms per decoding step", title="Cached decoding step against context length",
-                                figsize=(8, 4.5));
+latency = decoding.step_latency(MODELS, ROPE_CONTEXTS, min_run_time=MIN_RUN_TIME)
+plots.decode_latency_figure(latency, palette=colours)
 
 # %% [markdown]
 # The same numbers as a table, with each variant's step time at the longest context relative to
-# the shortest: LRKV's growth beyond that of MQA and MHA is the T-dependent key reconstruction the
-# paper says it does not have.
+# the shortest. LRKV caches less than MHA yet decodes more slowly, by a margin that grows with T:
+# that is the T-dependent key reconstruction the paper says it does not have. (Timings of models
+# this small are noisy; read the trend, not single cells.)
 
 # %%
-per_step.T.assign(growth=per_step.iloc[-1] / per_step.iloc[0]).round(2)
+per_step = latency.pivot(index="model", columns="context", values="ms").loc[list(colours)]
+per_step.assign(growth=per_step.iloc[:, -1] / per_step.iloc[:, 0]).round(2)

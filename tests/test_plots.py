@@ -296,3 +296,19 @@ def test_figures_stay_out_of_pyplot_and_display_as_png(tables):
     # IPython's PNG formatter with no inline backend registered, as in a fresh kernel (a
     # standalone formatter: creating the IPython shell would make every later display() render)
     assert PNGFormatter()(fig).startswith(b"\x89PNG")
+
+
+def test_decode_latency_figure():
+    contexts = [128, 512, 2048]
+    latency = pd.DataFrame([{"model": model, "context": t, "ms": 1 + share * t / 100}
+                            for model, share in METHODS.items() for t in contexts])
+    fig = plots.decode_latency_figure(latency)
+    (ax,) = fig.axes
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("Tokens in the cache (T)", "ms per decoding step")
+    assert fig.get_suptitle() == "Cached decoding step against context length"
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["128", "512", "2048"]
+    assert legend_labels(fig) == FIGURE_ORDER
+    assert line_colours(ax) == TAB10
+    mqa = ax.get_lines()[FIGURE_ORDER.index("MQA")]
+    assert list(mqa.get_ydata()) == pytest.approx([1 + 0.6 * t / 100 for t in contexts])

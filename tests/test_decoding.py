@@ -1,0 +1,62 @@
+"""headlab.decoding: cache bytes against the formula, cached generation, step timings and the
+LRKV key-rebuild bill, on tiny models."""
+
+import pytest
+import torch
+
+from headlab import decoding
+from headlab.config import comparison_variants
+from headlab.model import GPT
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    return {config.label: GPT(config.replace(seq_len=96)).eval() for config in comparison_variants("tiny")}
+
+
+def test_cache_bytes_equal_the_formula_for_every_variant_and_both_mla_caches(models):
+    table = decoding.cache_bytes_table(models, context=48)
+    assert len(table) == len(models) + 1  # MLA twice
+    assert table["agree"].all()
+    assert (table["cache tensors (bytes)"] == table["formula (bytes)"]).all()
+    for label, model in models.items():
+        assert table.loc[label, "% of MHA"] == pytest.approx(100 * model.config.kv_cache_fraction_of_mha())
+    (naive,) = [label for label in table.index if label.endswith("naive cache")]
+    mla = next(model.config for model in models.values() if model.config.attention == "mla")
+    # Decompressed per-head keys (no-RoPE part and the shared RoPE part) and values.
+    per_head = 2 * mla.head_dim + mla.rope_head_dim
+    assert table.loc[naive, "% of MHA"] == pytest.approx(100 * per_head / (2 * mla.head_dim))
+
+
+def test_cached_and_uncached_generation_choose_the_same_tokens(models):
+    prompt = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(1))
+    table = decoding.generation_speed(models, prompt, new_tokens=6, repeats=1)
+    assert list(table.index) == list(models)
+    assert table["same tokens"].all()
+    assert (table[["with cache (ms/token)", "without cache (ms/token)", "speed-up"]] > 0).all().all()
+
+
+def test_step_latency_is_tidy_and_leaves_each_cache_rewound(models):
+    latency = decoding.step_latency(models, [16, 64], min_run_time=0.01)
+    assert list(latency.columns) == ["model", "context", "ms"]
+    assert len(latency) == 2 * len(models)
+    assert set(latency["context"]) == {16, 64}
+    assert (latency["ms"] > 0).all()
+
+
+def test_lrkv_key_rebuild_bill_follows_its_closed_form():
+    configs = comparison_variants("paper-128m")
+    table = decoding.lrkv_key_rebuild_macs(configs, [2048, 8192])
+    lrkv = [c for c in configs if c.attention == "lrkv"]
+    assert len(table) == 2 * len(lrkv)
+    for config in lrkv:
+        rows = table[table["variant"] == config.label].set_index("context T")
+        assert rows.loc[2048, "key rebuild (MACs/token)"] == 12 * 2048 * 6 * config.kv_rank * 128
+        # r times the attention scores, linear in T; the block matmuls do not depend on T.
+        assert (rows["key rebuild (MACs/token)"] == config.kv_rank * rows["attention scores (MACs/token)"]).all()
+        assert rows.loc[8192, "key rebuild (MACs/token)"] == 4 * rows.loc[2048, "key rebuild (MACs/token)"]
+        with torch.device("meta"):
+            model = GPT(config)
+        block = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("wte.", "lm_head.")))
+        assert (rows["block weight matmuls (MACs/token)"] == block).all()
