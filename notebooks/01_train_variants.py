@@ -58,13 +58,13 @@ if IN_COLAB:
 # `SMALL = True` is the smoke-test size that CI runs: the `tiny` preset (2 layers, 4 heads) for a
 # few dozen steps, seconds in all; its numbers only show that everything runs. `SMALL = False`
 # trains the `cpu-small` preset (4 layers, 6 heads) for the preset's own number of steps: the runs
-# `make demo` trains, about 12 minutes for all six on two CPU cores. `RUNS` is the folder the runs
+# `make demo` trains, about 11 minutes for all six on two CPU cores. `RUNS` is the folder the runs
 # go to (`None`: `runs/notebooks/small` or `runs/notebooks/full`, shared by notebooks 01–03). With
 # `SMALL = False` you can point it at the `--out` folder of `headlab reproduce` (e.g.
 # `../runs/reproduce` from this folder) to reuse the runs of `make demo` instead of training again.
 
 # %% tags=["parameters"]
-SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study, ~12 minutes on 2 CPUs
+SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study, ~11 minutes on 2 CPUs
 SEEDS = 1  # runs per variant (seed 0, 1, ...); several seeds draw a band in the figures
 RUNS = None  # None: runs/notebooks/<small|full>
 

@@ -55,7 +55,7 @@ if IN_COLAB:
 # ## Parameters
 # The same switch as notebook 01, whose runs this notebook reuses: with them in `RUNS`, nothing
 # is trained here; without them, the six variants are trained first (seconds with `SMALL = True`,
-# about 12 minutes on two CPU cores with `SMALL = False`).
+# about 11 minutes on two CPU cores with `SMALL = False`).
 
 # %% tags=["parameters"]
 SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study

@@ -47,7 +47,7 @@ if IN_COLAB:
 # %% [markdown]
 # ## Parameters
 # `SMALL = True` (CI) uses short contexts and brief timings: seconds in all. `SMALL = False` times
-# a 512-token context and contexts up to 4096 more carefully (about three minutes on a CPU). All
+# a 512-token context and contexts up to 4096 more carefully (about two minutes on a CPU). All
 # timings run on one thread, so that they compare across machines (and because on a busy machine
 # a second thread can make small models many times slower). Timings are noisy all the same:
 # compare ratios and trends, not absolute milliseconds.
