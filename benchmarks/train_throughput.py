@@ -8,7 +8,9 @@ the AdamW step, at the preset's training batch, with the trainer's CPU allocator
 
 with N_matmul the parameters that take part in matrix products (all but the embedding lookup
 and the norms) and T the context. MFU divides the achieved model FLOP/s by this CPU's fp32
-matmul peak, measured in the same run (the best of several large square matmuls).
+matmul peak, measured in the same run: large square matmuls are timed in every round beside the
+training steps, a round's peak is its best size, and MFU is the median over rounds of each
+round's ratio, so that a shared machine's speed changes reach numerator and denominator alike.
 
 Targets: MHA at >= 50% of the peak; every other variant within 10% of MHA's tokens/s.
 On a CUDA machine, `--preset paper-128m` runs the same in bf16 against the bf16 peak.
@@ -45,15 +47,14 @@ def model_flops_per_token(model: GPT, config: ModelConfig) -> float:
     return 6 * matmul_params + attention
 
 
-def matmul_peak(device: torch.device, dtype: torch.dtype, quick: bool) -> float:
-    """Best FLOP/s over a few sizes of square matmuls."""
-    best = 0.0
-    for n in ((1024, 2048) if quick else (1024, 2048, 3072)) if device.type == "cpu" else (8192,):
+def matmul_probes(device: torch.device, dtype: torch.dtype) -> dict[int, object]:
+    """Square matmuls of a few sizes, n -> a function doing one n x n x n product (2 n^3 FLOPs)."""
+    probes = {}
+    for n in (1024, 2048) if device.type == "cpu" else (8192,):
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
-        times = common.time_fn(lambda: _sync(a @ b, device), warmup=2, repeats=3 if quick else 6)
-        best = max(best, 2 * n ** 3 / min(times))
-    return best
+        probes[n] = lambda a=a, b=b: _sync(a @ b, device)
+    return probes
 
 
 def _sync(x, device):
@@ -70,7 +71,7 @@ def run(quick: bool = False, preset_name: str = "cpu-small", rounds: int | None 
     train_config = train_preset(preset_name)
     use_bf16 = device.type == "cuda" and train_config.dtype == "bfloat16"
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else nullcontext()
-    peak = matmul_peak(device, torch.bfloat16 if use_bf16 else torch.float32, quick)
+    probes = matmul_probes(device, torch.bfloat16 if use_bf16 else torch.float32)
     corpus = load_corpus("synthetic")
     configs = comparison_variants(preset_name)
     if configs[0].vocab_size < corpus.vocab_size:
@@ -100,7 +101,10 @@ def run(quick: bool = False, preset_name: str = "cpu-small", rounds: int | None 
         steps[config.label] = step
 
     rounds = rounds or (2 if quick else 6)
-    times = common.interleaved(steps, rounds=rounds, warmup=1, inner=1 if quick else 3)
+    fns = {**steps, **{f"matmul {n}": probe for n, probe in probes.items()}}
+    times = common.interleaved(fns, rounds=rounds, warmup=1, inner=1 if quick else 3)
+    done = len(times[configs[0].label])
+    peaks = [max(2 * n ** 3 / times[f"matmul {n}"][r] for n in probes) for r in range(done)]
     tokens_per_step = batch * configs[0].seq_len
     mha = configs[0].label
     mha_tokens = tokens_per_step / common.median(times[mha])
@@ -108,7 +112,7 @@ def run(quick: bool = False, preset_name: str = "cpu-small", rounds: int | None 
     for config in configs:
         label = config.label
         tokens_per_s = tokens_per_step / common.median(times[label])
-        mfu = tokens_per_s * flops[label] / peak
+        mfu = common.median([tokens_per_step * flops[label] / t / peak for t, peak in zip(times[label], peaks)])
         relative = common.paired_ratio(times, mha, label)  # tokens/s relative to MHA, same-round pairs
         if label == mha:
             target = GPU_MFU_TARGET if device.type == "cuda" else MFU_TARGET
@@ -123,7 +127,9 @@ def run(quick: bool = False, preset_name: str = "cpu-small", rounds: int | None 
         ["variant", "tokens/s", "MFLOP/token", "MFU %", "tok/s vs MHA", "target", "result"], rows)
     header = common.machine_header(
         f"Training throughput on {preset_name} ({'bf16' if use_bf16 else 'fp32'}, {device.type})",
-        {"matmul peak (measured now)": f"{peak / 1e9:.1f} GFLOP/s",
+        {"matmul peak (measured now)": f"median {common.median(peaks) / 1e9:.1f} GFLOP/s over {done} rounds "
+                                       f"(range {min(peaks) / 1e9:.1f}-{max(peaks) / 1e9:.1f}), best of n = "
+                                       f"{', '.join(map(str, probes))} each round",
          "step": f"trainer step (windows, fwd, bwd, clip, {train_config.optimizer}), batch {batch} x {configs[0].seq_len}",
          "MHA tokens/s": f"{mha_tokens:,.0f}"}, monitor)
     return common.Report("train_throughput", f"{header}\n\n{table}\n", not misses, misses)
