@@ -59,8 +59,7 @@ def run(quick: bool = False, context: int = 512, rounds: int | None = None, inne
                 step_logits, _ = model(tokens[:, -1:], cache=cache)
                 full_logits, _ = model(tokens)
             logit_diff = (step_logits[:, -1] - full_logits[:, -1]).abs().max().item()
-            elem = cache.tensors()[0].element_size()
-            formula = cfg.kv_cache_values_per_token(mla_absorb=absorb) * cfg.n_layer * context * elem
+            formula = cfg.kv_cache_bytes(context, cache.tensors()[0].element_size(), mla_absorb=absorb)
             rows_meta.append(dict(name=name, cfg=cfg, absorb=absorb, nbytes=cache.nbytes(), formula=formula,
                                   logit_diff=logit_diff))
 

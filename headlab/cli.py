@@ -37,7 +37,7 @@ def describe(config: ModelConfig, context: int, dtype: str = "bf16", batch_size:
         "context": context,
         "batch_size": batch_size,
         "dtype": dtype,
-        "kv_cache_bytes": per_token * config.n_layer * context * batch_size * DTYPE_BYTES[dtype],
+        "kv_cache_bytes": config.kv_cache_bytes(context, DTYPE_BYTES[dtype], batch_size),
     }
 
 

@@ -120,6 +120,10 @@ class ModelConfig:
             return self.kv_latent_dim + self.rope_head_dim
         return h * (dh + self.rope_head_dim) + h * dh
 
+    def kv_cache_bytes(self, tokens: int, bytes_per_value: int, batch_size: int = 1, mla_absorb: bool = True) -> int:
+        """Decode cache size: values/token/layer · n_layer · tokens · batch · bytes per value."""
+        return self.kv_cache_values_per_token(mla_absorb) * self.n_layer * tokens * batch_size * bytes_per_value
+
     def kv_cache_fraction_of_mha(self) -> float:
         """Decode cache relative to MHA with the same heads: 2·H·d_h values per token per layer."""
         return self.kv_cache_values_per_token() / (2 * self.n_head * self.head_dim)

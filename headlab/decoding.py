@@ -26,8 +26,7 @@ def cache_bytes_table(models: dict[str, GPT], context: int) -> pd.DataFrame:
         config = model.config
         for absorb in (True, False) if config.attention == "mla" else (True,):
             cache = model.new_cache(1, context, mla_absorb=absorb)
-            element = cache.tensors()[0].element_size()
-            formula = config.kv_cache_values_per_token(mla_absorb=absorb) * config.n_layer * context * element
+            formula = config.kv_cache_bytes(context, cache.tensors()[0].element_size(), mla_absorb=absorb)
             rows.append({"variant": label + ("" if absorb else ", naive cache"), "cache tensors (bytes)": cache.nbytes(),
                          "formula (bytes)": formula, "agree": cache.nbytes() == formula})
     table = pd.DataFrame(rows).set_index("variant")
