@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +23,7 @@ from . import plots
 from .analysis import analyze, concat
 from .config import ModelConfig, comparison_variants
 from .data import load_corpus
-from .train import train, train_preset
+from .train import TrainConfig, train, train_preset
 
 # The paper's numbers at 128M (arXiv 2601.11471 v3), keyed by our variant's role.
 ROLES = ("mha", "lrkv-small", "lrkv-large", "mqa", "mla", "gqa")
@@ -42,6 +43,16 @@ def slug(label: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", label.lower().replace("=", ""))).strip("-")
 
 
+def run_folder(out: str | Path, config: ModelConfig, seed: int) -> Path:
+    """Where a study keeps one variant's run: <out>/runs/<variant slug>-seed<k>."""
+    return Path(out) / "runs" / f"{slug(config.label)}-seed{seed}"
+
+
+def study_train_config(preset: str, seed: int, steps: int | None = None) -> TrainConfig:
+    """The preset's training settings for one seed; `steps` (if given) replaces its step count."""
+    return train_preset(preset, seed=seed, **({"steps": steps} if steps else {}))
+
+
 def train_variants(preset: str, seeds: int, out: Path, steps: int | None = None, progress: bool = True,
                    log=print) -> list[tuple[ModelConfig, int, object]]:
     """Train (or reuse, or resume) every comparison variant for every seed."""
@@ -49,14 +60,48 @@ def train_variants(preset: str, seeds: int, out: Path, steps: int | None = None,
     runs = []
     for seed in range(seeds):
         for config in comparison_variants(preset):
-            train_config = train_preset(preset, seed=seed, **({"steps": steps} if steps else {}))
             start = time.perf_counter()
-            run = train(config, train_config, corpus, out=out / "runs" / f"{slug(config.label)}-seed{seed}",
+            run = train(config, study_train_config(preset, seed, steps), corpus, out=run_folder(out, config, seed),
                         resume=True, progress=progress)
             log(f"  {config.label:<20} seed {seed}: validation loss {run.final_val_loss:.3f} nats/byte "
                 f"({time.perf_counter() - start:.0f} s)")
             runs.append((config, seed, run))
     return runs
+
+
+@dataclass(frozen=True)
+class NotebookStudy:
+    """The runs the notebooks share. Small mode (CI's smoke test) is the tiny preset for 60
+    steps; full mode is the cpu-small study of `make demo`. Runs live in `folder`."""
+
+    preset: str
+    steps: int | None
+    folder: Path
+
+    @classmethod
+    def choose(cls, small: bool, runs: str | Path | None = None) -> "NotebookStudy":
+        """The study of a notebook's `SMALL` switch; `runs` overrides runs/notebooks/<small|full>."""
+        mode = "small" if small else "full"
+        return cls("tiny" if small else "cpu-small", 60 if small else None, Path(runs or f"runs/notebooks/{mode}"))
+
+    @property
+    def variants(self) -> list[ModelConfig]:
+        return comparison_variants(self.preset)
+
+    def train_config(self, seed: int = 0) -> TrainConfig:
+        return study_train_config(self.preset, seed, self.steps)
+
+    def run_folder(self, config: ModelConfig, seed: int = 0) -> Path:
+        return run_folder(self.folder, config, seed)
+
+    def finished_runs(self, seed: int = 0) -> list[Path]:
+        """The run folders of this seed that hold trained weights, in variant order."""
+        folders = [self.run_folder(config, seed) for config in self.variants]
+        return [folder for folder in folders if (folder / "model.safetensors").exists()]
+
+    def train(self, seeds: int = 1, progress: bool = True, log=print) -> list[tuple[ModelConfig, int, object]]:
+        """Every variant for every seed, reusing finished runs (see `train_variants`)."""
+        return train_variants(self.preset, seeds, self.folder, self.steps, progress, log)
 
 
 def collect_tables(runs) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:

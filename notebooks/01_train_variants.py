@@ -70,23 +70,19 @@ RUNS = None  # None: runs/notebooks/<small|full>
 
 # %%
 # %matplotlib inline
-from pathlib import Path
-
 import pandas as pd
 import torch
 
 import headlab
 from headlab import plots
 from headlab.cli import describe
-from headlab.reproduce import collect_tables, final_losses, report_tables, slug, train_variants
+from headlab.reproduce import NotebookStudy, collect_tables, final_losses, report_tables
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead
-PRESET = "tiny" if SMALL else "cpu-small"
-STEPS = 60 if SMALL else None  # None: the preset's own number of steps
-FOLDER = Path(RUNS or f"runs/notebooks/{'small' if SMALL else 'full'}")
-VARIANTS = headlab.comparison_variants(PRESET)
-print(f"preset {PRESET}, {SEEDS} seed(s), runs in {FOLDER.resolve()}")
+STUDY = NotebookStudy.choose(SMALL, RUNS)  # the tiny preset for 60 steps, or cpu-small for its own steps
+VARIANTS = STUDY.variants
+print(f"preset {STUDY.preset}, {SEEDS} seed(s), runs in {STUDY.folder.resolve()}")
 
 # %% [markdown]
 # ## The six variants
@@ -119,17 +115,16 @@ print(corpus.tokenizer.decode(corpus.val[0][:300]))
 
 # %%
 lrkv = VARIANTS[2]
-train_config = headlab.train_preset(PRESET, seed=0, **({"steps": STEPS} if STEPS else {}))
-run = headlab.train(lrkv, train_config, data=corpus, out=FOLDER / "runs" / f"{slug(lrkv.label)}-seed0", resume=True)
+run = headlab.train(lrkv, STUDY.train_config(seed=0), data=corpus, out=STUDY.run_folder(lrkv, seed=0), resume=True)
 run.metrics_frame().dropna(subset=["val_loss"])[["step", "tokens", "val_loss", "val_bpb"]]
 
 # %% [markdown]
 # ## All six
-# `train_variants` does the same for every variant and seed, into `FOLDER/runs/<variant>-seed<k>`
+# `STUDY.train` does the same for every variant and seed, into `<folder>/runs/<variant>-seed<k>`
 # (the layout `headlab reproduce` uses), reusing the runs that are complete (the LRKV above).
 
 # %%
-runs = train_variants(PRESET, SEEDS, FOLDER, STEPS)
+runs = STUDY.train(SEEDS)
 tables, training = collect_tables(runs)
 training.head()
 

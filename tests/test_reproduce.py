@@ -2,12 +2,14 @@
 the report quotes this run's own numbers, and a second call reuses the finished runs."""
 
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from headlab.config import comparison_variants
-from headlab.reproduce import FIGURES, reproduce, slug
+from headlab.reproduce import FIGURES, NotebookStudy, reproduce, slug
+from headlab.train import train_preset
 
 STEPS = 12
 
@@ -89,3 +91,22 @@ def test_a_second_call_reuses_the_finished_runs(study):
 def test_bad_seed_count_is_refused():
     with pytest.raises(ValueError, match="seeds = 0 is invalid"):
         reproduce("tiny", seeds=0, out="unused")
+
+
+def test_notebook_study_finds_the_runs_where_they_were_trained(study):
+    out, _, _ = study
+    found = NotebookStudy("tiny", STEPS, out)
+    for seed in (0, 1):
+        assert found.finished_runs(seed) == [found.run_folder(config, seed) for config in found.variants]
+        assert all((folder / "metrics.jsonl").exists() for folder in found.finished_runs(seed))
+    assert NotebookStudy("tiny", STEPS, out / "elsewhere").finished_runs() == []
+    assert found.train_config(seed=1).steps == STEPS and found.train_config(seed=1).seed == 1
+
+
+@pytest.mark.parametrize("small, preset, steps, folder", [(True, "tiny", 60, "runs/notebooks/small"),
+                                                          (False, "cpu-small", None, "runs/notebooks/full")])
+def test_notebook_study_modes(small, preset, steps, folder):
+    chosen = NotebookStudy.choose(small)
+    assert (chosen.preset, chosen.steps, chosen.folder) == (preset, steps, Path(folder))
+    assert NotebookStudy.choose(small, runs="elsewhere").folder == Path("elsewhere")
+    assert chosen.train_config().steps == (steps or train_preset(preset).steps)
