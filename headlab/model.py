@@ -9,6 +9,7 @@ from torch import nn
 
 from .attention import KVCache, LowRankKVAttention, build_attention, rope_tables
 from .config import ModelConfig
+from .ops import RMSNorm, relu_squared
 
 NORM_EPS = 1e-6
 INIT_STD = 0.02
@@ -29,7 +30,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.c_fc(x)
         if self.kind == "relu2":
-            h = F.relu(h).square()
+            h = relu_squared(h)
         elif self.kind == "gelu":
             h = F.gelu(h)
         else:
@@ -40,9 +41,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.norm_attn = nn.RMSNorm(config.d_model, eps=NORM_EPS)
+        self.norm_attn = RMSNorm(config.d_model, eps=NORM_EPS)
         self.attn = build_attention(config)
-        self.norm_mlp = nn.RMSNorm(config.d_model, eps=NORM_EPS)
+        self.norm_mlp = RMSNorm(config.d_model, eps=NORM_EPS)
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, cache=None):
@@ -56,7 +57,7 @@ class GPT(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.norm_f = nn.RMSNorm(config.d_model, eps=NORM_EPS)
+        self.norm_f = RMSNorm(config.d_model, eps=NORM_EPS)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         cos, sin = rope_tables(config.seq_len, self.blocks[0].attn.rope_dim(), config.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)

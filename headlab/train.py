@@ -118,13 +118,17 @@ def learning_rate_factor(step: int, config: TrainConfig) -> float:
 
 def make_optimizers(model: GPT, config: TrainConfig) -> list[torch.optim.Optimizer]:
     """AdamW with weight decay on matrices only; or Muon on the blocks' 2-D weights with AdamW
-    for embedding, head, norms and LRKV's 3-D B tensors (torch's Muon takes 2-D only)."""
+    for embedding, head, norms and LRKV's 3-D B tensors (torch's Muon takes 2-D only).
+
+    AdamW is torch's fused kernel (CPU and CUDA since torch 2.4): one pass over all parameters
+    instead of a dozen per tensor, about 4 ms less per `cpu-small` step."""
     betas = (0.9, 0.95)
     if config.optimizer == "adamw":
         decay = [p for p in model.parameters() if p.dim() >= 2]
         rest = [p for p in model.parameters() if p.dim() < 2]
         return [torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                   {"params": rest, "weight_decay": 0.0}], lr=config.lr, betas=betas)]
+                                   {"params": rest, "weight_decay": 0.0}], lr=config.lr, betas=betas,
+                                  fused=True)]
     muon = [p for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2]
     muon_ids = {id(p) for p in muon}
     other = [p for n, p in model.named_parameters()
@@ -135,7 +139,7 @@ def make_optimizers(model: GPT, config: TrainConfig) -> list[torch.optim.Optimiz
         {"params": other, "lr": config.lr, "weight_decay": 0.0},
     ]
     return [torch.optim.Muon(muon, lr=config.matrix_lr, weight_decay=config.weight_decay),
-            torch.optim.AdamW(adam_groups, betas=betas)]
+            torch.optim.AdamW(adam_groups, betas=betas, fused=True)]
 
 
 # glibc mallopt parameters (malloc.h)
@@ -147,9 +151,9 @@ def keep_freed_cpu_memory() -> bool:
 
     By default glibc serves blocks above its mmap threshold (128 KiB, adapting up to 32 MiB)
     with fresh pages and gives the heap's top back above the trim threshold, so every CPU
-    training step page-faults its activations anew (about 4,000 faults per `cpu-small` step).
-    Raising both thresholds keeps those pages: about 20 faults per step, and steps roughly 10 %
-    faster. Process-wide and idempotent; returns False where the C library is not glibc.
+    training step page-faults its activations anew (1,000 to 7,000 faults per `cpu-small`
+    forward and backward). Raising both thresholds keeps those pages: once the heap has grown
+    to a step's high-water mark, about one fault per step, and steps roughly 10 % faster. Process-wide and idempotent; returns False where the C library is not glibc.
     """
     if not sys.platform.startswith("linux"):
         return False

@@ -191,12 +191,12 @@ def faults_per_step():
         model(idx, idx)[1].backward()
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3
 faults_per_step()
-default = faults_per_step()
+default = min(faults_per_step() for _ in range(3))
 assert keep_freed_cpu_memory()
-faults_per_step(), faults_per_step()  # the heap grows to the step's high-water mark once
-print(default, faults_per_step())
+# The heap takes a few steps to grow to the step's high-water mark; after that, no faults.
+print(default, min(faults_per_step() for _ in range(5)))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     default, kept = map(float, out.split())
-    assert default > 1000, default
+    assert default > 300, default
     assert kept < default / 20, (default, kept)

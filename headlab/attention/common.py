@@ -12,6 +12,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..ops import rotate_and_normalize, rotate_pairs
+
 _BACKENDS = ("sdpa", "manual")
 _backend = "sdpa" if hasattr(F, "scaled_dot_product_attention") else "manual"
 
@@ -23,17 +25,13 @@ def rope_tables(seq_len: int, dim: int, base: float) -> tuple[torch.Tensor, torc
     return angles.cos().float(), angles.sin().float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x_i, x_{i+D/2}) of x (B, T, H, D) by the angles in cos/sin (T, D/2)."""
-    half = x.size(-1) // 2
-    x1, x2 = x[..., :half], x[..., half:]
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qk_norm: bool = False) -> torch.Tensor:
+    """Rotate pairs (x_i, x_{i+D/2}) of x (B, T, H, D) by the angles in cos/sin (T, D/2); with
+    `qk_norm`, then a parameter-free RMSNorm over the head dimension (QK-norm), in the same pass."""
     cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-
-
-def qk_rms_norm(x: torch.Tensor) -> torch.Tensor:
-    """Parameter-free RMSNorm over the head dimension (QK-norm)."""
-    return F.rms_norm(x, (x.size(-1),))
+    if qk_norm:
+        return rotate_and_normalize(x, cos, sin, torch.finfo(x.dtype).eps)
+    return rotate_pairs(x, cos, sin)
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .common import LayerCache, apply_rope, attend, qk_rms_norm
+from .common import LayerCache, apply_rope, attend
 
 
 class GroupedQueryAttention(nn.Module):
@@ -38,9 +38,7 @@ class GroupedQueryAttention(nn.Module):
         q = self.c_q(x).view(b, t, self.n_head, self.head_dim)
         k = self.c_k(x).view(b, t, self.kv_heads, self.head_dim)
         v = self.c_v(x).view(b, t, self.kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.qk_norm:
-            q, k = qk_rms_norm(q), qk_rms_norm(k)
+        q, k = apply_rope(q, cos, sin, self.qk_norm), apply_rope(k, cos, sin, self.qk_norm)
         if cache is not None:
             cached = cache.update(k=k, v=v)
             k, v = cached["k"], cached["v"]

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .common import LayerCache, apply_rope, attend, attention_probabilities, qk_rms_norm
+from .common import LayerCache, apply_rope, attend, attention_probabilities
 
 
 class LowRankKVAttention(nn.Module):
@@ -67,7 +67,8 @@ class LowRankKVAttention(nn.Module):
         """x (B, T, d_model) at positions [start, start + T); cos/sin cover all positions."""
         b, t, _ = x.shape
         start = cache.pos if cache is not None else 0
-        q = apply_rope(self.c_q(x).view(b, t, self.n_head, self.head_dim), cos[start:start + t], sin[start:start + t])
+        q = apply_rope(self.c_q(x).view(b, t, self.n_head, self.head_dim), cos[start:start + t], sin[start:start + t],
+                       self.qk_norm)
         k_shared, v_shared = self.k_shared(x), self.v_shared(x)
         k_latent = self.u_k(x).view(b, t, self.n_head, self.rank)
         v_latent = self.u_v(x).view(b, t, self.n_head, self.rank)
@@ -76,8 +77,6 @@ class LowRankKVAttention(nn.Module):
             k_shared, v_shared, k_latent, v_latent = (
                 cached["k_shared"], cached["v_shared"], cached["k_latent"], cached["v_latent"])
         k = self._keys(k_shared, k_latent, cos, sin)
-        if self.qk_norm:
-            q = qk_rms_norm(q)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         scale = self.head_dim ** -0.5
         if cache is None:
@@ -90,8 +89,7 @@ class LowRankKVAttention(nn.Module):
     def _keys(self, k_shared, k_latent, cos, sin) -> torch.Tensor:
         """K_h = RoPE(K_shared + R^K_h B^K_hᵀ) (then QK-norm) for positions [0, T)."""
         k = k_shared[:, :, None, :] + torch.einsum("bthr,hdr->bthd", k_latent, self.b_k)
-        k = apply_rope(k, cos[:k.size(1)], sin[:k.size(1)])
-        return qk_rms_norm(k) if self.qk_norm else k
+        return apply_rope(k, cos[:k.size(1)], sin[:k.size(1)], self.qk_norm)
 
     def _attend_factored_values(self, q, k, v_shared, v_latent, scale) -> torch.Tensor:
         """Eq. 7 with the pattern a = softmax(q K_hᵀ):  a·V_h = a·V_shared + (a·R^V_h) B^V_hᵀ."""

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from ..ops import RMSNorm
 from .common import LayerCache, apply_rope, attend
 
 NORM_EPS = 1e-6
@@ -34,12 +35,12 @@ class MultiHeadLatentAttention(nn.Module):
         q_width = h * (dh + self.rope_head_dim)
         if config.q_latent_dim:
             self.wq_a = nn.Linear(d, config.q_latent_dim, bias=False)
-            self.q_norm = nn.RMSNorm(config.q_latent_dim, eps=NORM_EPS)
+            self.q_norm = RMSNorm(config.q_latent_dim, eps=NORM_EPS)
             self.wq_b = nn.Linear(config.q_latent_dim, q_width, bias=False)
         else:
             self.wq = nn.Linear(d, q_width, bias=False)
         self.wkv_a = nn.Linear(d, self.latent_dim + self.rope_head_dim, bias=False)
-        self.kv_norm = nn.RMSNorm(self.latent_dim, eps=NORM_EPS)
+        self.kv_norm = RMSNorm(self.latent_dim, eps=NORM_EPS)
         self.wkv_b = nn.Linear(self.latent_dim, h * 2 * dh, bias=False)  # per head: [W^UK_h | W^UV_h]
         self.wo = nn.Linear(h * dh, d, bias=False)
         self.scale = (dh + self.rope_head_dim) ** -0.5

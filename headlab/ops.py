@@ -1,0 +1,148 @@
+"""The elementwise glue of a block (RMSNorm, RoPE, relu²) with hand-written backward passes.
+
+Autograd differentiates these formulas op by op, which costs a dozen memory-bound passes over
+the activations per call; at `cpu-small` widths those passes take as long as the block's
+matmuls. Each function here saves only what its gradient needs and computes it in two to four
+passes:
+
+    rms_norm        y = γ ⊙ x / rms(x),  rms(x) = √(mean(x²) + ε)
+                    ∂x = (ĝ − x̂ · mean(ĝ ⊙ x̂)) / rms(x)   with x̂ = x / rms(x), ĝ = γ ⊙ g
+                    ∂γ = Σ_rows g ⊙ x̂
+    rotate_pairs    y = R(θ) x, the half-split RoPE rotation of pairs (x_i, x_{i+D/2})
+                    ∂x = R(−θ) g                            a rotation's transpose is its inverse
+    rotate_and_normalize
+                    y = R(θ) x / rms(x)  (RoPE then QK-norm; rms(R x) = rms(x))
+                    ∂x = R(−θ) (g − y · mean(g ⊙ y)) / rms(x)
+    relu_squared    y = relu(x)²
+                    ∂x = 2 · relu(x) ⊙ g
+
+Statistics are taken in at least float32 (bf16 autocast), outputs keep the input dtype. The backward passes
+are not themselves differentiable (no double backward). `tests/test_ops.py` holds every value
+and gradient equal to autograd of the plain formula.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd import Function
+from torch.autograd.function import once_differentiable
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """γ ⊙ x / √(mean(x²) + ε) over the last dimension; `weight` None means γ = 1."""
+    return _RMSNorm.apply(x, weight, eps)
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """(x₁ cos − x₂ sin, x₁ sin + x₂ cos) for the halves x₁, x₂ of x's last dimension; cos and
+    sin broadcast against a half."""
+    return _RotatePairs.apply(x, cos, sin)
+
+
+def rotate_and_normalize(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm(rotate_pairs(x, cos, sin), None, eps) in one pass forward and one backward."""
+    return _RotateAndNormalize.apply(x, cos, sin, eps)
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)² (the nanochat MLP activation)."""
+    return _ReluSquared.apply(x)
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """`torch.nn.RMSNorm` (same parameters, state-dict keys and defaults) on `rms_norm`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.normalized_shape) != 1:
+            return super().forward(x)
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        return rms_norm(x, self.weight, eps)
+
+
+class _RMSNorm(Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        wide = x.to(_statistics_dtype(x))
+        inv_rms = _inverse_rms(wide, eps)
+        x_hat = (wide * inv_rms).to(x.dtype)
+        ctx.save_for_backward(x_hat, weight, inv_rms)
+        return x_hat if weight is None else x_hat * weight.to(x.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        saved_x_hat, weight, inv_rms = ctx.saved_tensors
+        x_hat, grad = saved_x_hat.to(inv_rms.dtype), grad.to(inv_rms.dtype)
+        grad_weight = None
+        if weight is not None:
+            if ctx.needs_input_grad[1]:
+                grad_weight = (grad * x_hat).reshape(-1, x_hat.size(-1)).sum(0).to(weight.dtype)
+            grad = grad * weight
+        return _without_component_along(grad, x_hat).mul_(inv_rms).to(saved_x_hat.dtype), grad_weight, None
+
+
+def _inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.rsqrt(x.square().mean(-1, keepdim=True).add_(eps))
+
+
+def _without_component_along(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """g − y · mean(g ⊙ y): times 1/rms, the gradient through y = u / rms(u) with respect to u."""
+    return torch.addcmul(grad, y, (grad * y).mean(-1, keepdim=True), value=-1)
+
+
+def _statistics_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.size(-1) // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    # Each half is written in place: no temporaries and no concatenation.
+    torch.mul(x1, cos, out=y[..., :half]).addcmul_(x2, sin, value=-1)
+    torch.mul(x2, cos, out=y[..., half:]).addcmul_(x1, sin)
+    return y
+
+
+class _RotatePairs(Function):
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, -sin), None, None
+
+
+class _RotateAndNormalize(Function):
+    @staticmethod
+    def forward(ctx, x, cos, sin, eps):
+        wide = x.to(_statistics_dtype(x))
+        inv_rms = _inverse_rms(wide, eps)
+        y = _rotate(wide, cos, sin).mul_(inv_rms).to(x.dtype)
+        ctx.save_for_backward(y, inv_rms, cos, sin)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        y, inv_rms, cos, sin = ctx.saved_tensors
+        grad_rotated = _without_component_along(grad.to(inv_rms.dtype), y.to(inv_rms.dtype))
+        return _rotate(grad_rotated, cos, -sin).mul_(inv_rms).to(y.dtype), None, None, None
+
+
+class _ReluSquared(Function):
+    @staticmethod
+    def forward(ctx, x):
+        r = torch.relu(x)
+        ctx.save_for_backward(r)
+        return r * r
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (r,) = ctx.saved_tensors
+        return torch.mul(grad, r).mul_(2)

@@ -1,0 +1,123 @@
+"""The hand-written backward passes of headlab.ops against autograd of the plain formulas."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from headlab.ops import RMSNorm, relu_squared, rms_norm, rotate_and_normalize, rotate_pairs
+
+
+def _values_and_grads(fn, inputs, grad_out):
+    leaves = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+    out = fn(*leaves)
+    out.backward(grad_out)
+    return out.detach(), [x.grad for x in leaves if x.requires_grad]
+
+
+def _assert_same_as_autograd(fast, plain, inputs, atol=1e-12):
+    generator = torch.Generator().manual_seed(1)
+    out = plain(*inputs)
+    grad_out = torch.randn(out.shape, generator=generator, dtype=out.dtype)
+    fast_out, fast_grads = _values_and_grads(fast, inputs, grad_out)
+    plain_out, plain_grads = _values_and_grads(plain, inputs, grad_out)
+    torch.testing.assert_close(fast_out, plain_out, atol=atol, rtol=0)
+    assert len(fast_grads) == len(plain_grads) > 0
+    for a, b in zip(fast_grads, plain_grads):
+        torch.testing.assert_close(a, b, atol=atol, rtol=0)
+
+
+def _randn(*shape, requires_grad=True, seed=0):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return x.requires_grad_(requires_grad)
+
+
+@pytest.mark.parametrize("with_weight", [True, False])
+@pytest.mark.parametrize("shape", [(7,), (3, 5, 8), (2, 4, 3, 6)])
+def test_rms_norm_matches_autograd_of_its_formula(shape, with_weight):
+    def plain(x, *weight):
+        y = x / (x.square().mean(-1, keepdim=True) + 1e-6).sqrt()
+        return y * weight[0] if weight else y
+
+    inputs = [_randn(*shape)] + ([_randn(shape[-1], seed=1)] if with_weight else [])
+    _assert_same_as_autograd(lambda x, *w: rms_norm(x, w[0] if w else None, 1e-6), plain, inputs)
+
+
+def test_rms_norm_on_a_strided_view_and_its_gradcheck():
+    base = _randn(4, 3, 10, requires_grad=False)
+    x = base[..., 2:8].detach().requires_grad_()  # a split view, as MLA's latent is
+    weight = _randn(6, seed=2)
+    assert not x.is_contiguous()
+    _assert_same_as_autograd(lambda x, w: rms_norm(x, w, 1e-5),
+                             lambda x, w: F.rms_norm(x, (6,), w, 1e-5), [x, weight])
+    assert torch.autograd.gradcheck(lambda x, w: rms_norm(x, w, 1e-5), (x, weight))
+
+
+def test_rms_norm_module_is_a_drop_in_for_torchs():
+    torch.manual_seed(0)
+    ours, torchs = RMSNorm(12, eps=1e-6).double(), torch.nn.RMSNorm(12, eps=1e-6).double()
+    with torch.no_grad():
+        ours.weight.normal_()
+        torchs.weight.copy_(ours.weight)
+    assert list(ours.state_dict()) == list(torchs.state_dict()) == ["weight"]
+    x = _randn(5, 12)
+    _assert_same_as_autograd(ours, torchs, [x])
+    default_eps = RMSNorm(12).float()  # eps None: the dtype's machine epsilon, as torch's
+    x32 = torch.randn(3, 12) * 1e-4
+    torch.testing.assert_close(default_eps(x32), torch.nn.RMSNorm(12).float()(x32))
+
+
+def test_rms_norm_keeps_the_input_dtype_and_takes_statistics_in_float32():
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)) * 300
+    weight = torch.rand(64) + 0.5
+    y = rms_norm(x.bfloat16(), weight, 1e-6)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), rms_norm(x.bfloat16().float(), weight, 1e-6), atol=0.02, rtol=0.01)
+
+
+def _plain_rotation(x, cos, sin):
+    half = x.size(-1) // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def _angles(t, half, seed=3):
+    theta = torch.rand(t, 1, half, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 6.3
+    return theta.cos(), theta.sin()
+
+
+def test_rotate_pairs_matches_autograd_of_the_rope_formula():
+    cos, sin = _angles(5, 4)
+    _assert_same_as_autograd(lambda x: rotate_pairs(x, cos, sin), lambda x: _plain_rotation(x, cos, sin),
+                             [_randn(3, 5, 2, 8)])
+
+
+def test_rotate_pairs_on_a_strided_view_preserves_norms_and_inverts():
+    cos, sin = _angles(5, 3)
+    x = _randn(2, 5, 4, 10, requires_grad=False)[..., 4:]  # MLA's RoPE part is such a view
+    y = rotate_pairs(x, cos, sin)
+    torch.testing.assert_close(y, _plain_rotation(x, cos, sin), atol=1e-12, rtol=0)
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1), atol=1e-12, rtol=0)
+    torch.testing.assert_close(rotate_pairs(y, cos, -sin), x, atol=1e-12, rtol=0)
+    assert torch.autograd.gradcheck(lambda x: rotate_pairs(x, cos, sin), (x.detach().requires_grad_(),))
+
+
+def test_rotate_and_normalize_is_rope_then_qk_norm():
+    cos, sin = _angles(5, 4)
+    x = _randn(3, 5, 2, 8)
+    _assert_same_as_autograd(lambda x: rotate_and_normalize(x, cos, sin, 1e-3),
+                             lambda x: F.rms_norm(_plain_rotation(x, cos, sin), (8,), eps=1e-3), [x])
+    strided = _randn(2, 5, 3, 12, requires_grad=False)[..., 4:].detach().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: rotate_and_normalize(x, cos, sin, 1e-3), (strided,))
+
+
+def test_relu_squared_matches_autograd_of_its_formula():
+    x = _randn(4, 9)
+    _assert_same_as_autograd(relu_squared, lambda x: F.relu(x).square(), [x])
+    assert torch.autograd.gradcheck(relu_squared, (x.detach().requires_grad_(),))
+
+
+def test_backward_passes_refuse_double_backward():
+    x = _randn(3, 4)
+    (grad,) = torch.autograd.grad(relu_squared(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad|double backward"):
+        torch.autograd.grad(grad.sum(), x)
