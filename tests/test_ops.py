@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import tiny_model
 from headlab.ops import RMSNorm, relu_squared, rms_norm, rotate_and_normalize, rotate_pairs
 
 
@@ -121,3 +122,23 @@ def test_backward_passes_refuse_double_backward():
     (grad,) = torch.autograd.grad(relu_squared(x).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable|does not require grad|double backward"):
         torch.autograd.grad(grad.sum(), x)
+
+
+@pytest.mark.parametrize("attention", ["mha", "gqa", "lrkv", "mla"])
+def test_models_built_on_these_ops_train_under_bf16_autocast(attention):
+    """bf16 activations meet float32 gains and RoPE tables: loss and gradients stay close to float32."""
+    model = tiny_model(attention)
+    idx = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+
+    def loss_and_gradient(autocast):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(idx, idx)[1]
+        loss.backward()
+        return loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    loss32, grad32 = loss_and_gradient(False)
+    loss16, grad16 = loss_and_gradient(True)
+    assert abs(loss16 - loss32) < 0.02 * loss32
+    assert torch.isfinite(grad16).all()
+    assert F.cosine_similarity(grad16, grad32, dim=0) > 0.99
