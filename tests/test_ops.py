@@ -142,3 +142,15 @@ def test_models_built_on_these_ops_train_under_bf16_autocast(attention):
     assert abs(loss16 - loss32) < 0.02 * loss32
     assert torch.isfinite(grad16).all()
     assert F.cosine_similarity(grad16, grad32, dim=0) > 0.99
+
+
+def test_without_autograd_the_fast_path_gives_the_same_values():
+    cos, sin = _angles(5, 4)
+    x, weight, wide = _randn(3, 5, 2, 8), _randn(8, seed=1), _randn(3, 5, 2, 8, seed=2) * 4
+    for op in (lambda: rms_norm(x, weight, 1e-6), lambda: rms_norm(x, None, 1e-6), lambda: relu_squared(wide),
+               lambda: rotate_pairs(x, cos, sin), lambda: rotate_and_normalize(x, cos, sin, 1e-6)):
+        tracked = op()
+        with torch.no_grad():
+            untracked = op()
+        assert tracked.grad_fn is not None and untracked.grad_fn is None
+        torch.testing.assert_close(untracked, tracked.detach(), atol=1e-12, rtol=0)
