@@ -108,13 +108,8 @@ def _statistics_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.size(-1) // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    # Each half is written in place: no temporaries and no concatenation.
-    torch.mul(x1, cos, out=y[..., :half]).addcmul_(x2, sin, value=-1)
-    torch.mul(x2, cos, out=y[..., half:]).addcmul_(x1, sin)
-    return y
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((torch.addcmul(x1 * cos, x2, sin, value=-1), torch.addcmul(x2 * cos, x1, sin)), dim=-1)
 
 
 class _RotatePairs(Function):
