@@ -154,3 +154,24 @@ def test_without_autograd_the_fast_path_gives_the_same_values():
             untracked = op()
         assert tracked.grad_fn is not None and untracked.grad_fn is None
         torch.testing.assert_close(untracked, tracked.detach(), atol=1e-12, rtol=0)
+
+
+def test_torch_compile_traces_the_ops_in_one_graph_with_eager_gradients():
+    """`compile=True` (GPU) must not fall back around the custom Functions; aot_eager runs the same
+    tracing and autograd lowering as inductor, without a C++/Triton build."""
+    model = tiny_model("lrkv").train()
+    idx = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    assert torch._dynamo.explain(model)(idx, idx).graph_break_count == 0
+
+    def loss_and_gradients(module):
+        model.zero_grad(set_to_none=True)
+        loss = module(idx, idx)[1]
+        loss.backward()
+        return loss.detach(), [p.grad for p in model.parameters()]
+
+    eager_loss, eager_grads = loss_and_gradients(model)
+    compiled_loss, compiled_grads = loss_and_gradients(torch.compile(model, backend="aot_eager"))
+    torch.testing.assert_close(compiled_loss, eager_loss)
+    for compiled, eager in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(compiled, eager)
+    torch._dynamo.reset()
