@@ -63,11 +63,13 @@ def _needs_grad(*tensors: torch.Tensor | None) -> bool:
 
 
 class RMSNorm(torch.nn.RMSNorm):
-    """`torch.nn.RMSNorm` (same parameters, state-dict keys and defaults) on `rms_norm`."""
+    """`torch.nn.RMSNorm(dim)` (same parameter, state-dict key and eps default) on `rms_norm`;
+    it normalises the last dimension only."""
+
+    def __init__(self, dim: int, eps: float | None = None):
+        super().__init__(dim, eps=eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if len(self.normalized_shape) != 1:
-            return super().forward(x)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         return rms_norm(x, self.weight, eps)
 
