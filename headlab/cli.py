@@ -9,10 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from .config import ATTENTION_FAMILIES, PRESETS, ModelConfig, comparison_variants, preset
-from .model import GPT
+from .model import count_parameters
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 CONFIG_OVERRIDES = ("n_kv_head", "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "seq_len")
@@ -21,16 +19,14 @@ TRAIN_OVERRIDES = ("steps", "batch_size", "optimizer", "lr", "warmup_steps", "ev
 
 
 def describe(config: ModelConfig, context: int, dtype: str = "bf16", batch_size: int = 1) -> dict:
-    """Parameter counts and KV-cache sizes of `config` (the model is built on the meta device,
-    so even the 6.3B preset costs no memory)."""
-    with torch.device("meta"):
-        counts = GPT(config).param_counts()
+    """Parameter counts (no weights allocated) and KV-cache sizes of `config`."""
+    counts = count_parameters(config)
     per_token = config.kv_cache_values_per_token()
     return {
         "label": config.label,
         "attention": config.attention,
         "params": counts["total"],
-        "params_non_embedding": counts["total"] - counts["embedding"] - counts["head"],
+        "params_non_embedding": counts["non_embedding"],
         "attention_params_per_layer": counts["attention"] // config.n_layer,
         "kv_values_per_token_per_layer": per_token,
         "kv_fraction_of_mha": config.kv_cache_fraction_of_mha(),

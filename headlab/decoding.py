@@ -15,7 +15,7 @@ import torch
 from torch.utils.benchmark import Timer
 
 from .config import ModelConfig
-from .model import GPT
+from .model import GPT, count_parameters
 
 
 def cache_bytes_table(models: dict[str, GPT], context: int) -> pd.DataFrame:
@@ -81,9 +81,7 @@ def lrkv_key_rebuild_macs(configs: list[ModelConfig], contexts: list[int]) -> pd
     for config in configs:
         if config.attention != "lrkv":
             continue
-        with torch.device("meta"):
-            counts = GPT(config).param_counts()
-        block_macs = counts["total"] - counts["embedding"] - counts["head"]
+        block_macs = count_parameters(config)["non_embedding"]
         for context in contexts:
             heads = config.n_layer * context * config.n_head
             rows.append({"variant": config.label, "context T": context,

@@ -141,7 +141,8 @@ class GPT(nn.Module):
         return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
 
     def param_counts(self) -> dict[str, int]:
-        """Parameters by part: embedding, attention, mlp, norms, head, and total."""
+        """Parameters by part: embedding, attention, mlp, norms, head; their total; and
+        non_embedding, the total without embedding and output head (the blocks' weights)."""
         counts = {"embedding": 0, "attention": 0, "mlp": 0, "norms": 0, "head": 0}
         for name, p in self.named_parameters():
             part = ("embedding" if name.startswith("wte") else "head" if name.startswith("lm_head")
@@ -149,4 +150,12 @@ class GPT(nn.Module):
                     else "mlp" if ".mlp." in name else "norms")
             counts[part] += p.numel()
         counts["total"] = sum(counts.values())
+        counts["non_embedding"] = counts["total"] - counts["embedding"] - counts["head"]
         return counts
+
+
+def count_parameters(config: ModelConfig) -> dict[str, int]:
+    """`GPT(config).param_counts()` with the model built on the meta device: no weights are
+    allocated, so even the 6.3B preset costs no memory."""
+    with torch.device("meta"):
+        return GPT(config).param_counts()
