@@ -153,7 +153,8 @@ def keep_freed_cpu_memory() -> bool:
     with fresh pages and gives the heap's top back above the trim threshold, so every CPU
     training step page-faults its activations anew (1,000 to 7,000 faults per `cpu-small`
     forward and backward). Raising both thresholds keeps those pages: once the heap has grown
-    to a step's high-water mark, about one fault per step, and steps roughly 10 % faster. Process-wide and idempotent; returns False where the C library is not glibc.
+    to a step's high-water mark, about one fault per step, and steps roughly 10 % faster.
+    Process-wide and idempotent; returns False where the C library is not glibc.
     """
     if not sys.platform.startswith("linux"):
         return False
