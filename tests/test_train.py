@@ -191,12 +191,12 @@ def faults_per_step():
         model(idx, idx)[1].backward()
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3
 faults_per_step()
-default = min(faults_per_step() for _ in range(3))
+default = sum(faults_per_step() for _ in range(3)) / 3  # some steps fault little, most thousands of times
 assert keep_freed_cpu_memory()
 # The heap takes a few steps to grow to the step's high-water mark; after that, no faults.
 print(default, min(faults_per_step() for _ in range(5)))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     default, kept = map(float, out.split())
-    assert default > 300, default
-    assert kept < default / 20, (default, kept)
+    assert default > 1000, default
+    assert kept < default / 20 and kept <= 5, (default, kept)
