@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 from .analysis import Analysis, analyze  # noqa: E402
-from .config import ATTENTION_FAMILIES, PRESETS, ModelConfig, comparison_variants, preset  # noqa: E402
+from .config import ATTENTION_FAMILIES, PRESETS, ModelConfig, comparison_roles, comparison_variants, preset  # noqa: E402
 from .data import Corpus, load_corpus  # noqa: E402
 from .model import GPT  # noqa: E402
 from .runs import Run, load_run  # noqa: E402
@@ -11,5 +11,5 @@ from .train import TrainConfig, TrainingDiverged, train, train_preset  # noqa: E
 
 __all__ = [
     "ATTENTION_FAMILIES", "Analysis", "Corpus", "GPT", "ModelConfig", "PRESETS", "Run", "TrainConfig", "TrainingDiverged",
-    "analyze", "comparison_variants", "load_corpus", "load_run", "preset", "train", "train_preset",
+    "analyze", "comparison_roles", "comparison_variants", "load_corpus", "load_run", "preset", "train", "train_preset",
 ]

@@ -1,22 +1,72 @@
-"""Command line: `headlab info`, `headlab train`, `headlab analyze` and `headlab reproduce` (the main job)."""
+"""Command line: `headlab info`, `headlab train`, `headlab analyze` and `headlab reproduce` (the main job).
+
+A mistake in the input (a bad value, a missing file, a run folder in use) prints one line naming
+the problem and exits with status 2; `--debug` (or HEADLAB_DEBUG=1) shows the traceback instead."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
 from pathlib import Path
 
-from .config import ATTENTION_FAMILIES, PRESETS, ModelConfig, comparison_variants, preset
+from .config import ATTENTION_FAMILIES, DTYPES, OPTIMIZERS, PARALLEL, PRESETS, TRAIN_PRESETS, ModelConfig, preset
 from .model import count_parameters
+from .plan import add_plan_arguments
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 CONFIG_OVERRIDES = ("n_kv_head", "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "seq_len")
+CONFIG_HELP = {
+    "n_kv_head": "GQA: number of K/V heads (must divide the preset's n_head)",
+    "kv_rank": "LRKV: rank r of each head's K/V residual (1..head_dim)",
+    "kv_latent_dim": "MLA: latent width d_c",
+    "rope_head_dim": "MLA: decoupled RoPE width d_R (even)",
+    "q_latent_dim": "MLA: query latent width (0: queries not compressed)",
+    "seq_len": "context length in tokens",
+}
 TRAIN_OVERRIDES = ("steps", "batch_size", "optimizer", "lr", "warmup_steps", "eval_every", "checkpoint_every",
-                   "log_every", "dtype", "device", "seed")
+                   "log_every", "dtype", "device", "seed", "parallel", "grad_accum")
+DEFAULT_PRESET = "cpu-small"
+DEBUG_ENV = "HEADLAB_DEBUG"
 
+
+# ---- argument types: each names what is allowed -------------------------------------------------
+
+def positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is invalid: must be a positive integer")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is invalid: must be an integer >= 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is invalid: must be a finite positive number")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+# ---- info -------------------------------------------------------------------------------------------
 
 def describe(config: ModelConfig, context: int, dtype: str = "bf16", batch_size: int = 1) -> dict:
     """Parameter counts (no weights allocated) and KV-cache sizes of `config`."""
@@ -37,11 +87,25 @@ def describe(config: ModelConfig, context: int, dtype: str = "bf16", batch_size:
     }
 
 
+def _read_model_config(path: str) -> ModelConfig:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"--config {path} cannot be read: {getattr(error, 'strerror', None) or error}") from None
+    try:
+        return ModelConfig.from_json(text)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"--config {path}: {error}") from None
+
+
+def _overrides(args) -> dict:
+    return {name: getattr(args, name) for name in CONFIG_OVERRIDES if getattr(args, name) is not None}
+
+
 def _config_from_args(args, attention: str) -> ModelConfig:
-    overrides = {name: getattr(args, name) for name in CONFIG_OVERRIDES if getattr(args, name) is not None}
     if args.config:
-        return ModelConfig.from_json(Path(args.config).read_text()).replace(attention=attention, **overrides)
-    return preset(args.preset, attention, **overrides)
+        return _read_model_config(args.config).replace(attention=attention, **_overrides(args))
+    return preset(args.preset, attention, **_overrides(args))
 
 
 def _format_bytes(n: int) -> str:
@@ -52,10 +116,7 @@ def _format_bytes(n: int) -> str:
 
 
 def cmd_info(args) -> int:
-    if args.config:
-        base_attention = ModelConfig.from_json(Path(args.config).read_text()).attention
-    else:
-        base_attention = "mha"
+    base_attention = _read_model_config(args.config).attention if args.config else "mha"
     families = [args.attention] if args.attention else ([base_attention] if args.config else list(ATTENTION_FAMILIES))
     rows = []
     for attention in families:
@@ -75,93 +136,304 @@ def cmd_info(args) -> int:
     return 0
 
 
+# ---- train ------------------------------------------------------------------------------------------
+
 def _train_config_from_args(args):
-    from .train import train_preset
+    from .config import train_preset
 
     overrides = {name: getattr(args, name) for name in TRAIN_OVERRIDES if getattr(args, name) is not None}
     return train_preset(args.preset, compile=args.compile, **overrides)
 
 
+def _train_model_config(args, vocab_size: int) -> ModelConfig:
+    if args.config:
+        return _read_model_config(args.config).replace(**_overrides(args))
+    return preset(args.preset, args.attention, vocab_size=max(vocab_size, 256), **_overrides(args))
+
+
 def cmd_train(args) -> int:
-    from .data import load_corpus
+    from .data import load_corpus, tokenizer_vocab_size
     from .train import train
 
-    source_options = {"max_chars": args.max_chars} if args.max_chars else {}
+    train_config = _train_config_from_args(args)  # checked before a corpus is tokenized
+    if args.plan:
+        from .plan import plan_from_args
+        print(plan_from_args(args, [_train_model_config(args, tokenizer_vocab_size(args.tokenizer))], train_config))
+        return 0
+    source_options = {"max_chars": args.max_chars} if args.max_chars is not None else {}
+    if args.encoding_errors is not None:
+        source_options["encoding_errors"] = args.encoding_errors
     corpus = load_corpus(args.corpus, tokenizer=args.tokenizer, **source_options)
-    overrides = {name: getattr(args, name) for name in CONFIG_OVERRIDES if getattr(args, name) is not None}
-    if args.config:
-        model_config = ModelConfig.from_json(Path(args.config).read_text()).replace(**overrides)
-    else:
-        model_config = preset(args.preset, args.attention, vocab_size=max(corpus.vocab_size, 256), **overrides)
-    run = train(model_config, _train_config_from_args(args), corpus, out=args.out, resume=args.resume,
-                progress=not args.no_progress)
+    model_config = _train_model_config(args, corpus.vocab_size)
+    run = train(model_config, train_config, corpus, out=args.out, resume=args.resume, progress=not args.no_progress)
+
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"{model_config.label}: {run.step} steps, final validation loss "
               f"{run.final_val_loss:.4f} nats/token" + (f", run folder {args.out}" if args.out else ""))
     return 0
 
 
-def cmd_reproduce(args) -> int:
-    from .reproduce import reproduce
+# ---- analyze ----------------------------------------------------------------------------------------
 
-    report = reproduce(args.preset, seeds=args.seeds, out=args.out, steps=args.steps, progress=sys.stderr.isatty())
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from .analysis import analyze, concat
+    from .heads import load_heads
+    from .plots import method_order
+
+    if args.label is not None and len(args.label) != len(args.sources):
+        raise ValueError(f"--label was given {len(args.label)} times for {len(args.sources)} sources: give one per SOURCE")
+    given = args.label or [None] * len(args.sources)
+    if args.snapshots:
+        from .snapshots import analyze_snapshots
+        result = concat(analyze_snapshots(source, label, circuit=args.circuit, mla_rope=args.mla_rope,
+                                          measure=args.measure) for source, label in zip(args.sources, given))
+        print(f"wrote the tables of {result.summary['step'].nunique()} training steps to {result.save(args.out)}")
+        return 0
+    sources = [load_heads(source, label) for source, label in zip(args.sources, given)]
+    labels = [heads.label for heads in sources]
+    if args.label is None:  # two runs of one variant share a default label: add the folder name
+        labels = [f"{label} [{Path(src).name}]" if labels.count(label) > 1 else label
+                  for label, src in zip(labels, args.sources)]
+    if (args.measure == "data") != (args.text is not None):
+        raise ValueError(f"--measure {args.measure} with --text {args.text}: --measure data needs --text FILE, "
+                         "and only it reads one")
+    order = labels if args.label is not None else method_order(labels)  # a shell glob's order is alphabetical
+    by_label = dict(zip(labels, zip(sources, args.sources)))
+    result = concat(analyze(heads, label, args.circuit, mla_rope=args.mla_rope, measure=args.measure,
+                            inputs=_moments(source, args.text) if args.text else None)
+                    for label in order for heads, source in [by_label[label]])
+    folder = result.save(args.out)
+    print(format_effective_ranks(result.summary))
+    print(f"wrote similarity.csv, spectra.csv, summary.csv, norms.csv, lrkv_cosine.csv to {folder}")
+    return 0
+
+
+def _moments(source: str, text_file: Path):
+    """Input moments of `source` on the first `inputs.MAX_TOKENS` tokens of `text_file`."""
+    from .inputs import encode_text, input_moments
+
+    if not text_file.is_file():
+        raise ValueError(f"--text {text_file}: no such file")
+    try:
+        text = text_file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"--text {text_file}: not UTF-8 (byte {error.start}): convert it to UTF-8") from None
+    return input_moments(source, encode_text(source, text), text=str(text_file))
+
+
+def format_effective_ranks(summary) -> str:
+    """Per model and circuit, one line per layer: entropy effective rank uncentred (% of H) and
+    centred (% of H, % of the H − 1 ceiling), then their means over layers."""
+    blocks = []
+    for (model, circuit, measure), rows in summary.groupby(["model", "circuit", "measure"], sort=False):
+        n = int(rows["n_heads"].iloc[0])
+        wide = rows.pivot(index="layer", columns="kind",
+                          values=["effective_rank", "effective_rank_pct_of_heads", "effective_rank_pct_of_ceiling"])
+        wide.loc["mean"] = wide.mean()
+        lines = [f"{model} · {circuit} · {measure} · {n} heads — effective rank (% of H; centred also % of ceiling {n - 1})",
+                 f"{'layer':>5}  {'uncentered':<16}centered"]
+        for layer, row in wide.iterrows():
+            unc = f"{row['effective_rank', 'uncentered']:.2f} ({row['effective_rank_pct_of_heads', 'uncentered']:.1f}%)"
+            cen = (f"{row['effective_rank', 'centered']:.2f} ({row['effective_rank_pct_of_heads', 'centered']:.1f}%, "
+                   f"{row['effective_rank_pct_of_ceiling', 'centered']:.1f}%)")
+            lines.append(f"{layer:>5}  {unc:<16}{cen}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+# ---- reproduce --------------------------------------------------------------------------------------
+
+def cmd_reproduce(args) -> int:
+    """Train every variant (data-parallel on all ranks under torchrun), then rank 0 alone analyses
+    and writes the report while the other ranks leave."""
+    from .report import write_report
+    from .study import Study
+    from .train import leave_process_group
+
+    started = time.perf_counter()
+    source_options = {"max_chars": args.max_chars} if args.max_chars is not None else {}
+    study = Study(args.preset, args.steps, Path(args.out), corpus=args.corpus, tokenizer=args.tokenizer,
+                  corpus_options=source_options, tokens=args.tokens,
+                  train_overrides={name: value for name, value in (("compile", args.compile or None),
+                                                                   ("parallel", args.parallel),
+                                                                   ("grad_accum", args.grad_accum)) if value is not None})
+    if args.plan:  # the whole table even when it does not fit: a study's cost is worth seeing either way
+        from .plan import format_plan, plan_for_args
+        plan = plan_for_args(args, study.variants, study.train_config(0), seeds=args.seeds, check=False)
+        print(format_plan(plan))
+        return 0 if plan.fits else 2
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    say = print if main_rank else (lambda message: None)
+    say(f"training {len(study.roles)} variants x {args.seeds} seed(s) on preset {args.preset} "
+        f"into {study.folder / 'runs'}")
+    runs = study.train(args.seeds, progress=main_rank and sys.stderr.isatty(), log=say, jobs=args.jobs)
+    leave_process_group()  # every run is checkpointed: the ranks part here, and rank 0 writes the report
+    if not main_rank:
+        return 0
+    report = write_report(runs, study.folder, args.preset, started, corpus=study.load_corpus())
     print(f"report written: {report}")
     print(f"flagship figure: {report.parent / 'figures' / 'spectra_uncentered.png'}")
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="headlab", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+# ---- parser -----------------------------------------------------------------------------------------
 
-    info = sub.add_parser("info", help="parameter count and KV-cache size of a preset or config")
-    info.add_argument("--preset", default="paper-128m", choices=sorted(PRESETS))
-    info.add_argument("--config", help="a ModelConfig JSON file instead of a preset")
-    info.add_argument("--attention", choices=ATTENTION_FAMILIES, help="one family (default: all five)")
+def _add_model_arguments(parser: argparse.ArgumentParser, attention_default: str | None) -> None:
+    parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
+                        help="model (and training) preset (default: %(default)s)")
+    parser.add_argument("--config", metavar="JSON", help="a ModelConfig JSON file instead of a preset")
+    parser.add_argument("--attention", default=attention_default, choices=ATTENTION_FAMILIES,
+                        help="attention family " + ("(default: all five)" if attention_default is None
+                                                    else "(default: %(default)s)"))
     for name in CONFIG_OVERRIDES:
-        info.add_argument("--" + name.replace("_", "-"), dest=name, type=int)
-    info.add_argument("--context", type=int, help="tokens in the cache (default: seq_len)")
-    info.add_argument("--batch-size", type=int, default=1)
-    info.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_BYTES))
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, metavar="N",
+                            type=non_negative_int if name == "q_latent_dim" else positive_int,
+                            help=CONFIG_HELP[name] + " (default: the preset's)")
+
+
+def _add_corpus_arguments(parser: argparse.ArgumentParser, tokenizer_default: str | None) -> None:
+    parser.add_argument("--corpus", default="shakespeare", metavar="NAME",
+                        help="shakespeare, synthetic, hf:<dataset>[:<config>], or a UTF-8 text file or folder of "
+                             "*.txt files (default: %(default)s)")
+    parser.add_argument("--tokenizer", default=tokenizer_default, metavar="NAME",
+                        help="byte, gpt2, or bpe:<vocab size> (a byte-level BPE trained on the corpus's training "
+                             "split); a model's vocabulary follows it (default: " + (tokenizer_default or
+                             "the preset's: gpt2 for the paper-* presets, byte for the others") + ")")
+    parser.add_argument("--max-chars", type=positive_int, metavar="N",
+                        help="hf:<dataset> corpora only: stop streaming after this many characters")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true",
+                        help=f"show the full traceback of an error (also: {DEBUG_ENV}=1)")
+    parser = argparse.ArgumentParser(prog="headlab", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    info = sub.add_parser("info", parents=[common], help="parameter count and KV-cache size of a preset or config",
+                          description="Parameter counts (no weights allocated) and decode KV-cache sizes of every "
+                                      "attention family of a preset, or of one ModelConfig JSON file.")
+    _add_model_arguments(info, attention_default=None)
+    info.add_argument("--context", type=positive_int, metavar="TOKENS", help="tokens in the cache (default: seq_len)")
+    info.add_argument("--batch-size", type=positive_int, default=1, metavar="N",
+                      help="sequences in the cache (default: %(default)s)")
+    info.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_BYTES),
+                      help="bytes per cached value (default: %(default)s)")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(func=cmd_info)
 
-    train = sub.add_parser("train", help="train one model into a run folder (works under torchrun)")
-    train.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS), help="model and training preset")
-    train.add_argument("--config", help="a ModelConfig JSON file instead of a preset")
-    train.add_argument("--attention", default="mha", choices=ATTENTION_FAMILIES)
-    for name in CONFIG_OVERRIDES:
-        train.add_argument("--" + name.replace("_", "-"), dest=name, type=int)
-    train.add_argument("--corpus", default="shakespeare", help="shakespeare, synthetic, hf:<dataset> or a text path")
-    train.add_argument("--tokenizer", default="byte", choices=("byte", "gpt2"))
-    train.add_argument("--max-chars", type=int, help="for hf:<dataset> corpora: stop streaming after this many characters")
-    for name, kind in (("steps", int), ("batch_size", int), ("optimizer", str), ("lr", float), ("warmup_steps", int),
-                       ("eval_every", int), ("checkpoint_every", int), ("log_every", int), ("dtype", str),
-                       ("device", str), ("seed", int)):
-        train.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
+    small = TRAIN_PRESETS[DEFAULT_PRESET]
+    train = sub.add_parser("train", parents=[common], help="train one model into a run folder (works under torchrun)",
+                           description="Train one model. With --out, the run folder keeps config.json, metrics.jsonl "
+                                       "and atomic checkpoints; --resume continues it exactly, after checking that "
+                                       "the model, training and data settings match the saved run. Training "
+                                       "settings default to the preset's.")
+    _add_model_arguments(train, attention_default="mha")
+    _add_corpus_arguments(train, tokenizer_default="byte")
+    train.add_argument("--encoding-errors", choices=("strict", "replace"),
+                       help="text-path corpora only: 'strict' (default) refuses invalid UTF-8 naming the file and "
+                            "byte offset; 'replace' decodes it lossily as U+FFFD")
+    for name, kind, metavar, text in (
+            ("steps", positive_int, "N", "optimizer steps"),
+            ("batch_size", positive_int, "N", "global batch in sequences (split across torchrun ranks)"),
+            ("optimizer", None, None, "adamw, or muon (Muon on block matrices + AdamW elsewhere)"),
+            ("lr", positive_float, "LR", "AdamW learning rate"),
+            ("warmup_steps", non_negative_int, "N", "linear warmup steps"),
+            ("eval_every", positive_int, "N", "validate every N steps"),
+            ("checkpoint_every", positive_int, "N", "checkpoint every N steps (and at the end)"),
+            ("log_every", positive_int, "N", "log the training loss every N steps"),
+            ("dtype", None, None, "float32, or bfloat16 autocast"),
+            ("device", str, "DEVICE", "auto, cpu, cuda or cuda:<index>"),
+            ("seed", non_negative_int, "N", "seed of the weights and of the data order"),
+            ("parallel", None, None, "under torchrun: ddp (a full replica per process) or fsdp (parameters, "
+                                     "gradients and optimizer state sharded per block; AdamW only)"),
+            ("grad_accum", positive_int, "K", "micro-batches per optimizer step on each process")):
+        choices = {"optimizer": OPTIMIZERS, "dtype": DTYPES, "parallel": PARALLEL}
+        options = {"choices": choices[name]} if name in choices else {"type": kind, "metavar": metavar}
+        train.add_argument("--" + name.replace("_", "-"), dest=name, **options,
+                           help=f"{text} (default: the preset's; {DEFAULT_PRESET}: {getattr(small, name)})")
     train.add_argument("--compile", action="store_true", help="torch.compile the model (GPU only)")
-    train.add_argument("--out", help="run folder (config.json, model.safetensors, state.pt, metrics.jsonl)")
-    train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    train.add_argument("--no-progress", action="store_true")
+    train.add_argument("--out", metavar="DIR", help="run folder (default: none, nothing is saved)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in --out from its last checkpoint (or from step 0 if it has none)")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_plan_arguments(train)
     train.set_defaults(func=cmd_train)
 
-    reproduce = sub.add_parser("reproduce", help="train the six comparison variants, analyse their heads, "
-                               "write figures and a report beside the paper's numbers")
-    reproduce.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
-    reproduce.add_argument("--seeds", type=int, default=1)
-    reproduce.add_argument("--steps", type=int, help="training steps per variant (default: the preset's)")
-    reproduce.add_argument("--out", default="runs/reproduce")
-    reproduce.set_defaults(func=cmd_reproduce)
+    analyze = sub.add_parser(
+        "analyze", parents=[common], help="head similarity, eigen-spectra and effective rank per layer (paper §4.3)",
+        description="Analyse headlab run folders and Hugging Face checkpoints: save the tidy tables and print each "
+                    "model's per-layer effective rank. Models are listed in family order (MHA, LRKV, MQA, MLA, GQA, "
+                    "then others as given), or in the order of --label when given.")
+    analyze.add_argument("sources", nargs="+", metavar="SOURCE",
+                         help="a headlab run folder, or a Hugging Face checkpoint folder / .safetensors file")
+    analyze.add_argument("--out", required=True, type=Path, metavar="DIR",
+                         help="folder for similarity.csv, spectra.csv, summary.csv, norms.csv, lrkv_cosine.csv")
+    analyze.add_argument("--circuit", default="qk", choices=("qk", "ov", "both"),
+                         help="qk: W_Q W_Kᵀ (the paper's); ov: W_V W_O; both (default: %(default)s)")
+    analyze.add_argument("--measure", default="frobenius", choices=("frobenius", "data"),
+                         help="inner product of head forms: frobenius (the paper's) or data (weighted by the second "
+                              "moments of each layer's inputs on --text) (default: %(default)s)")
+    analyze.add_argument("--text", type=Path, metavar="FILE",
+                         help="UTF-8 text each SOURCE reads to measure its input moments (needed by --measure data)")
+    analyze.add_argument("--label", action="append", metavar="NAME",
+                         help="display name of each SOURCE, in order (default: from its config)")
+    analyze.add_argument("--mla-rope", default="included", choices=("included", "excluded"),
+                         help="MLA only: whether the decoupled RoPE query/key parts enter A_h ('included'), or only "
+                              "the latent path W_down W_up,h as in the paper's Table 4 ('excluded') "
+                              "(default: %(default)s)")
+    analyze.add_argument("--snapshots", action="store_true",
+                         help="headlab run folders only: analyse every training snapshot (TrainConfig.snapshot_every) "
+                              "and the last checkpoint; the tables gain a step column")
+    analyze.set_defaults(func=cmd_analyze)
 
-    from .analysis_cli import add_analyze_command
-    add_analyze_command(sub)
+    reproduce = sub.add_parser("reproduce", parents=[common], help="train the six comparison variants, analyse "
+                               "their heads, write figures and a report beside the paper's numbers",
+                               description="The main job: train MHA, LRKV (two ranks), MQA, MLA and GQA, analyse "
+                                           "their heads and write figures and report.md. Finished runs are reused "
+                                           "and interrupted ones resumed.")
+    reproduce.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
+                           help="model and training preset (default: %(default)s)")
+    reproduce.add_argument("--seeds", type=positive_int, default=3, metavar="N",
+                           help="seeds per variant (seeds 0 … N−1); orderings between variants need at least 2 "
+                                "(default: %(default)s)")
+    budget = reproduce.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=positive_int, metavar="N",
+                        help=f"training steps per variant (default: the preset's; {DEFAULT_PRESET}: {small.steps})")
+    budget.add_argument("--tokens", type=positive_int, metavar="N",
+                        help="training tokens per variant and seed: ceil(N / (batch_size x seq_len)) steps")
+    _add_corpus_arguments(reproduce, tokenizer_default=None)
+    reproduce.add_argument("--out", default="runs/reproduce", metavar="DIR", help="study folder (default: %(default)s)")
+    reproduce.add_argument("--compile", action="store_true", help="torch.compile every model (GPU only)")
+    reproduce.add_argument("--parallel", choices=PARALLEL,
+                           help="under torchrun: ddp (a full replica per process) or fsdp (sharded, for models that "
+                                "do not fit one device) (default: the preset's, ddp)")
+    reproduce.add_argument("--grad-accum", type=positive_int, metavar="K",
+                           help="micro-batches per optimizer step on each process (default: the preset's, 1)")
+    reproduce.add_argument("--jobs", type=positive_int, default=1, metavar="N",
+                           help="runs trained at once, in worker processes sharing the CPU cores (CPU studies; "
+                                "1 under torchrun) (default: %(default)s)")
+    add_plan_arguments(reproduce, tokens=False)
+    reproduce.set_defaults(func=cmd_reproduce)
     return parser
+
+
+def _one_line(error: BaseException) -> str:
+    """The message of a user error; an OSError as 'what: which file', with the usual fix."""
+    if isinstance(error, OSError) and error.strerror:
+        where = f": {error.filename}" if error.filename else ""
+        return f"{error.strerror}{where} (check the path, its permissions and free disk space)"
+    return str(error)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         return args.func(args)
-    except (ValueError, RuntimeError, FileExistsError) as error:
-        print(f"headlab: error: {error}", file=sys.stderr)
+    except (ValueError, RuntimeError, OSError) as error:  # bad values, files, folders in use, full disks
+        if debug:
+            raise
+        print(f"headlab: error: {_one_line(error)}", file=sys.stderr)
         return 2

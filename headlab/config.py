@@ -1,4 +1,4 @@
-"""Model configuration: one validated dataclass, JSON round-trip, and named presets.
+"""Model and training configuration: validated dataclasses, JSON round-trip, and named presets.
 
 Every attention knob lives in the config at all times (a preset is valid for every family),
 and `attention` picks which knobs are used:
@@ -14,14 +14,41 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, fields
+import math
+from dataclasses import asdict, dataclass, fields
 
 ATTENTION_FAMILIES = ("mha", "mqa", "gqa", "mla", "lrkv")
 MLP_TYPES = ("relu2", "gelu", "swiglu")
+OPTIMIZERS = ("adamw", "muon")
+DTYPES = ("float32", "bfloat16")
+PARALLEL = ("ddp", "fsdp")
 
 
-def _invalid(name: str, value, allowed: str) -> ValueError:
-    return ValueError(f"ModelConfig.{name} = {value!r} is invalid: {allowed}")
+def _invalid(name: str, value, allowed: str, owner: str = "ModelConfig") -> ValueError:
+    return ValueError(f"{owner}.{name} = {value!r} is invalid: {allowed}")
+
+
+def _check_types(config) -> None:
+    """Every field holds its annotated type (an int is a float; a bool is not a number), and
+    every float is finite: NaN or inf would only surface later as a NaN loss."""
+    owner = type(config).__name__
+    for f in fields(config):
+        value = getattr(config, f.name)
+        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}[f.type]
+        if isinstance(value, bool) and f.type != "bool" or not isinstance(value, expected):
+            raise _invalid(f.name, value, f"expected a value of type {f.type}", owner)
+        if f.type == "float" and not math.isfinite(value):
+            raise _invalid(f.name, value, "must be a finite number", owner)
+
+
+def _from_dict(cls, data):
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__} must be given as a JSON object of fields, not a {type(data).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no field(s) {unknown}; allowed fields are {sorted(known)}")
+    return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -32,6 +59,13 @@ class ModelConfig:
     `head_dim` is the per-head no-RoPE query/key width and the value width, `rope_head_dim`
     (d_R) the decoupled RoPE width, `kv_latent_dim` (d_c) the shared latent and
     `q_latent_dim` (d_c') the optional query latent (0 = queries not compressed).
+
+    `qk_norm` is a parameter-free RMSNorm of each head's query and key after RoPE. MLA cannot
+    normalise its per-head key c·W^UK_h (absorbed decode never forms it), so there it
+    normalises what absorption allows: each head's no-RoPE query, its RoPE query and the shared
+    RoPE key (the latent has its own RMSNorm either way). DeepSeek's layout is qk_norm=False,
+    and `preset()` keeps it for MLA: on cpu-small the partial norm trains worse (see
+    benchmarks/results/mla_ablation.md).
     """
 
     vocab_size: int = 256
@@ -52,11 +86,7 @@ class ModelConfig:
     mlp_ratio: int = 4
 
     def __post_init__(self):
-        for f in fields(self):
-            value = getattr(self, f.name)
-            expected = {"int": int, "float": (int, float), "bool": bool, "str": str}[f.type]
-            if isinstance(value, bool) and f.type != "bool" or not isinstance(value, expected):
-                raise _invalid(f.name, value, f"expected a value of type {f.type}")
+        _check_types(self)
         for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "mlp_ratio"):
             if getattr(self, name) < 1:
                 raise _invalid(name, getattr(self, name), "must be a positive integer")
@@ -81,12 +111,6 @@ class ModelConfig:
             raise _invalid("q_latent_dim", self.q_latent_dim, "must be 0 (no query compression) or positive")
         if self.rope_base <= 0:
             raise _invalid("rope_base", self.rope_base, "must be positive")
-        if self.attention == "mla" and self.qk_norm:
-            raise _invalid(
-                "qk_norm", True,
-                "must be False with attention='mla': per-head key normalisation would break weight "
-                "absorption (MLA normalises its latent instead)",
-            )
 
     # ---- derived quantities -------------------------------------------------------------
     @property
@@ -129,7 +153,7 @@ class ModelConfig:
         return self.kv_cache_values_per_token() / (2 * self.n_head * self.head_dim)
 
     def replace(self, **changes) -> "ModelConfig":
-        return dataclasses.replace(self, **changes)
+        return _from_dict(ModelConfig, {**self.to_dict(), **changes})
 
     # ---- serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -140,15 +164,15 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"ModelConfig has no field(s) {unknown}; allowed fields are {sorted(known)}")
-        return cls(**data)
+        return _from_dict(cls, data)
 
     @classmethod
     def from_json(cls, text: str) -> "ModelConfig":
-        return cls.from_dict(json.loads(text))
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"a ModelConfig must be JSON: {error}") from error
+        return cls.from_dict(data)
 
 
 def _divisors(n: int) -> list[int]:
@@ -165,7 +189,9 @@ PRESETS: dict[str, ModelConfig] = {
         vocab_size=256, seq_len=32, n_layer=2, n_head=4, d_model=32, head_dim=8,
         n_kv_head=2, kv_rank=3, kv_latent_dim=12, rope_head_dim=4,
     ),
-    "cpu-small": ModelConfig(),
+    # 64-byte context: half the tokens of 128 and under half the step time, so `make demo`
+    # trains three seeds of the six variants in its budget; losses stay under 2.0 nats/byte.
+    "cpu-small": ModelConfig(seq_len=64),
     "paper-128m": ModelConfig(
         vocab_size=50304, seq_len=2048, n_layer=12, n_head=6, d_model=768, head_dim=128,
         n_kv_head=3, kv_rank=46, kv_latent_dim=128, rope_head_dim=64,
@@ -186,7 +212,8 @@ PRESETS: dict[str, ModelConfig] = {
 
 
 def preset(name: str, attention: str = "mha", **overrides) -> ModelConfig:
-    """The named preset with `attention` as its family; MLA turns QK-norm off (see qk_norm)."""
+    """The named preset with `attention` as its family; MLA keeps DeepSeek's layout, QK-norm
+    off (see qk_norm)."""
     if name not in PRESETS:
         raise ValueError(f"preset {name!r} is unknown: allowed presets are {', '.join(PRESETS)}")
     if attention == "mla":
@@ -194,15 +221,114 @@ def preset(name: str, attention: str = "mha", **overrides) -> ModelConfig:
     return PRESETS[name].replace(attention=attention, **overrides)
 
 
+def comparison_roles(name: str = "cpu-small") -> dict[str, ModelConfig]:
+    """Role -> config of the six variants of the flagship figure, in its order. A role names what a
+    variant stands for in the paper's tables, so a paper number is looked up by role, never by
+    position: mha, lrkv-small, lrkv-large, mqa, mla, gqa. LRKV's two ranks are d_h/8 and d_h/2 (the paper's r=16 and r=64 at d_h=128)."""
+    head_dim = preset(name).head_dim  # preset() refuses an unknown name, listing the allowed ones
+    return {
+        "mha": preset(name, "mha"),
+        "lrkv-small": preset(name, "lrkv", kv_rank=max(1, head_dim // 8)),
+        "lrkv-large": preset(name, "lrkv", kv_rank=head_dim // 2),
+        "mqa": preset(name, "mqa"),
+        "mla": preset(name, "mla"),
+        "gqa": preset(name, "gqa"),
+    }
+
+
 def comparison_variants(name: str = "cpu-small") -> list[ModelConfig]:
-    """The six variants of the flagship figure, in its order: MHA, LRKV small r, LRKV large r,
-    MQA, MLA, GQA. LRKV's two ranks are d_h/8 and d_h/2 (the paper's r=16 and r=64 at d_h=128)."""
-    base = PRESETS[name]
-    return [
-        preset(name, "mha"),
-        preset(name, "lrkv", kv_rank=max(1, base.head_dim // 8)),
-        preset(name, "lrkv", kv_rank=base.head_dim // 2),
-        preset(name, "mqa"),
-        preset(name, "mla"),
-        preset(name, "gqa"),
-    ]
+    """The configs of `comparison_roles`, in the flagship figure's order."""
+    return list(comparison_roles(name).values())
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train. `batch_size` is the global batch in sequences: split across torchrun ranks,
+    then into `grad_accum` micro-batches per rank, so every setting takes the same optimizer step.
+    `parallel` is how several ranks hold the model: "ddp" a full replica each, "fsdp" parameters,
+    gradients and optimizer state sharded per block (FSDP2). Neither changes what is trained, so a
+    run may be resumed under another `parallel`, `grad_accum` or number of processes."""
+
+    steps: int = 350
+    batch_size: int = 16
+    optimizer: str = "adamw"
+    lr: float = 3e-3  # AdamW: every parameter
+    matrix_lr: float = 0.02  # Muon: 2-D weights inside the blocks
+    embedding_lr: float = 0.2  # Muon split: AdamW on the embedding
+    unembedding_lr: float = 0.004  # Muon split: AdamW on the output head
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_batches: int = 16
+    checkpoint_every: int = 100
+    log_every: int = 10
+    dtype: str = "float32"
+    compile: bool = False
+    device: str = "auto"
+    seed: int = 0
+    parallel: str = "ddp"
+    grad_accum: int = 1
+    snapshot_every: int = 0  # analysis snapshots every K steps and at 0, 1, 2, 4, … < K (headlab.snapshots); 0: off
+
+    def __post_init__(self):
+        _check_types(self)
+        for name in ("steps", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "log_every", "grad_accum"):
+            if getattr(self, name) < 1:
+                raise _invalid(name, getattr(self, name), "must be a positive integer", "TrainConfig")
+        if self.optimizer not in OPTIMIZERS:
+            raise _invalid("optimizer", self.optimizer, f"allowed values are {', '.join(OPTIMIZERS)}", "TrainConfig")
+        if self.parallel not in PARALLEL:
+            raise _invalid("parallel", self.parallel, f"allowed values are {', '.join(PARALLEL)}", "TrainConfig")
+        if self.parallel == "fsdp" and self.optimizer == "muon":
+            raise _invalid("parallel", self.parallel, "Muon orthogonalizes whole matrices and FSDP hands it row "
+                           "shards; use optimizer = 'adamw' with fsdp, or parallel = 'ddp' with muon", "TrainConfig")
+        if self.batch_size % self.grad_accum:
+            raise _invalid("grad_accum", self.grad_accum, f"must divide batch_size = {self.batch_size}", "TrainConfig")
+        if self.dtype not in DTYPES:
+            raise _invalid("dtype", self.dtype, f"allowed values are {', '.join(DTYPES)}", "TrainConfig")
+        for name in ("lr", "matrix_lr", "embedding_lr", "unembedding_lr", "grad_clip"):
+            if not getattr(self, name) > 0:
+                raise _invalid(name, getattr(self, name), "must be positive", "TrainConfig")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise _invalid("min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]", "TrainConfig")
+        for name in ("warmup_steps", "weight_decay", "snapshot_every"):
+            if getattr(self, name) < 0:
+                raise _invalid(name, getattr(self, name), "must be >= 0", "TrainConfig")
+        if not 0 <= self.seed < 2 ** 63:
+            raise _invalid("seed", self.seed, "must be in 0 .. 2**63 - 1", "TrainConfig")
+        if self.device != "auto":
+            import torch
+            try:
+                torch.device(self.device)
+            except RuntimeError:
+                raise _invalid("device", self.device, "allowed values are auto, cpu, cuda, cuda:<index> "
+                               "or another torch device name", "TrainConfig") from None
+
+    def replace(self, **changes) -> "TrainConfig":
+        return _from_dict(TrainConfig, {**asdict(self), **changes})
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainConfig":
+        return _from_dict(cls, data)
+
+
+# Training settings that go with the model presets. The paper's (§3.2-3.3): context 2048,
+# 32 sequences per step, warmup 2000, Muon for matrices (lr 0.02) + AdamW for the embedding
+# (0.2) and head (0.004), wd 0.1, clip 1.0, bf16.
+TRAIN_PRESETS: dict[str, TrainConfig] = {
+    "tiny": TrainConfig(steps=40, batch_size=8, warmup_steps=5, eval_every=20, eval_batches=2,
+                        checkpoint_every=20, log_every=5),
+    "cpu-small": TrainConfig(steps=450),  # at seq_len 64: every variant under 2.0 nats/byte
+    **{name: TrainConfig(steps=50_000, batch_size=32, optimizer="muon", warmup_steps=2000, weight_decay=0.1,
+                         grad_clip=1.0, dtype="bfloat16", eval_every=1000, eval_batches=50, checkpoint_every=1000,
+                         log_every=50)
+       for name in ("paper-128m", "paper-1.2b", "paper-2.5b", "paper-6.3b")},
+}
+
+
+def train_preset(name: str, **overrides) -> TrainConfig:
+    if name not in TRAIN_PRESETS:
+        raise ValueError(f"preset {name!r} is unknown: allowed presets are {', '.join(TRAIN_PRESETS)}")
+    return TRAIN_PRESETS[name].replace(**overrides)

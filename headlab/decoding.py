@@ -39,12 +39,13 @@ def generation_speed(models: dict[str, GPT], prompt: torch.Tensor, new_tokens: i
     """Greedy generation of `new_tokens` after `prompt` (1, T), with and without the cache: ms per
     token (fastest of `repeats`), the speed-up, and whether both produce the same tokens."""
     rows = []
+    sync = torch.cuda.synchronize if prompt.is_cuda else (lambda: None)  # CUDA runs ahead of Python
     for label, model in models.items():
         model.eval()
         same = torch.equal(model.generate(prompt, new_tokens, temperature=0),
                            model.generate(prompt, new_tokens, temperature=0, use_cache=False))
         seconds = {use_cache: min(timeit.repeat(
-            lambda use_cache=use_cache: model.generate(prompt, new_tokens, temperature=0, use_cache=use_cache),
+            lambda use_cache=use_cache: (model.generate(prompt, new_tokens, temperature=0, use_cache=use_cache), sync()),
             number=1, repeat=repeats)) for use_cache in (True, False)}
         rows.append({"variant": label, "with cache (ms/token)": 1e3 * seconds[True] / new_tokens,
                      "without cache (ms/token)": 1e3 * seconds[False] / new_tokens,
@@ -62,11 +63,12 @@ def step_latency(models: dict[str, GPT], contexts: list[int], min_run_time: floa
                                generator=torch.Generator().manual_seed(seed + context))
         for label, model in models.items():
             model.eval()
+            device = model.lm_head.weight.device
             cache = model.new_cache(1, context + 1)
-            model(tokens[:, :context], cache=cache)
+            model(tokens[:, :context].to(device), cache=cache)
             # Each timed step writes position `context` and rewinds, so every step sees the same cache.
             step = Timer("model(token, cache=cache); cache.pos -= 1",
-                         globals={"model": model, "token": tokens[:, context:], "cache": cache})
+                         globals={"model": model, "token": tokens[:, context:].to(device), "cache": cache})
             rows.append({"model": label, "context": context,
                          "ms": 1e3 * step.blocked_autorange(min_run_time=min_run_time).median})
     return pd.DataFrame(rows)

@@ -18,13 +18,20 @@ projection that reads head h. Per family:
                      W_K,h = [W_dkv W^UKᵀ_h | W_kr]: the no-RoPE part through the latent
                      up-projection, then the shared decoupled-RoPE key; queries likewise [nope | rope]
                      W_V,h = W_dkv W^UVᵀ_h
+                     mla_rope="excluded" keeps the no-RoPE parts only: W_K,h = W_dkv W^UKᵀ_h, the
+                     paper's Table 4 definition (W_down W_up,h); "included" (the default) keeps the
+                     whole score, whose shared RoPE part makes every MLA head alike in part
 
 Outside the bilinear form, as in the paper (§4.2), and therefore not in these factors:
   * RoPE rotates q and k by position; A_h is the form at relative offset 0 (and the exact form
     for any pair of positions when the rotation is the identity).
   * Norms x ↦ γ ⊙ x / rms(x) (QK-norm, MLA's latent norms): the gain γ is linear and is folded
-    into the factors; 1/rms(x) is a per-token scalar that rescales every head's score alike and
-    is treated as 1. headlab's QK-norm has no gain, so it drops out entirely.
+    into the factors; 1/rms is treated as 1. headlab's QK-norm has no gain and normalises each
+    head's query and key on their own, so head h's score is xᵀ A_h y / (rms(q_h(x)) rms(k_h(y))),
+    with a scale of its own per head and per token. What is assumed: the similarity G is a cosine,
+    so any positive scale that is constant per head cancels exactly; only the part of 1/rms that
+    varies from token to token (and differently across heads) is left out of A_h, and no
+    bilinear form can hold it. `analysis.norm_scale_effect` measures both on real text.
   * Biases (BERT, GPT-2, Qwen2, optional in DeepSeek) add terms linear in x or y, not bilinear.
   * Constant scales (1/√e, MLA's 1/√(d_h + d_R), DeepSeek's YaRN mscale) are the same for all heads.
 
@@ -45,12 +52,19 @@ from .config import ModelConfig
 from .spectrum import Factors
 
 CIRCUITS = ("qk", "ov")
+MLA_ROPE = ("included", "excluded")  # whether MLA's decoupled RoPE query/key parts enter A_h
 
 
 def check_circuit(circuit: str) -> str:
     if circuit not in CIRCUITS:
         raise ValueError(f"circuit = {circuit!r} is invalid: allowed values are {', '.join(CIRCUITS)}")
     return circuit
+
+
+def check_mla_rope(mla_rope: str) -> str:
+    if mla_rope not in MLA_ROPE:
+        raise ValueError(f"mla_rope = {mla_rope!r} is invalid: allowed values are {', '.join(MLA_ROPE)}")
+    return mla_rope
 
 
 def _tile_gain(matrix: np.ndarray, gain: np.ndarray | None) -> np.ndarray:
@@ -150,7 +164,11 @@ class MLAWeights:
         if (self.wq is None) == (self.wq_b is None):
             raise ValueError("MLAWeights needs either wq (uncompressed queries) or wq_a/q_gain/wq_b")
 
-    def factors(self, circuit: str) -> tuple[Factors, Factors]:
+    def factors(self, circuit: str, mla_rope: str = "included") -> tuple[Factors, Factors]:
+        """The (L, R) factors of `circuit`; for qk, `mla_rope` says whether the decoupled RoPE
+        parts of query and key enter A_h ("included") or only the latent parts do ("excluded",
+        the paper's W_K,h = W_down W_up,h). The ov circuit has no RoPE part."""
+        check_mla_rope(mla_rope)
         h, d_c = self.n_heads, self.kv_gain.size
         d_rope = self.wkv_a.shape[0] - d_c
         d_v = self.wo.shape[1] // h
@@ -162,9 +180,15 @@ class MLAWeights:
             return Factors.per_head(w_uv_t, d_v, base=latent_base), Factors.per_head(self.wo, d_v)
         e = d_nope + d_rope
         if self.wq is not None:
-            queries = Factors.per_head(self.wq.T, e)
+            query_matrix, query_base = self.wq.T, None
         else:
-            queries = Factors.per_head(self.wq_b.T, e, base=self.wq_a.T * self.q_gain)
+            query_matrix, query_base = self.wq_b.T, self.wq_a.T * self.q_gain
+        if mla_rope == "excluded":  # each head's first d_n query columns, and the latent key alone
+            nope = query_matrix.reshape(query_matrix.shape[0], h, e)[:, :, :d_nope].reshape(-1, h * d_nope)
+            w_uk_t = up[:, :d_nope].transpose(2, 0, 1).reshape(d_c, h * d_nope)  # W^UKᵀ_h blocks
+            return (Factors.per_head(nope, d_nope, base=query_base),
+                    Factors.per_head(w_uk_t, d_nope, base=latent_base))
+        queries = Factors.per_head(query_matrix, e, base=query_base)
         # Key of head h = [W_dkv γ | W_kr] @ [[W^UKᵀ_h, 0], [0, I]]: latent rows feed the no-RoPE
         # part through W^UK_h, the d_R RoPE rows pass straight through (shared by all heads).
         blocks = np.zeros((d_c + d_rope, h, e))
@@ -203,12 +227,17 @@ class TensorStore:
 
     @classmethod
     def from_safetensors(cls, files: list[Path]) -> "TensorStore":
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         file_of = {}
         for file in files:
-            with safe_open(str(file), framework="pt") as f:
-                file_of.update(dict.fromkeys(f.keys(), file))
+            if not Path(file).is_file():
+                raise ValueError(f"{file} is missing: the checkpoint lists it but it is not on disk")
+            try:
+                with safe_open(str(file), framework="pt") as f:
+                    file_of.update(dict.fromkeys(f.keys(), file))
+            except (SafetensorError, OSError) as error:
+                raise ValueError(f"{file} is not a readable safetensors file (truncated or corrupt?): {error}") from error
 
         def read(name: str):
             # framework="pt" reads bf16/fp16 too (numpy cannot hold bf16)
@@ -221,9 +250,15 @@ class TensorStore:
         return name in self.names
 
     def __getitem__(self, name: str) -> np.ndarray:
+        """The tensor as float64; a missing tensor or a NaN/inf value is an error naming it."""
         if name not in self.names:
-            raise KeyError(f"tensor {name!r} not found in {self.where}")
-        return _to_float64(self._read(name))
+            raise ValueError(f"tensor {name!r} not found in {self.where}")
+        array = _to_float64(self._read(name))
+        bad = np.count_nonzero(~np.isfinite(array))
+        if bad:
+            raise ValueError(f"tensor {name!r} in {self.where} holds {bad} non-finite values (NaN or inf): "
+                             "these weights cannot be analysed")
+        return array
 
     def under(self, prefix: str) -> "Prefixed":
         return Prefixed(self, prefix)
@@ -262,21 +297,79 @@ class ModelHeads:
     n_heads: int
     read_layer: Callable[[int], LayerWeights]
 
+    def __post_init__(self):
+        for name in ("n_layers", "n_heads"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{self.label}: {name} = {getattr(self, name)!r} is invalid: must be a positive integer")
+
     def layer(self, index: int) -> LayerWeights:
         if not 0 <= index < self.n_layers:
             raise ValueError(f"layer = {index} is out of range: {self.label} has layers 0..{self.n_layers - 1}")
-        return self.read_layer(index)
+        try:
+            weights = self.read_layer(index)
+        except IndexError as error:  # a tensor with too few dimensions, sliced by the layout's reader
+            raise ValueError(f"{self.label} layer {index}: the tensors do not have the shapes of a {self.layout} "
+                             f"layer ({error})") from None
+        check_head_shapes(weights, f"{self.label} layer {index}")
+        return weights
+
+
+def check_head_shapes(weights: LayerWeights, where: str) -> None:
+    """The weights are matrices that split into `n_heads` equal heads (and KV groups that divide
+    them): a head count that does not fit the tensors is an error, not a silent reshape."""
+    h = weights.n_heads
+    for name, value in vars(weights).items():
+        expected_ndim = 3 if name in ("b_k", "b_v") else 1 if name.endswith("gain") else 2
+        if isinstance(value, np.ndarray) and value.ndim != expected_ndim:
+            raise ValueError(f"{where}: weight {name} has shape {value.shape}, expected {expected_ndim} dimensions")
+    query_rows = (weights.wq if weights.wq is not None else weights.wq_b).shape[0]
+    out_columns = weights.wo.shape[1]
+    if query_rows % h or out_columns % h:
+        raise ValueError(f"{where}: {h} heads do not divide the query projection ({query_rows} rows) and output "
+                         f"projection ({out_columns} columns): the head count does not match the weights")
+    if isinstance(weights, GroupedWeights):
+        e = query_rows // h
+        kv_rows = weights.wk.shape[0]
+        if kv_rows % e or h % (kv_rows // e) or weights.wv.shape != weights.wk.shape or out_columns != query_rows:
+            raise ValueError(f"{where}: with {h} heads of width {e}, keys {weights.wk.shape}, values "
+                             f"{weights.wv.shape} and output {weights.wo.shape} do not form whole KV groups")
+    elif isinstance(weights, LRKVWeights) and weights.b_k.shape[0] != h:
+        raise ValueError(f"{where}: {weights.b_k.shape[0]} LRKV factors B_h for {h} heads")
+    elif isinstance(weights, MLAWeights) and weights.wkv_b.shape[0] % h:
+        raise ValueError(f"{where}: {h} heads do not divide the latent up-projection ({weights.wkv_b.shape[0]} rows)")
+
+
+def _check_layer_count(tensors: TensorStore, probe: str, n_layers: int, where: str) -> None:
+    """`probe` (a layer-0 tensor name) exists for layers 0..n_layers-1 and not for layer n_layers."""
+    present = [i for i in (n_layers - 1, n_layers) if probe.replace(".0.", f".{i}.", 1) in tensors]
+    if present != [n_layers - 1]:
+        raise ValueError(f"{where} says {n_layers} layers, but the weights {'have more' if n_layers in present else 'have fewer'}: "
+                         f"the layer count does not match the tensors in {tensors.where}")
 
 
 def from_state_dict(config: ModelConfig, state: Mapping, label: str | None = None,
                     where: str = "state dict") -> ModelHeads:
-    """Heads of a headlab model given its ModelConfig and (a mapping shaped like) its state dict."""
+    """Heads of a headlab model given its ModelConfig and (a mapping shaped like) its state dict.
+    Every attention tensor must have the shape `config` gives it."""
     tensors = state if isinstance(state, TensorStore) else TensorStore.from_mapping(state, where)
     first = {"mla": "wkv_a.weight", "lrkv": "k_shared.weight"}.get(config.attention, "c_q.weight")
     prefix = tensors.prefix_of(f"blocks.0.attn.{first}", f"headlab {config.attention}")
+    _check_layer_count(tensors, f"{prefix}blocks.0.attn.{first}", config.n_layer, "the ModelConfig")
+    from .model import GPT
+
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
 
     def read_layer(i: int) -> LayerWeights:
-        w = tensors.under(f"{prefix}blocks.{i}.attn.")
+        inside = tensors.under(f"{prefix}blocks.{i}.attn.")
+
+        def w(name: str) -> np.ndarray:
+            array, shape = inside(name), expected[f"blocks.{i}.attn.{name}"]
+            if array.shape != shape:
+                raise ValueError(f"tensor {prefix}blocks.{i}.attn.{name} has shape {array.shape}, but the ModelConfig "
+                                 f"({config.label}, n_head={config.n_head}, head_dim={config.head_dim}) gives it "
+                                 f"{shape}: the config does not describe these weights")
+            return array
         h = config.n_head
         if config.attention == "lrkv":
             return LRKVWeights(w("c_q.weight"), w("k_shared.weight"), w("u_k.weight"), w("b_k"),
@@ -349,9 +442,26 @@ def from_hf(cfg: dict, tensors: TensorStore, label: str) -> ModelHeads:
     w = tensors.under(tensors.prefix_of(probe, model_type))
     n_layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
     n_heads = cfg.get("num_attention_heads", cfg.get("n_head"))
-    if not isinstance(n_layers, int) or not isinstance(n_heads, int):
-        raise ValueError(f"config.json of this {model_type} checkpoint lacks num_hidden_layers / num_attention_heads")
-    return ModelHeads(label, model_type, n_layers, n_heads, lambda i: reader(cfg, w, i))
+    for name, value in (("num_hidden_layers", n_layers), ("num_attention_heads", n_heads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"config.json of this {model_type} checkpoint: {name} = {value!r} is invalid: "
+                             "must be a positive integer")
+    _check_layer_count(tensors, w.prefix + probe, n_layers, "config.json")
+    return ModelHeads(label, model_type, n_layers, n_heads, lambda i: _checked_widths(cfg, reader(cfg, w, i), i))
+
+
+def _checked_widths(cfg: dict, weights: LayerWeights, index: int) -> LayerWeights:
+    """config.json's head_dim and num_key_value_heads, where given, agree with the tensors."""
+    if isinstance(weights, GroupedWeights):
+        e = weights.wq.shape[0] // weights.n_heads
+        groups = weights.wk.shape[0] // e if e else 0
+        stated = {"head_dim": (cfg.get("head_dim"), e), "num_key_value_heads": (cfg.get("num_key_value_heads"), groups)}
+        for name, (value, actual) in stated.items():
+            if value is not None and value != actual:
+                raise ValueError(f"config.json says {name} = {value}, but with num_attention_heads = "
+                                 f"{weights.n_heads} layer {index}'s tensors give {actual}: the config does not "
+                                 "describe these weights")
+    return weights
 
 
 # ---- entry point --------------------------------------------------------------------------------
@@ -394,7 +504,18 @@ def load_heads(source, label: str | None = None) -> ModelHeads:
     config_path = folder / "config.json"
     if not config_path.exists():
         raise ValueError(f"{folder} has no config.json: cannot tell which layout {path.name} uses ({SUPPORTED})")
-    cfg = json.loads(config_path.read_text())
+    try:
+        cfg = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{config_path} is not valid JSON: {error}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{config_path} holds a JSON {type(cfg).__name__}, not a model config object")
+    if files is None and "model_type" not in cfg:
+        from .runs import current_checkpoint  # a headlab run folder: its current checkpoint's weights
+        checkpoint = current_checkpoint(folder, files=("model.safetensors",))
+        if checkpoint is None and cfg.get("format") == "headlab":
+            raise ValueError(f"{folder} is a headlab run with no checkpoint yet: train or resume it first")
+        files = [checkpoint.weights] if checkpoint is not None else None
     tensors = TensorStore.from_safetensors(files or _safetensors_files(folder))
     if "model_type" in cfg:
         return from_hf(cfg, tensors, label or cfg.get("_name_or_path") or folder.name)

@@ -1,6 +1,6 @@
 """Figures of the head-similarity study: tidy tables in, `matplotlib.figure.Figure` out.
 
-    fig = spectra_figure(analysis.spectra, kind="centered")      # the flagship figure
+    fig = spectra_figure(analysis.spectra)                       # the flagship figure (uncentred)
     fig.savefig("figures/spectra.png", dpi=150, bbox_inches="tight")
 
 Every function is pure: it reads tables with the columns of `headlab.analysis` (see each
@@ -17,7 +17,8 @@ builds its palette from the methods it shows. To keep a method's colour fixed wh
 only some methods, pass one `palette=` built from all of them to every call (the widgets do this).
 
 A table with a `seed` column holding several seeds is drawn as the mean over seeds with a
-min–max band (error bars in `loss_vs_cache_figure`).
+min–max band (error bars in `loss_vs_cache_figure`); every title says how many seeds it shows.
+A table must hold one `mla_rope` setting (see `headlab.analysis`): filter it first.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import io
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
@@ -39,6 +41,8 @@ from matplotlib.ticker import EngFormatter, MaxNLocator, PercentFormatter
 KINDS = ("uncentered", "centered")
 KIND_TITLES = {"uncentered": "uncentred", "centered": "centred, PCA-based"}
 CIRCUIT_TITLES = {"qk": "QK circuit", "ov": "OV circuit", "pattern": "attention maps"}
+MEASURE_TITLES = {"frobenius": "Weights (Frobenius)", "data": "Data-aware weights (Σ of inputs)",
+                  "jensen_shannon": "Behaviour (attention maps, 1 − JS)"}
 SPECTRA_TITLE = "Eigenvalue spectra of head similarity matrices"
 # The families in figure order, each matched at the start of a lower-cased label; labels of one
 # family are ordered by the first number after the family name (LRKV's rank, MLA's d_c, ...).
@@ -63,6 +67,14 @@ class NotebookFigure(Figure):
 
 
 # ---- methods: order, colours, markers ------------------------------------------------------
+
+def save_figure(figure: Figure, folder: Path, name: str) -> Path:
+    """Write `figure` into `folder` as <name>.png (130 dpi, what report.md shows) and <name>.svg
+    (for print); returns the PNG's path."""
+    figure.savefig(folder / f"{name}.png", dpi=130, bbox_inches="tight")
+    figure.savefig(folder / f"{name}.svg", bbox_inches="tight")
+    return folder / f"{name}.png"
+
 
 def method_order(labels: Iterable[str]) -> list[str]:
     """The distinct `labels` in family order: Standard MHA, LRKV (ascending rank), MQA, MLA
@@ -119,11 +131,17 @@ def _methods(data: pd.DataFrame, fixed: Mapping[str, str] | None) -> _Methods:
 
 def layer_roles(layers: Iterable[int]) -> dict[str, int]:
     """The early, middle and late layer among `layers` (numbered from 0): the first, the one at
-    index len // 2 and the last; for 12 layers 0, 6 and 11, the paper's 128M choice."""
+    index len // 2 and the last; for 12 layers 0, 6 and 11, the paper's 128M choice. A role is
+    given only to a layer no earlier role has: two layers are Early and Late, one is Early."""
     available = sorted({int(layer) for layer in layers})
     if not available:
         raise ValueError("no layers to choose from")
-    return {"Early": available[0], "Middle": available[len(available) // 2], "Late": available[-1]}
+    roles = {"Early": available[0], "Late": available[-1], "Middle": available[len(available) // 2]}
+    distinct = {}
+    for role, layer in roles.items():
+        if layer not in distinct.values():
+            distinct[role] = layer
+    return {role: distinct[role] for role in ("Early", "Middle", "Late") if role in distinct}
 
 
 def layer_title(layer: int, layers: Iterable[int]) -> str:
@@ -176,6 +194,9 @@ def _checked(table: pd.DataFrame, name: str, columns: Sequence[str], circuit: st
 def _n_seeds(data: pd.DataFrame, name: str, keys: Sequence[str]) -> int:
     """How many seeds `data` holds, after checking that it has one row per `keys` and seed
     (two runs under one label and no seed column would otherwise be averaged silently)."""
+    if "mla_rope" in data.columns and data["mla_rope"].nunique() > 1:
+        raise ValueError(f"the {name} table holds several mla_rope settings "
+                         f"({', '.join(map(str, dict.fromkeys(data['mla_rope'])))}): pass one setting's rows")
     keys = [*keys, "seed"] if "seed" in data.columns else list(keys)
     duplicated = data[data.duplicated(keys, keep=False)]
     if not duplicated.empty:
@@ -219,11 +240,23 @@ def _legend(fig: Figure, methods: _Methods, extra: Sequence = (), n_seeds: int =
         fig.legend(handles=handles, loc="outside right center", frameon=False)
 
 
-def _title(text: str, n_seeds: int, circuit: str = "qk") -> str:
-    """`text`, naming the circuit when it is not QK and the seeds when there are several."""
-    notes = ([CIRCUIT_TITLES.get(circuit, circuit)] if circuit != "qk" else []) + (
-        [f"mean of {n_seeds} seeds"] if n_seeds > 1 else [])
+def _title(text: str, n_seeds: int | None, circuit: str = "qk") -> str:
+    """`text`, naming the circuit when it is not QK, then how many seeds are shown (unless
+    `n_seeds` is None: a measurement that seeds do not enter)."""
+    notes = [CIRCUIT_TITLES.get(circuit, circuit)] if circuit != "qk" else []
+    if n_seeds is not None:
+        notes.append(f"mean of {n_seeds} seeds" if n_seeds > 1 else "1 seed")
     return f"{text} — {', '.join(notes)}" if notes else text
+
+
+def _loss_unit(data: pd.DataFrame, name: str) -> str:
+    """The unit of a table's losses: its `loss_unit` column (one value), else nats/token."""
+    if "loss_unit" not in data.columns:
+        return "nats/token"
+    units = list(dict.fromkeys(data["loss_unit"]))
+    if len(units) != 1:
+        raise ValueError(f"the {name} table mixes loss units {', '.join(map(str, units))}: pass one unit's rows")
+    return str(units[0])
 
 
 def _layer_panel_figure(data: pd.DataFrame, name: str, layers: Sequence[int] | None, x: str, y: str,
@@ -248,18 +281,27 @@ def _layer_panel_figure(data: pd.DataFrame, name: str, layers: Sequence[int] | N
 # ---- figures -------------------------------------------------------------------------------
 
 @_styled
-def spectra_figure(spectra: pd.DataFrame, kind: str = "centered", layers: Sequence[int] | None = None,
+def spectra_figure(spectra: pd.DataFrame, kind: str = "uncentered", layers: Sequence[int] | None = None,
                    circuit: str = "qk", palette: Mapping[str, str] | None = None) -> Figure:
     """The flagship figure: eigenvalue against eigenvalue index, one panel per layer ("Early
-    Layer (L=0)", "Middle Layer (L=…)", "Late Layer (L=…)" by default), a line per method.
+    Layer (L=0)", "Middle Layer (L=…)", "Late Layer (L=…)" by default), a line per method,
+    y-axis from 0.
 
     spectra: model, layer, circuit, kind, index (from 1), eigenvalue [, seed].
-    kind: "centered" (the PCA-based spectrum, the paper's Figs. 10–11) or "uncentered"
-    (Figs. 16–17). layers: which layers to show, one panel each.
+    kind: "uncentered" (the flagship, as in the seed figure: the eigenvalues of the cosine
+    similarity matrix, which sum to H, the last one nonzero; the paper's Figs. 16–17) or
+    "centered" (the PCA-based spectrum, Figs. 10–11: the last eigenvalue is 0 by construction,
+    which each panel notes). layers: which layers to show, one panel each.
     """
     data = _checked(spectra, "spectra", ["model", "layer", "circuit", "kind", "index", "eigenvalue"], circuit, kind)
-    return _layer_panel_figure(data, "spectra", layers, "index", "eigenvalue", "Eigenvalue Index", "Eigenvalue",
-                               f"{SPECTRA_TITLE} ({KIND_TITLES[kind]})", circuit, palette)
+    fig = _layer_panel_figure(data, "spectra", layers, "index", "eigenvalue", "Eigenvalue Index", "Eigenvalue",
+                              f"{SPECTRA_TITLE} ({KIND_TITLES[kind]})", circuit, palette)
+    for ax in fig.axes:
+        ax.set_ylim(bottom=0)
+        if kind == "centered":
+            ax.text(0.98, 0.97, "last eigenvalue = 0\nby construction (centring)", transform=ax.transAxes,
+                    ha="right", va="top", fontsize=8, color=REFERENCE_COLOR)
+    return fig
 
 
 @_styled
@@ -371,7 +413,7 @@ def loss_curves_figure(training: pd.DataFrame, palette: Mapping[str, str] | None
     """Validation loss against training tokens, a line per method (rows without a validation
     loss, e.g. training-loss log lines, are skipped).
 
-    training: model, tokens, val_loss [, step, seed, ...].
+    training: model, tokens, val_loss [, step, seed, loss_unit (default nats/token), ...].
     """
     data = _checked(training, "training", ["model", "tokens", "val_loss"])
     data = data.dropna(subset=["val_loss"])
@@ -383,7 +425,7 @@ def loss_curves_figure(training: pd.DataFrame, palette: Mapping[str, str] | None
     ax = fig.subplots()
     _lines(ax, data, "tokens", "val_loss", methods, n_seeds)
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))
-    ax.set(xlabel="Training tokens", ylabel="Validation loss (nats/token)")
+    ax.set(xlabel="Training tokens", ylabel=f"Validation loss ({_loss_unit(data, 'training')})")
     fig.suptitle(_title("Validation loss during training", n_seeds), fontweight="bold")
     _legend(fig, methods, n_seeds=n_seeds)
     return fig
@@ -394,7 +436,7 @@ def loss_vs_cache_figure(results: pd.DataFrame, palette: Mapping[str, str] | Non
     """Final validation loss against KV cache size as % of MHA, one labelled point per method
     (the paper's Fig. 5a); with several seeds, the mean and a min–max error bar.
 
-    results: model, kv_cache_pct, val_loss [, seed].
+    results: model, kv_cache_pct, val_loss [, seed, loss_unit (default nats/token)].
     """
     data = _checked(results, "results", ["model", "kv_cache_pct", "val_loss"])
     methods = _methods(data, palette)
@@ -417,7 +459,7 @@ def loss_vs_cache_figure(results: pd.DataFrame, palette: Mapping[str, str] | Non
     ax.set_xlim(0, x_max)
     ax.margins(y=0.15)
     ax.xaxis.set_major_formatter(PercentFormatter(100))
-    ax.set(xlabel="KV cache (% of Standard MHA)", ylabel="Final validation loss (nats/token)")
+    ax.set(xlabel="KV cache (% of Standard MHA)", ylabel=f"Final validation loss ({_loss_unit(data, 'results')})")
     fig.suptitle(_title("Final loss against KV cache size", n_seeds), fontweight="bold")
     return fig
 
@@ -441,6 +483,56 @@ def decode_latency_figure(latency: pd.DataFrame, palette: Mapping[str, str] | No
     ax.minorticks_off()
     ax.set_ylim(bottom=0)
     ax.set(xlabel="Tokens in the cache (T)", ylabel="ms per decoding step")
-    fig.suptitle(_title("Cached decoding step against context length", n_seeds), fontweight="bold")
+    fig.suptitle(_title("Cached decoding step against context length", n_seeds if n_seeds > 1 else None),
+                 fontweight="bold")
     _legend(fig, methods, n_seeds=n_seeds)
+    return fig
+
+
+@_styled
+def rank_through_training_figure(summary: pd.DataFrame, kind: str = "centered", circuit: str = "qk",
+                                 layers: Sequence[int] | None = None,
+                                 palette: Mapping[str, str] | None = None) -> Figure:
+    """Effective rank against training step (symmetric-log axis: the early snapshots are
+    log-spaced), a line per method, one panel per layer (early, middle and late by default).
+
+    summary: model, step, layer, circuit, kind, effective_rank [, seed] (`headlab.snapshots`).
+    """
+    data = _checked(summary, "summary", ["model", "step", "layer", "circuit", "kind", "effective_rank"], circuit, kind)
+    fig = _layer_panel_figure(data, "summary", layers, "step", "effective_rank", "Training step",
+                              "Effective rank (entropy)", f"Effective rank through training ({KIND_TITLES[kind]})",
+                              circuit, palette)
+    for ax in fig.axes:
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlim(left=0)
+    return fig
+
+
+@_styled
+def measures_figure(summary: pd.DataFrame, kind: str = "centered", measures: Sequence[str] | None = None,
+                    palette: Mapping[str, str] | None = None) -> Figure:
+    """Effective rank (% of H) per layer under each measure of head similarity, one panel per
+    measure (weights, data-aware weights, attention maps), a line per method.
+
+    summary: model, layer, measure, kind, effective_rank_pct_of_heads [, seed], one circuit per
+    measure (QK for the weight measures, "pattern" for attention maps: filter first).
+    """
+    data = _checked(summary, "summary", ["model", "layer", "measure", "kind", "effective_rank_pct_of_heads"],
+                    kind=kind)
+    shown = list(dict.fromkeys(data["measure"])) if measures is None else list(measures)
+    unknown = [m for m in shown if m not in set(data["measure"])]
+    if unknown or not shown:
+        raise ValueError(f"measures = {shown} is invalid: the table has measures "
+                         f"{', '.join(map(str, dict.fromkeys(data['measure'])))}")
+    methods = _methods(data, palette)
+    n_seeds = _n_seeds(data.drop(columns=[c for c in ("mla_rope",) if c in data]), "summary",
+                       ["model", "layer", "measure"])
+    fig = NotebookFigure(figsize=(PANEL_SIZE[0] * len(shown), PANEL_SIZE[1] + 0.9), layout="constrained")
+    for ax, measure in zip(fig.subplots(1, len(shown), squeeze=False, sharey=True)[0], shown):
+        _lines(ax, data[data["measure"] == measure], "layer", "effective_rank_pct_of_heads", methods, n_seeds)
+        ax.set(title=MEASURE_TITLES.get(measure, measure), xlabel="Layer", ylabel="Effective rank (% of H)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle(_title(f"Do the measures agree? Effective rank per layer ({KIND_TITLES[kind]})", n_seeds),
+                 fontweight="bold")
+    _legend(fig, methods, n_seeds=n_seeds, below=True)
     return fig

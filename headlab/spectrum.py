@@ -18,6 +18,11 @@ the span of a narrow side (`frobenius_gram`).
     effective rank  exp(−Σ_i v_i log v_i)            (Roy & Vetterli 2007; the paper's metric)
     participation   (Σ λ_i)² / Σ λ_i²                 (a second, less tail-sensitive count)
 
+The data-aware measure (`data_gram`) replaces Eq. 11's inner product by one weighted by the
+second moments Σ_L, Σ_R of the inputs each side reads; everything after it is unchanged:
+
+    data-aware      G_raw[i,j] = ⟨A_i, A_j⟩_Σ = tr(A_iᵀ Σ_L A_j Σ_R) = E[(xᵀ A_i y)(xᵀ A_j y)]
+
 Both ranks take the spectrum of the kind asked for. The paper reports the effective rank as a
 percentage of H; the attainable maximum is H uncentred but H − 1 centred (J G J has rank ≤ H − 1;
 the digest's caveat C8), so `Spectrum` reports both percentages.
@@ -223,6 +228,36 @@ def frobenius_gram(left: Factors, right: Factors, method: str = "auto") -> np.nd
     else:
         raise ValueError(f"method = {method!r} is invalid: allowed values are auto, products, reduced")
     return (raw + raw.T) / 2  # exact symmetry; the two triangles differ only by round-off
+
+
+def _transformed(factors: Factors, root: np.ndarray | None) -> Factors:
+    """The factors R F_h (R = None: unchanged). Through a shared base only the base is
+    multiplied (d × m), so GQA/MQA blocks stay shared and MLA/LRKV products stay latent."""
+    if root is None:
+        return factors
+    if factors.base is None:
+        return Factors(root @ factors.matrix, factors.head_dim, factors.index)
+    return Factors(factors.matrix, factors.head_dim, factors.index, root @ factors.base)
+
+
+def data_gram(left: Factors, right: Factors, left_root: np.ndarray | None, right_root: np.ndarray | None,
+              method: str = "auto") -> np.ndarray:
+    """G_raw[i,j] = ⟨A_i, A_j⟩_Σ = tr(A_iᵀ Σ_L A_j Σ_R) for A_h = L_h R_hᵀ, the data-aware inner
+    product: for independent x ~ (second moment Σ_L) and y ~ (second moment Σ_R),
+
+        ⟨A_i, A_j⟩_Σ = E[(xᵀ A_i y)(xᵀ A_j y)],
+
+    so two heads are alike when their scores agree on the inputs the model actually sees, and
+    directions the inputs never visit weigh nothing. With Σ = RᵀR (`inputs.second_moment_root`),
+    ⟨A_i, A_j⟩_Σ = ⟨R_L A_i R_Rᵀ, R_L A_j R_Rᵀ⟩_F: the Frobenius Gram of the factors R_L L_h and
+    R_R R_h, computed by `frobenius_gram` without forming any A_h. A root of None stands for
+    Σ = I on that side; with both None (or both roots I) this is exactly `frobenius_gram`.
+    """
+    for side, root, factors in (("left", left_root, left), ("right", right_root, right)):
+        if root is not None and np.shape(root) != (factors.dim, factors.dim):
+            raise ValueError(f"{side}_root must be ({factors.dim}, {factors.dim}) to match the "
+                             f"factors' dimension d; got shape {np.shape(root)}")
+    return frobenius_gram(_transformed(left, left_root), _transformed(right, right_root), method)
 
 
 def _reduced_gram(left: Factors, right: Factors) -> np.ndarray:

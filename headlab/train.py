@@ -2,20 +2,22 @@
 
 AdamW (decay on matrices only), or the paper's Muon + AdamW split; linear warmup then cosine
 decay; gradient clipping; bf16 autocast and optional torch.compile on GPU; periodic validation
-in nats/token and bits per byte; runs that never lose work (see `headlab.runs`); and
-DistributedDataParallel under `torchrun` (NCCL on GPUs, gloo on CPU) with one global batch
-split across ranks, so N processes follow the single-process loss curve.
+in nats/token and bits per byte; runs that never lose work (see `headlab.runs`); and under
+`torchrun` (NCCL on GPUs, gloo on CPU) DistributedDataParallel or, for models that do not fit
+one device, FSDP2 (`fully_shard` per block). One global batch is split across ranks and then
+into `grad_accum` micro-batches, so every setting follows the single-process loss curve.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import math
 import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,89 +25,15 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from .config import ModelConfig
+from .config import DTYPES, OPTIMIZERS, TRAIN_PRESETS, ModelConfig, TrainConfig, train_preset  # noqa: F401 (re-exported)
 from .data import Corpus, load_corpus, random_windows
 from .model import GPT
-from .runs import MetricsLog, Run, load_checkpoint, save_checkpoint, write_run_config
-
-OPTIMIZERS = ("adamw", "muon")
-DTYPES = ("float32", "bfloat16")
+from .runs import MetricsLog, Run, RunLock, gather_training_state, load_checkpoint, open_run, save_checkpoint
+from .snapshots import write_snapshot
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the run folder keeps the last good checkpoint."""
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """How to train. `batch_size` is the global batch in sequences (split across ranks)."""
-
-    steps: int = 350
-    batch_size: int = 16
-    optimizer: str = "adamw"
-    lr: float = 3e-3  # AdamW: every parameter
-    matrix_lr: float = 0.02  # Muon: 2-D weights inside the blocks
-    embedding_lr: float = 0.2  # Muon split: AdamW on the embedding
-    unembedding_lr: float = 0.004  # Muon split: AdamW on the output head
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 30
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    eval_every: int = 100
-    eval_batches: int = 16
-    checkpoint_every: int = 100
-    log_every: int = 10
-    dtype: str = "float32"
-    compile: bool = False
-    device: str = "auto"
-    seed: int = 0
-
-    def __post_init__(self):
-        for name in ("steps", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "log_every"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"TrainConfig.{name} = {getattr(self, name)!r} is invalid: must be a positive integer")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"TrainConfig.optimizer = {self.optimizer!r} is invalid: allowed values are {', '.join(OPTIMIZERS)}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"TrainConfig.dtype = {self.dtype!r} is invalid: allowed values are {', '.join(DTYPES)}")
-        for name in ("lr", "matrix_lr", "embedding_lr", "unembedding_lr"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"TrainConfig.{name} = {getattr(self, name)!r} is invalid: must be positive")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"TrainConfig.min_lr_ratio = {self.min_lr_ratio!r} is invalid: must be in [0, 1]")
-        if self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError("TrainConfig.warmup_steps, weight_decay and grad_clip must be >= 0")
-
-    def replace(self, **changes) -> "TrainConfig":
-        return TrainConfig(**{**asdict(self), **changes})
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"TrainConfig has no field(s) {unknown}; allowed fields are {sorted(known)}")
-        return cls(**data)
-
-
-# Training settings that go with the model presets. The paper's (§3.2-3.3): context 2048,
-# 32 sequences per step, warmup 2000, Muon for matrices (lr 0.02) + AdamW for the embedding
-# (0.2) and head (0.004), wd 0.1, clip 1.0, bf16.
-TRAIN_PRESETS: dict[str, TrainConfig] = {
-    "tiny": TrainConfig(steps=40, batch_size=8, warmup_steps=5, eval_every=20, eval_batches=2,
-                        checkpoint_every=20, log_every=5),
-    "cpu-small": TrainConfig(),
-    **{name: TrainConfig(steps=50_000, batch_size=32, optimizer="muon", warmup_steps=2000, weight_decay=0.1,
-                         grad_clip=1.0, dtype="bfloat16", eval_every=1000, eval_batches=50, checkpoint_every=1000,
-                         log_every=50)
-       for name in ("paper-128m", "paper-1.2b", "paper-2.5b", "paper-6.3b")},
-}
-
-
-def train_preset(name: str, **overrides) -> TrainConfig:
-    if name not in TRAIN_PRESETS:
-        raise ValueError(f"preset {name!r} is unknown: allowed presets are {', '.join(TRAIN_PRESETS)}")
-    return TRAIN_PRESETS[name].replace(**overrides)
+    """The loss became NaN or infinite; the run folder keeps its last good checkpoint (if any)."""
 
 
 def learning_rate_factor(step: int, config: TrainConfig) -> float:
@@ -116,12 +44,26 @@ def learning_rate_factor(step: int, config: TrainConfig) -> float:
     return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def is_muon_matrix(name: str, parameter: torch.Tensor) -> bool:
+    """Whether Muon (not AdamW) updates this parameter: the blocks' 2-D weights."""
+    return name.startswith("blocks.") and parameter.dim() == 2
+
+
 def make_optimizers(model: GPT, config: TrainConfig) -> list[torch.optim.Optimizer]:
     """AdamW with weight decay on matrices only; or Muon on the blocks' 2-D weights with AdamW
     for embedding, head, norms and LRKV's 3-D B tensors (torch's Muon takes 2-D only).
 
     AdamW is torch's fused kernel (CPU and CUDA since torch 2.4): one pass over all parameters
-    instead of a dozen per tensor, about 4 ms less per `cpu-small` step."""
+    instead of a dozen per tensor, about 4 ms less per `cpu-small` step. Each group's `base_lr`
+    is its configured rate, which the schedule scales."""
+    optimizers = _build_optimizers(model, config)
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["base_lr"] = group["lr"]  # present from the start, so a saved state loads into a fresh optimizer
+    return optimizers
+
+
+def _build_optimizers(model: GPT, config: TrainConfig) -> list[torch.optim.Optimizer]:
     betas = (0.9, 0.95)
     if config.optimizer == "adamw":
         decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -129,7 +71,7 @@ def make_optimizers(model: GPT, config: TrainConfig) -> list[torch.optim.Optimiz
         return [torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
                                    {"params": rest, "weight_decay": 0.0}], lr=config.lr, betas=betas,
                                   fused=True)]
-    muon = [p for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2]
+    muon = [p for n, p in model.named_parameters() if is_muon_matrix(n, p)]
     muon_ids = {id(p) for p in muon}
     other = [p for n, p in model.named_parameters()
              if id(p) not in muon_ids and not n.startswith(("wte.", "lm_head."))]
@@ -168,7 +110,6 @@ def keep_freed_cpu_memory() -> bool:
 def _set_learning_rates(optimizers, factor: float) -> None:
     for optimizer in optimizers:
         for group in optimizer.param_groups:
-            group.setdefault("base_lr", group["lr"])
             group["lr"] = group["base_lr"] * factor
 
 
@@ -190,13 +131,30 @@ def _setup_distributed(device_type: str) -> _Distributed:
         return _Distributed()
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        # Gloo's worker threads abort the process (SIGABRT) when a group is still alive at
+        # interpreter shutdown, so a script that calls train() under torchrun and simply ends
+        # must still leave the group while Python is fully alive.
+        atexit.register(leave_process_group)
     return _Distributed(dist.get_rank(), world_size, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def leave_process_group() -> None:
+    """Leave the process group, if one is joined, once every rank has got here: gloo's barrier
+    first waits for all the collectives still queued on this rank, whose worker threads would
+    otherwise abort the process (SIGABRT) when it ends under them."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _resolve_device(config: TrainConfig, local_rank: int) -> torch.device:
     if config.device == "auto":
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    return torch.device(config.device)
+    device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"TrainConfig.device = {config.device!r} is unavailable: this torch build or machine has "
+                         "no CUDA device; use cpu or auto")
+    return device
 
 
 @torch.no_grad()
@@ -221,71 +179,115 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
           out: str | Path | None = None, resume: bool = False, progress: bool = True) -> Run:
     """Train a GPT and return the `Run` (model, configs, metrics).
 
-    With `out`, the run folder receives config.json, then checkpoints (model.safetensors and
-    state.pt) every `checkpoint_every` steps and at the end, and metrics.jsonl as it goes.
-    `resume=True` continues from the folder's last checkpoint; on CPU the resumed loss curve
-    equals the uninterrupted one exactly. A NaN/inf loss raises `TrainingDiverged` and
-    leaves the last good checkpoint in place.
+    With `out`, the run folder receives config.json, metrics.jsonl as it goes, and a checkpoint
+    every `checkpoint_every` steps and at the end (see `headlab.runs`); the folder is locked
+    against a second trainer while this one runs. `resume=True` continues from the folder's
+    last checkpoint (or from step 0 if it has none) after checking that the model, training and
+    data settings match the saved run; on CPU the resumed loss curve equals the uninterrupted one
+    exactly. A NaN/inf loss raises `TrainingDiverged` and leaves the last good checkpoint in place.
     """
     train_config = train_config or TrainConfig()
     corpus = load_corpus(data) if isinstance(data, str) else data
     if corpus.vocab_size > model_config.vocab_size:
         raise ValueError(f"ModelConfig.vocab_size = {model_config.vocab_size} is smaller than the "
                          f"{corpus.tokenizer_name} tokenizer's vocabulary ({corpus.vocab_size})")
+    for split, shards in (("training", corpus.train), ("validation", corpus.val)):
+        if max(len(shard) for shard in shards) <= model_config.seq_len:
+            raise ValueError(f"ModelConfig.seq_len = {model_config.seq_len} is too long for corpus {corpus.name!r}: its "
+                             f"{split} split has no window of {model_config.seq_len + 1} tokens; use a shorter "
+                             "seq_len or a larger corpus")
     device = _resolve_device(train_config, int(os.environ.get("LOCAL_RANK", "0")))
     if device.type == "cpu":
         keep_freed_cpu_memory()
     ddp = _setup_distributed(device.type)
-    if train_config.batch_size % ddp.world_size:
-        raise ValueError(f"TrainConfig.batch_size = {train_config.batch_size} must be divisible by the "
-                         f"number of processes ({ddp.world_size})")
+    if train_config.batch_size % (ddp.world_size * train_config.grad_accum):
+        raise ValueError(f"TrainConfig.batch_size = {train_config.batch_size} must be divisible by the number of "
+                         f"processes x TrainConfig.grad_accum = {ddp.world_size} x {train_config.grad_accum}")
     run_dir = Path(out) if out is not None else None
+    owner = run_dir is not None and ddp.is_main
+    if owner:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ValueError(f"run folder {run_dir} cannot be created: a file is in the way") from None
+    with RunLock(run_dir) if owner else nullcontext():
+        return _train(model_config, train_config, corpus, device, ddp, run_dir, resume, progress)
 
+
+def shard_per_block(model: GPT, train_config: TrainConfig) -> None:
+    """FSDP2: each block is one unit of parameters gathered for its forward and backward, the
+    root (embedding, head) another. Under bf16 the gathered parameters are bf16 and gradients
+    are reduced in fp32. With `compile`, each block is compiled on its own."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if train_config.dtype == "bfloat16" else MixedPrecisionPolicy())
+    for block in model.blocks:
+        if train_config.compile and next(model.parameters()).device.type == "cuda":
+            block.compile()
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+
+
+def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus, device: torch.device,
+           ddp: "_Distributed", run_dir: Path | None, resume: bool, progress: bool) -> Run:
     torch.manual_seed(train_config.seed)
-    model = GPT(model_config).to(device)
+    model = GPT(model_config).to(device)  # the same weights on every rank, whatever their number
+    sharded = ddp.world_size > 1 and train_config.parallel == "fsdp"
+    if sharded:
+        shard_per_block(model, train_config)
     optimizers = make_optimizers(model, train_config)
     generator = torch.Generator().manual_seed(train_config.seed)
     start_step = 0
     metrics = MetricsLog(run_dir / "metrics.jsonl" if run_dir is not None and ddp.is_main else None)
-    if run_dir is not None and resume and (run_dir / "state.pt").exists():
-        start_step = load_checkpoint(run_dir, model, optimizers, generator, model_config, train_config)
-        metrics.truncate_after(start_step)
-    elif run_dir is not None and ddp.is_main:
-        if (run_dir / "model.safetensors").exists() and not resume:
-            raise FileExistsError(f"{run_dir} already holds a run: resume it (resume=True, --resume) or choose another folder")
-        write_run_config(run_dir, model_config, train_config, corpus)
-        metrics.reset()
+    if run_dir is not None:
+        checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=ddp.is_main)
+        if checkpoint is not None:
+            start_step = load_checkpoint(checkpoint, model, optimizers, generator)
+            metrics.truncate_after(start_step)
+        else:
+            metrics.reset()
+    last_checkpoint = start_step if start_step else None
 
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if train_config.dtype == "bfloat16"
                 else nullcontext())
     step_model = model
-    if ddp.world_size > 1:
+    if ddp.world_size > 1 and not sharded:
         step_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    if train_config.compile and device.type == "cuda":
+    synchronizing = _gradient_sync(step_model)
+    if train_config.compile and device.type == "cuda" and not sharded:
         step_model = torch.compile(step_model)
 
     local_batch = train_config.batch_size // ddp.world_size
+    n_micro = train_config.grad_accum
     tokens_per_step = train_config.batch_size * model_config.seq_len
-    bar = tqdm(range(start_step, train_config.steps), initial=start_step, total=train_config.steps,
-               desc=model_config.label, disable=not (progress and ddp.is_main), dynamic_ncols=True)
+    steps = range(start_step, train_config.steps)
+    bar = (tqdm(steps, initial=start_step, total=train_config.steps, desc=model_config.label, dynamic_ncols=True)
+           if progress and ddp.is_main else _HiddenBar(steps))
     started, last_log = time.perf_counter(), time.perf_counter()
     step = start_step
     for step in bar:
+        if run_dir is not None:  # every rank: an FSDP model's shards are gathered collectively
+            write_snapshot(run_dir, model, step, train_config.snapshot_every, write=ddp.is_main)
         _set_learning_rates(optimizers, learning_rate_factor(step, train_config))
         x, y = random_windows(corpus.train, train_config.batch_size, model_config.seq_len, generator)
         rows = slice(ddp.rank * local_batch, (ddp.rank + 1) * local_batch)
-        with autocast:
-            _, loss = step_model(x[rows].to(device), y[rows].to(device))
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = torch.zeros((), device=device)
+        for micro, (micro_x, micro_y) in enumerate(zip(x[rows].chunk(n_micro), y[rows].chunk(n_micro))):
+            with synchronizing(micro == n_micro - 1):  # ranks exchange gradients once, after the last
+                with autocast:
+                    _, micro_loss = step_model(micro_x.to(device), micro_y.to(device))
+                (micro_loss / n_micro).backward()
+            loss += micro_loss.detach() / n_micro
         torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
-        loss_value = _global_mean(loss.detach(), ddp)
+        loss_value = _global_mean(loss, ddp)
         if not math.isfinite(loss_value):
-            raise TrainingDiverged(
-                f"loss is {loss_value} at step {step}; the run folder keeps the checkpoint from before it"
-                if run_dir is not None else f"loss is {loss_value} at step {step}")
+            kept = ("" if run_dir is None else f"; the run folder keeps the checkpoint of step {last_checkpoint}"
+                    if last_checkpoint is not None else "; no checkpoint was written before it")
+            raise TrainingDiverged(f"loss is {loss_value} at step {step}{kept}")
         for optimizer in optimizers:
             optimizer.step()
         done = step + 1
@@ -303,13 +305,60 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
             val_loss = _global_mean(torch.tensor(val_loss, device=device), ddp)
             metrics.append({"step": done, "tokens": done * tokens_per_step, "val_loss": val_loss,
                             "val_bpb": val_loss / math.log(2) / corpus.bytes_per_token})
-        if run_dir is not None and ddp.is_main and (done % train_config.checkpoint_every == 0 or done == train_config.steps):
-            save_checkpoint(run_dir, model, optimizers, generator, done)
+        if run_dir is not None and (done % train_config.checkpoint_every == 0 or done == train_config.steps):
+            if sharded or ddp.is_main:  # every rank joins the gather of FSDP shards
+                weights, optimizer_states = gather_training_state(model, optimizers)
+            if ddp.is_main:
+                save_checkpoint(run_dir, weights, optimizer_states, generator, done)
+            last_checkpoint = done
     bar.close()
     if ddp.world_size > 1:
         dist.barrier()
-    return Run(model=model.eval(), model_config=model_config, train_config=train_config,
-               step=train_config.steps, metrics=metrics.records, path=run_dir)
+    if sharded:
+        model = _whole_model_on_main(model, model_config, ddp)
+    return Run(model=model.eval() if model is not None else None, model_config=model_config,
+               train_config=train_config, step=train_config.steps, metrics=metrics.records, path=run_dir)
+
+
+class _HiddenBar:
+    """The steps without tqdm: a disabled tqdm bar still takes tqdm's lock, a semaphore shared
+    across fork, and a forked trainer killed while holding it would freeze its parent's next bar."""
+
+    def __init__(self, steps: range):
+        self.steps = steps
+
+    def __iter__(self):
+        return iter(self.steps)
+
+    def set_postfix(self, **values) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _gradient_sync(step_model: torch.nn.Module):
+    """A context factory: `with synchronizing(False)` keeps this backward's gradients local (the
+    ranks add them up on the next synchronized backward), `synchronizing(True)` exchanges them."""
+    from torch.distributed.fsdp import FSDPModule
+
+    def synchronizing(sync: bool):
+        if isinstance(step_model, torch.nn.parallel.DistributedDataParallel):
+            return nullcontext() if sync else step_model.no_sync()
+        if isinstance(step_model, FSDPModule):  # keeps unsharded gradients until the synchronized backward
+            step_model.set_requires_gradient_sync(sync)
+        return nullcontext()
+    return synchronizing
+
+
+def _whole_model_on_main(model: torch.nn.Module, model_config: ModelConfig, ddp: _Distributed) -> GPT | None:
+    """The FSDP-trained weights gathered into a plain CPU model on rank 0 (None on other ranks)."""
+    weights, _ = gather_training_state(model, optimizers=[])
+    if not ddp.is_main:
+        return None
+    whole = GPT(model_config)
+    whole.load_state_dict(weights)
+    return whole
 
 
 def _global_mean(value: torch.Tensor, ddp: _Distributed) -> float:

@@ -4,19 +4,28 @@
     explore(analysis)                      # an Analysis, or {"similarity": ..., "spectra": ..., "summary": ...}
     explore(analysis, training=training)   # adds a "loss curves" view (model, tokens, val_loss)
 
-The controls choose the methods, the layers (one, or early, middle and late together), centred or
-uncentred spectra, the circuit (when the tables hold several) and the view. Every change redraws
-the chosen plots into the explorer's Output. The explorer also draws once when it is created, so
-a headless run (nbmake, nbconvert) shows a figure. It uses only standard ipywidgets and displays
-plain matplotlib figures, so it works in Jupyter, JupyterLab, VS Code and Colab. The figures
-last drawn are kept in `explorer.figures` for saving.
+The controls choose the methods (a checkbox each, beside the method's colour), the view, uncentred
+or centred spectra, the layers (one, or early, middle and late together) and one value of every
+analysis choice the tables vary over: every text column of the summary table besides `model` and
+`kind` (`circuit`, and e.g. `measure` or `mla_rope` when an analysis option added them) with more
+than one value, and the training `step` of per-step tables (`headlab.snapshots.analyze_snapshots`). Controls that do nothing in the current view are disabled. Every change redraws
+the chosen plots into the explorer's Output; the explorer draws once when it is created (on the
+uncentred spectra, the flagship figure), so a headless run (nbmake, nbconvert) shows a figure.
+
+It uses only standard ipywidgets and plain matplotlib figures, so it works in Jupyter, JupyterLab,
+VS Code and Colab. Displayed, it also carries a PNG of its figures beside the widget view, which
+is what a saved notebook shows where no kernel runs (GitHub, nbviewer). The figures last drawn
+are kept in `explorer.figures` for saving.
 """
 
 from __future__ import annotations
 
+import io
 from typing import Mapping
 
 import ipywidgets as widgets
+import matplotlib.image
+import numpy as np
 import pandas as pd
 from IPython.display import clear_output, display
 from matplotlib.figure import Figure
@@ -25,10 +34,38 @@ from . import plots
 
 TABLES = ("similarity", "spectra", "summary")
 SUMMARY_COLUMNS = ("model", "layer", "circuit")  # what the explorer reads itself to build its controls
+NOT_CHOICES = ("model", "role", "kind")  # text columns of the summary with controls of their own (a role names a model)
 VIEWS = ("spectra", "heatmaps", "effective rank", "cumulative variance")
 LOSS_VIEW = "loss curves"
-KIND_OPTIONS = (("centred (PCA)", "centered"), ("uncentred", "uncentered"))
+KIND_OPTIONS = (("uncentred", "uncentered"), ("centred (PCA)", "centered"))
+USES_KIND = ("spectra", "effective rank", "cumulative variance")  # views the Spectrum control changes
 NO_METHOD = "Select at least one method."
+
+
+def choice_columns(summary: pd.DataFrame) -> dict[str, list[str]]:
+    """The analysis choices a summary table varies over: each text column besides `model` and
+    `kind` with more than one value, and its values in order of appearance. Rows without a value
+    (a choice that applies to some models only) are drawn whatever the choice. The training
+    `step` of per-step tables (`headlab.snapshots`) is a choice too, though it is a number."""
+    text = [c for c in summary.columns
+            if c == "step" or c not in NOT_CHOICES and not pd.api.types.is_numeric_dtype(summary[c])]
+    values = {c: list(dict.fromkeys(summary[c].dropna())) for c in text}
+    return {c: v for c, v in values.items() if len(v) > 1}
+
+
+def stacked_png(figures: list[Figure]) -> bytes:
+    """One PNG of `figures` one below the other (white where they are narrower)."""
+    images = []
+    for fig in figures:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", bbox_inches="tight", facecolor="white")
+        buffer.seek(0)
+        images.append(matplotlib.image.imread(buffer, format="png")[..., :3])
+    width = max(image.shape[1] for image in images)
+    padded = [np.pad(image, ((0, 0), (0, width - image.shape[1]), (0, 0)), constant_values=1.0) for image in images]
+    buffer = io.BytesIO()
+    matplotlib.image.imsave(buffer, np.concatenate(padded), format="png")
+    return buffer.getvalue()
 
 
 class Explorer(widgets.VBox):
@@ -46,13 +83,18 @@ class Explorer(widgets.VBox):
         wide = widgets.Layout(width="auto")
         fit = {"button_width": "auto"}  # ToggleButtons are a fixed width, too narrow for the longer labels
 
-        self.methods = {m: widgets.ToggleButton(value=True, description=m, tooltip=f"show {m}", layout=wide)
+        self.methods = {m: widgets.Checkbox(value=True, description=m, indent=False, layout=wide)
                         for m in self.palette}
+        swatches = {m: widgets.HTML(f'<span style="color:{colour};font-size:1.4em">&#9632;</span>')
+                    for m, colour in self.palette.items()}
         self.view = widgets.ToggleButtons(options=VIEWS + ((LOSS_VIEW,) if training is not None else ()),
                                           description="View", style=fit)
         self.kind = widgets.ToggleButtons(options=KIND_OPTIONS, description="Spectrum", style=fit)
-        self.circuit = widgets.ToggleButtons(options=list(dict.fromkeys(tables["summary"]["circuit"])),
-                                             description="Circuit", style=fit)
+        circuits = list(dict.fromkeys(tables["summary"]["circuit"]))
+        self.choices = {column: widgets.ToggleButtons(options=values, description=column.replace("_", " ").capitalize(),
+                                                      style=fit)
+                        for column, values in {"circuit": circuits, **choice_columns(tables["summary"])}.items()}
+        self.circuit = self.choices["circuit"]
         combined = [(f"early, middle, late (L={', '.join(map(str, three))})", three)] if len(three) > 1 else []
         self.layers = widgets.Dropdown(
             options=combined + [(plots.layer_title(layer, layers), (layer,)) for layer in layers], description="Layers")
@@ -63,18 +105,24 @@ class Explorer(widgets.VBox):
         self.output = widgets.Output()
         self.figures: list[Figure] = []
 
-        for control in (*self.methods.values(), self.view, self.kind, self.circuit, self.layers):
+        for control in (*self.methods.values(), self.view, self.kind, *self.choices.values(), self.layers):
             control.observe(self.render, names="value")
         wrap = widgets.Layout(flex_flow="row wrap")
-        self.children = [widgets.HBox([widgets.Label("Methods"), *self.methods.values()], layout=wrap),
-                         self.view, self.kind, *([self.circuit] if len(self.circuit.options) > 1 else []),
+        method_boxes = [widgets.HBox([swatches[m], box]) for m, box in self.methods.items()]
+        shown_choices = [control for control in self.choices.values() if len(control.options) > 1]
+        self.children = [widgets.HBox([widgets.Label("Methods"), *method_boxes], layout=wrap),
+                         self.view, self.kind, *shown_choices,
                          widgets.HBox([self.layers, *self.layer_buttons.values()], layout=wrap),
                          self.output]
         self.render()
 
     def render(self, change=None) -> None:
-        """Redraw the current view into the Output (called by every control)."""
-        chosen = [m for m, button in self.methods.items() if button.value]
+        """Enable the controls the current view uses and redraw it into the Output (called by every control)."""
+        view = self.view.value
+        self.kind.disabled = view not in USES_KIND
+        for control in (self.layers, *self.layer_buttons.values(), *self.choices.values()):
+            control.disabled = view == LOSS_VIEW
+        chosen = [m for m, box in self.methods.items() if box.value]
         with self.output:
             clear_output(wait=True)
             self.figures = self._draw(chosen) if chosen else []
@@ -85,21 +133,42 @@ class Explorer(widgets.VBox):
 
     def _draw(self, chosen: list[str]) -> list[Figure]:
         """The figures of the current view for the `chosen` methods."""
+        if self.view.value == LOSS_VIEW:
+            return [plots.loss_curves_figure(self.training[self.training["model"].isin(chosen)], palette=self.palette)]
+        fixed = {column: control.value for column, control in self.choices.items() if column != "circuit"}
+
         def rows(table: pd.DataFrame) -> pd.DataFrame:
-            return table[table["model"].isin(chosen)]
+            keep = table["model"].isin(chosen)
+            for column, value in fixed.items():
+                if column in table.columns:
+                    keep &= (table[column] == value) | table[column].isna()
+            return table[keep]
 
         view, layers = self.view.value, list(self.layers.value)
         spectra, summary, similarity = (rows(self.tables[name]) for name in ("spectra", "summary", "similarity"))
         common = {"circuit": self.circuit.value, "palette": self.palette}
         if view == "spectra":
-            return [plots.spectra_figure(spectra, kind=self.kind.value, layers=layers, **common)]
-        if view == "cumulative variance":
-            return [plots.cumulative_variance_figure(spectra, kind=self.kind.value, layers=layers, **common)]
-        if view == "effective rank":
-            return [plots.effective_rank_figure(summary, kind=self.kind.value, highlight_layers=layers, **common)]
-        if view == "heatmaps":
-            return [plots.similarity_heatmaps(similarity, layer, **common) for layer in layers]
-        return [plots.loss_curves_figure(rows(self.training), palette=self.palette)]
+            figures = [plots.spectra_figure(spectra, kind=self.kind.value, layers=layers, **common)]
+        elif view == "cumulative variance":
+            figures = [plots.cumulative_variance_figure(spectra, kind=self.kind.value, layers=layers, **common)]
+        elif view == "effective rank":
+            figures = [plots.effective_rank_figure(summary, kind=self.kind.value, highlight_layers=layers, **common)]
+        else:
+            figures = [plots.similarity_heatmaps(similarity, layer, **common) for layer in layers]
+        shown = [f"{column.replace('_', ' ')}: {value}" for column, value in fixed.items()
+                 if len(self.choices[column].options) > 1]
+        for fig in figures if shown else ():  # a saved image names the choices it was drawn with
+            fig.suptitle(f"{fig.get_suptitle()} ({', '.join(shown)})")
+        return figures
+
+    def _repr_mimebundle_(self, **kwargs):
+        """The widget view, a short text, and a PNG of the current figures for frontends without
+        a kernel or widget support (a saved notebook on GitHub or nbviewer)."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = f"headlab explorer: {self.view.value} of {sum(b.value for b in self.methods.values())} methods"
+        if self.figures:
+            bundle["image/png"] = stacked_png(self.figures)
+        return bundle
 
 
 def explore(analysis, training: pd.DataFrame | None = None) -> Explorer:

@@ -37,21 +37,19 @@
 
 # %% [markdown]
 # ## Colab
-# On Colab this cell installs headlab. Set `REPO_URL` to the repository that holds headlab
-# first; elsewhere the cell does nothing (install with `pip install -e ".[notebooks]"`).
+# On Colab this cell installs headlab with its `notebooks` extra from the repository named in
+# pyproject.toml (`[project.urls] Repository`).
+# Elsewhere it does nothing: install with `pip install -e ".[notebooks]"` (see the README).
 
 # %%
-REPO_URL = "https://github.com/<owner>/headlab"  # <- PLACEHOLDER: set to headlab's repository URL
+REPOSITORY = "https://github.com/headlab/headlab"  # pyproject.toml's [project.urls] Repository
 try:
     import google.colab  # noqa: F401
     IN_COLAB = True
 except ImportError:
     IN_COLAB = False
 if IN_COLAB:
-    assert "<owner>" not in REPO_URL, "set REPO_URL above to the repository that holds headlab"
-    # %pip install --quiet "headlab @ git+{REPO_URL}"
-    from google.colab import output
-    output.enable_custom_widget_manager()  # ipywidgets 8 (progress bars, explore())
+    # %pip install --quiet "headlab[notebooks] @ git+{REPOSITORY}"
 
 # %% [markdown]
 # ## Parameters
@@ -59,30 +57,35 @@ if IN_COLAB:
 # few dozen steps, seconds in all; its numbers only show that everything runs. `SMALL = False`
 # trains the `cpu-small` preset (4 layers, 6 heads) for the preset's own number of steps: the runs
 # `make demo` trains, about 11 minutes for all six on two CPU cores. `RUNS` is the folder the runs
-# go to (`None`: `runs/notebooks/small` or `runs/notebooks/full`, shared by notebooks 01–03). With
-# `SMALL = False` you can point it at the `--out` folder of `headlab reproduce` (e.g.
-# `../runs/reproduce` from this folder) to reuse the runs of `make demo` instead of training again.
+# go to, shared by notebooks 01–05. `None` means: with `SMALL = False`, `make demo`'s study
+# (`runs/reproduce` in the project folder), so runs it has finished are reused rather than trained
+# again; with `SMALL = True`, `runs/notebooks/small/<key>`, the key naming the settings, so runs
+# left by an older version are never resumed with different ones. Tables and figures the notebooks
+# write themselves go to `STUDY.outputs` (`runs/notebooks/<small|full>`), never into the study.
 
 # %% tags=["parameters"]
 SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study, ~11 minutes on 2 CPUs
 SEEDS = 1  # runs per variant (seed 0, 1, ...); several seeds draw a band in the figures
-RUNS = None  # None: runs/notebooks/<small|full>
+RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
 
 # %%
 # %matplotlib inline
+from os.path import relpath
+
 import pandas as pd
 import torch
 
 import headlab
 from headlab import plots
 from headlab.cli import describe
-from headlab.reproduce import NotebookStudy, collect_tables, final_losses, report_tables
+from headlab.report import collect_tables, final_losses, loss_table, per_seed_metrics
+from headlab.study import NotebookStudy
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead
 STUDY = NotebookStudy.choose(SMALL, RUNS)  # the tiny preset for 60 steps, or cpu-small for its own steps
 VARIANTS = STUDY.variants
-print(f"preset {STUDY.preset}, {SEEDS} seed(s), runs in {STUDY.folder.resolve()}")
+print(f"preset {STUDY.preset}, {SEEDS} seed(s), runs in {relpath(STUDY.folder)}")
 
 # %% [markdown]
 # ## The six variants
@@ -108,14 +111,15 @@ print(corpus.tokenizer.decode(corpus.val[0][:300]))
 
 # %% [markdown]
 # ## Training one variant
-# `headlab.train` trains one configuration into a run folder (`config.json`, `model.safetensors`,
-# `state.pt`, `metrics.jsonl`). With `resume=True` a finished run is loaded rather than
+# `headlab.train` trains one configuration into a run folder (`config.json`, `metrics.jsonl` and
+# a checkpoint folder of `model.safetensors` + `state.pt`, made current in one atomic step). With `resume=True` a finished run is loaded rather than
 # retrained and an interrupted one continues from its last checkpoint, with the same loss curve
 # as an uninterrupted run. Here, the large-rank LRKV, into the folder the next section uses for it:
 
 # %%
 lrkv = VARIANTS[2]
-run = headlab.train(lrkv, STUDY.train_config(seed=0), data=corpus, out=STUDY.run_folder(lrkv, seed=0), resume=True)
+run = headlab.train(lrkv, STUDY.train_config(seed=0), data=corpus, out=STUDY.run_folder(lrkv, seed=0), resume=True,
+                    progress=False)
 run.metrics_frame().dropna(subset=["val_loss"])[["step", "tokens", "val_loss", "val_bpb"]]
 
 # %% [markdown]
@@ -124,8 +128,8 @@ run.metrics_frame().dropna(subset=["val_loss"])[["step", "tokens", "val_loss", "
 # (the layout `headlab reproduce` uses), reusing the runs that are complete (the LRKV above).
 
 # %%
-runs = STUDY.train(SEEDS)
-tables, training = collect_tables(runs)
+runs = STUDY.train(SEEDS, progress=False)  # a line per variant as it finishes
+tables, training = collect_tables(runs, mla_rope=("included",))  # one analysis setting suffices here
 training.head()
 
 # %% [markdown]
@@ -148,7 +152,7 @@ final = final_losses(training)
 plots.loss_vs_cache_figure(final)
 
 # %%
-report_tables(tables, training, VARIANTS)["loss"]
+loss_table(per_seed_metrics(tables, training))
 
 # %% [markdown]
 # ## What the models write
@@ -157,8 +161,8 @@ report_tables(tables, training, VARIANTS)["loss"]
 
 # %%
 prompt = torch.tensor(corpus.tokenizer.encode("ROMEO:\n"), dtype=torch.long)[None]
-for config, seed, trained in runs:
-    if seed == 0 and config.attention in ("mha", "mqa"):
+for r in runs:
+    if r.seed == 0 and r.config.attention in ("mha", "mqa"):
         torch.manual_seed(0)
-        sample = trained.model.generate(prompt, 120, temperature=0.8, top_k=40)[0]
-        print(f"--- {config.label}\n{corpus.tokenizer.decode(sample)}\n")
+        sample = r.run.model.generate(prompt, 120, temperature=0.8, top_k=40)[0]
+        print(f"--- {r.label}\n{corpus.tokenizer.decode(sample)}\n")

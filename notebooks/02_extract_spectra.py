@@ -37,29 +37,29 @@
 
 # %% [markdown]
 # ## Colab
-# On Colab this cell installs headlab. Set `REPO_URL` to the repository that holds headlab
-# first; elsewhere the cell does nothing.
+# On Colab this cell installs headlab with its `notebooks` extra from the repository named in
+# pyproject.toml (`[project.urls] Repository`).
+# Elsewhere it does nothing: install with `pip install -e ".[notebooks]"` (see the README).
 
 # %%
-REPO_URL = "https://github.com/<owner>/headlab"  # <- PLACEHOLDER: set to headlab's repository URL
+REPOSITORY = "https://github.com/headlab/headlab"  # pyproject.toml's [project.urls] Repository
 try:
     import google.colab  # noqa: F401
     IN_COLAB = True
 except ImportError:
     IN_COLAB = False
 if IN_COLAB:
-    assert "<owner>" not in REPO_URL, "set REPO_URL above to the repository that holds headlab"
-    # %pip install --quiet "headlab @ git+{REPO_URL}"
+    # %pip install --quiet "headlab[notebooks] @ git+{REPOSITORY}"
 
 # %% [markdown]
 # ## Parameters
-# The same switch as notebook 01, whose runs this notebook reuses: with them in `RUNS`, nothing
-# is trained here; without them, the six variants are trained first (seconds with `SMALL = True`,
-# about 11 minutes on two CPU cores with `SMALL = False`).
+# The same switch as notebook 01, whose runs this notebook reuses (with `SMALL = False`, those of
+# `make demo`): when they are there, nothing is trained here; otherwise the six variants are
+# trained first (seconds with `SMALL = True`, about 11 minutes on two CPU cores with `SMALL = False`).
 
 # %% tags=["parameters"]
 SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study
-RUNS = None  # None: runs/notebooks/<small|full>, where notebook 01 trains
+RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
 
 # %%
 # %matplotlib inline
@@ -70,7 +70,7 @@ from headlab import plots
 from headlab.analysis import Analysis, analyze, attention_similarity, concat
 from headlab.data import load_corpus, random_windows
 from headlab.heads import load_heads
-from headlab.reproduce import NotebookStudy
+from headlab.study import NotebookStudy
 from headlab.spectrum import cosine_similarity, frobenius_gram, similarity_spectrum
 
 if SMALL:
@@ -80,11 +80,11 @@ STUDY = NotebookStudy.choose(SMALL, RUNS)
 # %% [markdown]
 # ## The trained models
 # `STUDY.train` with the settings of notebook 01 finds its runs and loads them (training only
-# what is missing). Each entry is `(config, seed, run)`.
+# what is missing). Each entry is a `StudyRun` (role, config, seed, folder, run).
 
 # %%
 runs = STUDY.train(progress=False)
-models = {config.label: run.model for config, seed, run in runs}
+models = {r.label: r.run.model for r in runs}
 list(models)
 
 # %% [markdown]
@@ -160,7 +160,7 @@ analysis.lrkv_cosine.groupby(["model", "circuit", "layer"])["cosine"].describe()
 
 # %%
 corpus = load_corpus("shakespeare")
-tokens, _ = random_windows(corpus.val, 8, runs[0][0].seq_len, torch.Generator().manual_seed(0))
+tokens, _ = random_windows(corpus.val, 8, runs[0].config.seq_len, torch.Generator().manual_seed(0))
 patterns = pd.concat([attention_similarity(model, tokens, label=label) for label, model in models.items()])
 plots.similarity_heatmaps(patterns, layer=0, circuit="pattern")
 
@@ -175,9 +175,9 @@ plots.similarity_heatmaps(analysis.similarity, layer=0)
 # %% [markdown]
 # ## Save the tables
 # `Analysis.save` writes one CSV per table; `Analysis.load` reads them back, e.g. for notebook 03
-# or a pandas session of your own.
+# or a pandas session of your own. They go to `STUDY.outputs`, beside (never into) the study's runs.
 
 # %%
-saved = analysis.save(STUDY.folder / "analysis")
+saved = analysis.save(STUDY.outputs / "analysis")
 print(sorted(path.name for path in saved.iterdir()))
 Analysis.load(saved).summary.equals(analysis.summary)

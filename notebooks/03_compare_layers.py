@@ -28,38 +28,41 @@
 
 # %% [markdown]
 # ## Colab
-# On Colab this cell installs headlab and turns on Colab's support for ipywidgets 8. Set
-# `REPO_URL` to the repository that holds headlab first; elsewhere the cell does nothing.
+# On Colab this cell installs headlab with its `notebooks` extra from the repository named in
+# pyproject.toml (`[project.urls] Repository`), and turns on Colab's support for ipywidgets 8.
+# Elsewhere it does nothing: install with `pip install -e ".[notebooks]"` (see the README).
 
 # %%
-REPO_URL = "https://github.com/<owner>/headlab"  # <- PLACEHOLDER: set to headlab's repository URL
+REPOSITORY = "https://github.com/headlab/headlab"  # pyproject.toml's [project.urls] Repository
 try:
     import google.colab  # noqa: F401
     IN_COLAB = True
 except ImportError:
     IN_COLAB = False
 if IN_COLAB:
-    assert "<owner>" not in REPO_URL, "set REPO_URL above to the repository that holds headlab"
-    # %pip install --quiet "headlab @ git+{REPO_URL}"
+    # %pip install --quiet "headlab[notebooks] @ git+{REPOSITORY}"
     from google.colab import output
     output.enable_custom_widget_manager()  # ipywidgets 8 (explore())
 
 # %% [markdown]
 # ## Parameters
-# The same switch as notebook 01, whose runs this notebook reuses (it trains them first if they
-# are missing). `SEEDS > 1` draws the mean over seeds with a min–max band.
+# The same switch as notebook 01, whose runs this notebook reuses (with `SMALL = False`, those of
+# `make demo`; it trains them first if they are missing). `SEEDS > 1` draws the mean over seeds with a min–max band.
 
 # %% tags=["parameters"]
 SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study
 SEEDS = 1  # as in notebook 01
-RUNS = None  # None: runs/notebooks/<small|full>, where notebook 01 trains
+RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
 
 # %%
 # %matplotlib inline
+from os.path import relpath
+
 import torch
 
 from headlab import plots
-from headlab.reproduce import NotebookStudy, collect_tables, report_tables
+from headlab.report import FLAGSHIP_MLA_ROPE, collect_tables, per_seed_metrics, rank_table
+from headlab.study import NotebookStudy
 from headlab.widgets import explore
 
 if SMALL:
@@ -70,11 +73,15 @@ VARIANTS = STUDY.variants
 # %% [markdown]
 # ## The runs and their tables
 # `collect_tables` analyses the QK circuit of every run and returns the tidy tables (with a `seed`
-# column) and the validation-loss history.
+# column) and the validation-loss history. It analyses MLA twice, recorded in the `mla_rope`
+# column: with its decoupled RoPE query/key parts inside A_h ("included") and with the paper's
+# latent-only W_K,h = W_down W_up,h ("excluded"). The figures below use the setting of the report's
+# flagship (`FLAGSHIP_MLA_ROPE`); the explorer at the end switches between the two.
 
 # %%
 runs = STUDY.train(SEEDS, progress=False)
-tables, training = collect_tables(runs)
+tables, training = collect_tables(runs)  # both settings of mla_rope: MLA's RoPE parts in A_h or not
+flagship = {name: table[table["mla_rope"] == FLAGSHIP_MLA_ROPE] for name, table in tables.items()}
 colours = plots.palette(tables["summary"]["model"])  # one colour per method, in every figure
 layers = plots.layer_roles(tables["summary"]["layer"])
 layers
@@ -88,7 +95,7 @@ layers
 # runs separate.
 
 # %%
-plots.spectra_figure(tables["spectra"], kind="uncentered", palette=colours)
+plots.spectra_figure(flagship["spectra"], kind="uncentered", palette=colours)
 
 # %% [markdown]
 # Centred (a PCA of the heads): the common direction all heads share is removed first, so what is
@@ -99,24 +106,24 @@ plots.spectra_figure(tables["spectra"], kind="uncentered", palette=colours)
 # raises the centred rank of any method whose heads share one.
 
 # %%
-plots.spectra_figure(tables["spectra"], kind="centered", palette=colours)
+plots.spectra_figure(flagship["spectra"], kind="centered", palette=colours)
 
 # %% [markdown]
 # ## How many directions do the heads span?
 # Cumulative variance explained: the number of components a layer's heads need to reach 90 %.
 
 # %%
-plots.cumulative_variance_figure(tables["spectra"], kind="centered", palette=colours)
+plots.cumulative_variance_figure(flagship["spectra"], kind="centered", palette=colours)
 
 # %% [markdown]
 # Effective rank per layer summarises each spectrum in one number: from 1 (all heads alike) up to
 # the dashed ceiling (H uncentred, H − 1 centred).
 
 # %%
-plots.effective_rank_figure(tables["summary"], kind="uncentered", palette=colours)
+plots.effective_rank_figure(flagship["summary"], kind="uncentered", palette=colours)
 
 # %%
-plots.effective_rank_figure(tables["summary"], kind="centered", palette=colours)
+plots.effective_rank_figure(flagship["summary"], kind="centered", palette=colours)
 
 # %% [markdown]
 # ## Beside the paper
@@ -125,7 +132,7 @@ plots.effective_rank_figure(tables["summary"], kind="centered", palette=colours)
 # ceiling H − 1 = 83.3 %, so differences there are small by construction.
 
 # %%
-report_tables(tables, training, VARIANTS)["rank"].round(1)
+rank_table(tables, per_seed_metrics(tables, training))
 
 # %% [markdown]
 # ## Inside one layer
@@ -133,8 +140,47 @@ report_tables(tables, training, VARIANTS)["rank"].round(1)
 # heads with unrelated QK forms; a block of high values is a group of heads that score alike.
 
 # %%
-similarity = tables["similarity"].query("seed == 0")
-plots.similarity_heatmaps(similarity, layer=layers["Middle"], palette=colours)
+similarity = flagship["similarity"].query("seed == 0")
+plots.similarity_heatmaps(similarity, layer=layers.get("Middle", layers["Late"]), palette=colours)
+
+# %% [markdown]
+# ## Through training
+# The study's runs keep light analysis snapshots as they train (the attention weights only, at steps
+# 0, 1, 2, 4, … and then ten evenly spaced ones: `TrainConfig.snapshot_every`, `headlab.snapshots`).
+# `through_training.snapshot_summary` analyses every snapshot of every run; the figure follows the
+# effective rank from the initial draw to the last step (symmetric-log step axis). The sentences
+# answer, by the report's rule (paired by seed, an ordering only beyond seed noise), when MQA's
+# centring gap ("query compensation") appears and whether LRKV's diversity tracks MHA's.
+
+# %%
+from headlab import measures, through_training
+from headlab.analysis import measure_agreement
+
+snapshots = through_training.snapshot_summary(runs, FLAGSHIP_MLA_ROPE)
+plots.rank_through_training_figure(snapshots, kind="centered", palette=colours)
+
+# %%
+through_training.claims(through_training.per_step_metrics(snapshots))
+
+# %% [markdown]
+# ## Do the measures agree?
+# Three views of each layer's head diversity: the weights (Frobenius, the paper's), the data-aware
+# weights (inner product weighted by the second moments Σ of the layer's inputs on validation
+# windows) and behaviour (1 − Jensen–Shannon distance of the heads' attention maps; negative
+# eigenvalues of that similarity are clipped and reported in `negative_mass`). Then the Spearman
+# correlation between views across layers and seeds, and where the weight-space ordering against
+# MHA holds up in the other views.
+
+# %%
+views = measures.measure_table(runs, STUDY.load_corpus(), FLAGSHIP_MLA_ROPE)
+print(f"Σ estimated on {views.moment_tokens:,} validation tokens in {views.moment_seconds:.1f} s")
+plots.measures_figure(views.summary, kind="centered", palette=colours)
+
+# %%
+measure_agreement(views.summary, pair_pattern_with="qk")
+
+# %%
+measures.claims(measures.per_seed_ranks(views.summary))
 
 # %% [markdown]
 # ## Explore
@@ -144,15 +190,17 @@ plots.similarity_heatmaps(similarity, layer=layers["Middle"], palette=colours)
 # a run without a browser (CI) renders it too; `explorer.figures` holds the figures last drawn.
 
 # %%
-explorer = explore({**tables, "similarity": similarity}, training=training)
+explorer = explore({**tables, "similarity": tables["similarity"].query("seed == 0")}, training=training)
 explorer
 
 # %% [markdown]
 # ## Saving figures
-# Every figure is a matplotlib `Figure`: save it at any size and format. `headlab reproduce` (or
-# `headlab.reproduce.draw_figures(tables, training, folder)`) writes all of them as PNG and SVG
-# beside a report that sets our numbers against the paper's.
+# Every figure is a matplotlib `Figure`: save it at any size and format; this notebook's go to
+# `STUDY.outputs`, beside the study. `headlab reproduce` (`make demo`) writes all of them as PNG
+# and SVG beside a report that sets our numbers against the paper's.
 
 # %%
-flagship = plots.spectra_figure(tables["spectra"], kind="uncentered", palette=colours)
-flagship.savefig(STUDY.folder / "spectra_uncentered.png", dpi=150, bbox_inches="tight")
+flagship = plots.spectra_figure(flagship["spectra"], kind="uncentered", palette=colours)
+STUDY.outputs.mkdir(parents=True, exist_ok=True)
+flagship.savefig(STUDY.outputs / "spectra_uncentered.png", dpi=150, bbox_inches="tight")
+print(f"saved {relpath(STUDY.outputs / 'spectra_uncentered.png')}")

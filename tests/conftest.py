@@ -3,6 +3,9 @@ import torch
 
 from headlab import GPT, preset
 
+# torch's own thread count on this machine, read before the suite pins one thread.
+DEFAULT_THREADS = torch.get_num_threads()
+
 # Every decode path, including MLA's two caches.
 DECODE_CASES = [("mha", True), ("mqa", True), ("gqa", True), ("lrkv", True), ("mla", True), ("mla", False)]
 
@@ -30,3 +33,12 @@ def _single_thread():
 def tokens():
     generator = torch.Generator().manual_seed(1)
     return torch.randint(0, 97, (2, 24), generator=generator)
+
+
+@pytest.fixture(params=sorted({1, DEFAULT_THREADS}), ids=lambda n: f"{n}-thread")
+def threads(request):
+    """Run a test single-threaded and with torch's default thread count: its exact equalities
+    must hold under both (more threads may split reductions differently, never randomly)."""
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(1)

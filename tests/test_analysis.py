@@ -12,7 +12,8 @@ import torch
 from conftest import tiny_model
 from safetensors.torch import save_file
 
-from headlab.analysis import COLUMNS, Analysis, analyze, attention_similarity, concat, recorded_attention
+from headlab.analysis import (COLUMNS, Analysis, analyze, attention_similarity, concat, js_distance_matrix,
+                              norm_scale_effect, recorded_attention)
 from headlab.cli import main as cli_main
 
 FAMILIES = ["mha", "gqa", "mqa", "lrkv", "mla"]
@@ -196,6 +197,30 @@ def test_attention_pattern_similarity(attention, tokens):
     assert (matrix[~np.eye(h, dtype=bool)] < 1 - 1e-3).all()  # random heads attend differently
 
 
+def test_js_distance_matrix_on_known_distributions():
+    """Query position 1 of three heads: [1, 0], [½, ½], [0, 1]. Disjoint maps are 1 apart; a point
+    mass and the uniform map √(½ KL(p‖m) + ½ KL(q‖m)) with m = [¾, ¼] (log base 2)."""
+    probs = torch.tensor([[[1.0, 0.0], [1.0, 0.0]], [[1.0, 0.0], [0.5, 0.5]], [[1.0, 0.0], [0.0, 1.0]]])[None]
+    half = np.sqrt((np.log2(4 / 3) + 0.5 * np.log2(2 / 3) + 0.5) / 2)
+    np.testing.assert_allclose(js_distance_matrix(probs), [[0, half, 1], [half, 0, half], [1, half, 0]], atol=1e-12)
+
+
+def test_js_distance_matrix_equals_scipys_on_causal_attention_maps():
+    """Random causal maps (zeros above the diagonal, some rows near one-hot): every entry equals
+    the mean of scipy's `jensenshannon` over batch and query positions 1…T−1."""
+    from scipy.spatial.distance import jensenshannon
+
+    rng = np.random.default_rng(0)
+    b, h, t = 2, 4, 9
+    logits = rng.normal(scale=rng.choice([0.5, 8.0], size=(b, h, t, 1)), size=(b, h, t, t))
+    logits[..., np.triu_indices(t, 1)[0], np.triu_indices(t, 1)[1]] = -np.inf
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    expected = np.array([[jensenshannon(probs[:, i, 1:], probs[:, j, 1:], base=2, axis=-1).mean() for j in range(h)]
+                         for i in range(h)])
+    np.testing.assert_allclose(js_distance_matrix(torch.from_numpy(probs)), expected, atol=1e-12)
+
+
 def test_identical_heads_have_identical_attention_maps(tokens):
     model = tiny_model("mha")
     e = model.config.head_dim
@@ -217,10 +242,52 @@ def test_cli_analyze_writes_tables_and_prints_ranks(tmp_path, capsys):
     out = tmp_path / "analysis"
     assert cli_main(["analyze", str(run_a), str(run_b), "--out", str(out), "--circuit", "ov"]) == 0
     printed = capsys.readouterr().out
-    assert "Standard MHA [mha] · ov · 4 heads" in printed and "Standard MHA [mha-seed1]" in printed
+    assert "Standard MHA [mha] · ov · frobenius · 4 heads" in printed and "Standard MHA [mha-seed1]" in printed
     assert printed.count("mean") == 2
     summary = Analysis.load(out).summary
     assert set(summary["circuit"]) == {"ov"} and len(summary) == 2 * 2 * 2
 
     assert cli_main(["analyze", str(tmp_path), "--out", str(out)]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_mla_rope_is_a_recorded_choice_that_moves_only_mla():
+    """Both settings of every family stack into one table (a column tells them apart); they agree
+    exactly for families without RoPE parts in A_h and differ for MLA."""
+    by_setting = {}
+    for attention in ("mha", "mla"):
+        model = tiny_model(attention)
+        result = concat(analyze(model, mla_rope=setting) for setting in ("included", "excluded"))
+        for name in ("similarity", "spectra", "summary", "norms"):
+            assert set(getattr(result, name)["mla_rope"]) == {"included", "excluded"}, name
+        values = result.spectra.pivot_table(index=["layer", "kind", "index"], columns="mla_rope", values="eigenvalue")
+        by_setting[attention] = values["included"] - values["excluded"]
+    assert (by_setting["mha"] == 0).all()
+    assert (by_setting["mla"].abs() > 1e-6).any()
+    with pytest.raises(ValueError, match="mla_rope = 'both' is invalid"):
+        analyze(tiny_model("mla"), mla_rope="both")
+
+
+def test_cli_analyze_mla_rope_option(tmp_path):
+    run = _write_run(tmp_path / "mla", tiny_model("mla"))
+    ranks = {}
+    for setting in ("included", "excluded"):
+        assert cli_main(["analyze", str(run), "--out", str(tmp_path / setting), "--mla-rope", setting]) == 0
+        summary = Analysis.load(tmp_path / setting).summary
+        assert set(summary["mla_rope"]) == {setting}
+        ranks[setting] = summary["effective_rank"].to_numpy()
+    assert not np.allclose(ranks["included"], ranks["excluded"])
+
+
+def test_norm_scale_effect_separates_per_head_constants_from_per_token_scales():
+    model = tiny_model("gqa")
+    tokens = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(0))
+    table = norm_scale_effect(model, tokens).set_index(["layer", "kind", "measure"])["effective_rank_pct_of_heads"]
+    ranks = table.unstack("measure")
+    summary = analyze(model).summary.set_index(["layer", "kind"])["effective_rank_pct_of_heads"]
+    np.testing.assert_allclose(ranks["weights"], summary.loc[ranks.index], rtol=1e-12)
+    # a constant per head cancels in the cosine; the per-token part of 1/rms does not
+    np.testing.assert_allclose(ranks["weights, median 1/rms per head"], ranks["weights"], rtol=1e-12)
+    assert not np.allclose(ranks["token scores with 1/rms"], ranks["token scores"], rtol=1e-6)
+    with pytest.raises(ValueError, match="needs a headlab GPT with QK-norm"):
+        norm_scale_effect(tiny_model("mla"), tokens)

@@ -34,14 +34,30 @@ def test_prefill_then_cached_steps_equal_the_full_forward(attention, mla_absorb,
     assert full.abs().max() > 1.0  # logits are not trivially small
 
 
-def test_mla_absorbed_decode_equals_naive_decode(tokens):
-    model = tiny_model("mla", q_latent_dim=10)
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["deepseek-layout", "qk-norm"])
+def test_mla_absorbed_decode_equals_naive_decode(qk_norm, tokens):
+    model = tiny_model("mla", q_latent_dim=10, qk_norm=qk_norm)
     outputs = []
     for absorb in (True, False):
         cache = model.new_cache(tokens.size(0), tokens.size(1), mla_absorb=absorb)
         steps = [model(tokens[:, :8], cache=cache)[0]] + [model(tokens[:, t:t + 1], cache=cache)[0] for t in range(8, 24)]
         outputs.append(torch.cat(steps, dim=1))
     assert (outputs[0] - outputs[1]).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["deepseek-layout", "qk-norm"])
+def test_mla_qk_norm_makes_logits_blind_to_query_and_rope_key_scale(qk_norm, tokens):
+    """With qk_norm the queries and the shared RoPE key are RMS-normalised, so scaling their
+    projections changes nothing; in DeepSeek's layout (no QK-norm) it changes the logits."""
+    model = tiny_model("mla", qk_norm=qk_norm)
+    before = model(tokens)[0]
+    rope_key_rows = slice(model.config.kv_latent_dim, None)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.wq.weight.mul_(3.0)
+            block.attn.wkv_a.weight[rope_key_rows].mul_(0.25)
+    change = (model(tokens)[0] - before).abs().max().item()
+    assert change <= 1e-4 if qk_norm else change > 1e-2
 
 
 @pytest.mark.parametrize("attention,mla_absorb", DECODE_CASES)
@@ -63,7 +79,7 @@ def test_unknown_backend_is_named():
 
 
 @pytest.mark.parametrize("attention,mla_absorb", DECODE_CASES)
-def test_greedy_generation_is_identical_with_and_without_the_cache(attention, mla_absorb, tokens):
+def test_greedy_generation_is_identical_with_and_without_the_cache(attention, mla_absorb, tokens, threads):
     model = tiny_model(attention)
     prompt = tokens[:, :6]
     cached = model.generate(prompt, 20, temperature=0, use_cache=True, mla_absorb=mla_absorb)
@@ -72,11 +88,28 @@ def test_greedy_generation_is_identical_with_and_without_the_cache(attention, ml
     assert torch.equal(cached, recomputed)
 
 
-def test_generation_past_seq_len_keeps_going_and_sampling_is_seeded(tokens):
+def test_generation_past_seq_len_slides_its_window_and_samples_from_the_top_k(tokens):
+    """44 tokens from a model with seq_len 32: each new token comes from the logits of at most the
+    last 32 tokens before it (greedy: their argmax; top_k = 5: one of their 5 largest), and the
+    sampler follows its generator (same seed, same text; another seed, another text)."""
     model = tiny_model("lrkv")
-    first = model.generate(tokens[:, :4], 40, top_k=5, generator=torch.Generator().manual_seed(3))
-    second = model.generate(tokens[:, :4], 40, top_k=5, generator=torch.Generator().manual_seed(3))
-    assert first.shape == (2, 44) and torch.equal(first, second)
+    seq_len = model.config.seq_len
+
+    def last_logits(out, t):
+        return model(out[:, max(0, t - seq_len):t])[0][:, -1]
+
+    with torch.no_grad():
+        greedy = model.generate(tokens[:, :4], 40, temperature=0, use_cache=False)
+        assert torch.equal(greedy[:, :4], tokens[:, :4])
+        for t in range(4, 44):
+            assert torch.equal(greedy[:, t], last_logits(greedy, t).argmax(-1)), t
+        sampled = model.generate(tokens[:, :4], 40, top_k=5, use_cache=False, generator=torch.Generator().manual_seed(3))
+        for t in range(4, 44):
+            top5 = last_logits(sampled, t).topk(5).indices
+            assert (top5 == sampled[:, t:t + 1]).any(-1).all(), t
+    again = model.generate(tokens[:, :4], 40, top_k=5, use_cache=False, generator=torch.Generator().manual_seed(3))
+    other = model.generate(tokens[:, :4], 40, top_k=5, use_cache=False, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(sampled, again) and not torch.equal(sampled, other)
 
 
 def test_forward_past_seq_len_is_refused():

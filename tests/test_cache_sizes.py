@@ -21,18 +21,23 @@ def _formula(config, mla_absorb):
 
 @pytest.mark.parametrize("attention,mla_absorb", DECODE_CASES)
 def test_cache_held_after_decoding_t_tokens_has_the_formula_size(attention, mla_absorb, tokens):
+    """Decode T tokens (a 4-token prefill, then one at a time) into a cache with room for 8 more:
+    it then holds T tokens, each written in every buffer, and exactly the formula's values per
+    token per layer; the 8 spare slots are untouched."""
     model = tiny_model(attention)
-    batch, steps = tokens.size(0), tokens.size(1)
-    cache = model.new_cache(batch, steps, mla_absorb=mla_absorb)
+    batch, steps, spare = tokens.size(0), tokens.size(1), 8
+    cache = model.new_cache(batch, steps + spare, mla_absorb=mla_absorb)
     model(tokens[:, :4], cache=cache)
     for t in range(4, steps):
         model(tokens[:, t:t + 1], cache=cache)
-    expected = _formula(model.config, mla_absorb) * model.config.n_layer * batch * steps
-    assert cache.numel() == expected
-    assert cache.nbytes() == 4 * expected
-    assert model.config.kv_cache_values_per_token(mla_absorb) == _formula(model.config, mla_absorb)
-    filled = [t[:, :steps] for t in cache.tensors()]
-    assert all(t.abs().sum(dim=tuple(range(2, t.dim()))).gt(0).all() for t in filled)  # every slot was written
+    per_token = _formula(model.config, mla_absorb)
+    assert cache.pos == steps
+    held = [t[:, :cache.pos] for t in cache.tensors()]
+    assert sum(t.numel() for t in held) == per_token * model.config.n_layer * batch * steps
+    assert sum(t.numel() * t.element_size() for t in held) == 4 * per_token * model.config.n_layer * batch * steps
+    assert model.config.kv_cache_values_per_token(mla_absorb) == per_token
+    written = [t.abs().sum(dim=tuple(range(2, t.dim()))).gt(0) for t in cache.tensors()]  # (batch, slot)
+    assert all(w[:, :steps].all() and not w[:, steps:].any() for w in written)
 
 
 def test_lrkv_caches_only_the_shared_projections_and_the_latents():

@@ -55,11 +55,6 @@ def test_bad_values_raise_an_error_naming_the_field_the_value_and_what_is_allowe
     assert allowed in message
 
 
-def test_mla_with_qk_norm_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match=r"ModelConfig.qk_norm = True .*absorption"):
-        PRESETS["cpu-small"].replace(attention="mla", qk_norm=True)
-
-
 def test_unknown_json_fields_and_presets_are_named():
     with pytest.raises(ValueError, match="no field.*'n_heads'"):
         ModelConfig.from_dict({"n_heads": 6})

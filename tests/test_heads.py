@@ -284,3 +284,47 @@ def test_hf_sharded_and_single_file_sources(hf_checkpoints):
     from_file = load_heads(gpt2_folder / "model.safetensors").layer(1).factors("qk")[0]
     from_folder = load_heads(gpt2_folder).layer(1).factors("qk")[0]
     assert (from_file.matrix == from_folder.matrix).all()
+
+
+# ---- MLA: the decoupled RoPE parts in or out of A_h --------------------------------------------
+
+def _mla_forms(weights: MLAWeights, mla_rope: str) -> np.ndarray:
+    left, right = weights.factors("qk", mla_rope=mla_rope)
+    return np.einsum("hde,hfe->hdf", left.heads(), right.heads())
+
+
+@pytest.mark.parametrize("overrides", [{}, {"q_latent_dim": 6}], ids=["mla", "mla-qlatent"])
+def test_mla_latent_only_form_is_the_papers_w_down_w_up_product(overrides):
+    """mla_rope="excluded": A_h = W_Q,h^nope (W_dkv diag(γ) W^UKᵀ_h)ᵀ, built here by hand from the
+    module's weights; "included" adds the RoPE part, so the two differ on a random model."""
+    model = tiny_model("mla", **overrides).double()
+    attn, config = model.blocks[0].attn, model.config
+    e, d_n, d_c = config.head_dim + config.rope_head_dim, config.head_dim, config.kv_latent_dim
+    with torch.no_grad():
+        if config.q_latent_dim:
+            w_q = attn.wq_b.weight @ (attn.q_norm.weight[:, None] * attn.wq_a.weight)
+        else:
+            w_q = attn.wq.weight
+        latent = attn.kv_norm.weight[:, None] * attn.wkv_a.weight[:d_c]  # diag(γ) W_dkv, (d_c, d)
+        up = attn.wkv_b.weight.view(config.n_head, -1, d_c)  # per head: W^UK_h rows, then W^UV_h rows
+        by_hand = np.stack([(w_q[h * e:h * e + d_n].T @ (up[h, :d_n] @ latent)).numpy()
+                            for h in range(config.n_head)])
+    weights = load_heads(model).layer(0)
+    np.testing.assert_allclose(_mla_forms(weights, "excluded"), by_hand, rtol=1e-10, atol=1e-12)
+    assert not np.allclose(_mla_forms(weights, "included"), by_hand, rtol=1e-3, atol=1e-6)
+
+
+def test_mla_rope_settings_agree_when_the_rope_parts_are_zero():
+    model = tiny_model("mla").double()
+    attn, config = model.blocks[0].attn, model.config
+    e, d_n, d_c = config.head_dim + config.rope_head_dim, config.head_dim, config.kv_latent_dim
+    with torch.no_grad():
+        attn.wkv_a.weight[d_c:] = 0  # the shared RoPE key W_kr
+        attn.wq.weight.view(config.n_head, e, -1)[:, d_n:] = 0  # every head's RoPE query
+    weights = load_heads(model).layer(0)
+    np.testing.assert_allclose(_mla_forms(weights, "included"), _mla_forms(weights, "excluded"), atol=1e-12)
+
+
+def test_mla_rope_setting_is_checked():
+    with pytest.raises(ValueError, match="mla_rope = 'partly' is invalid: allowed values are included, excluded"):
+        load_heads(tiny_model("mla")).layer(0).factors("qk", mla_rope="partly")

@@ -1,10 +1,14 @@
 """Every notebook source `notebooks/NN_name.py` (py:percent) has its paired `NN_name.ipynb`, and
-the .ipynb holds exactly the cells jupytext makes of the .py now, without outputs. So CI fails when
-one of the pair was edited without the other; `make notebooks` (jupytext --sync) re-pairs them."""
+the .ipynb holds exactly the cells jupytext makes of the .py now. So CI fails when one of the pair
+was edited without the other; `make notebooks` re-pairs them and executes the .ipynb in small mode.
+The committed .ipynb carry those outputs, so a reader without a kernel (GitHub, nbviewer) sees
+every figure: each cell that ends in a figure and the explorer cell hold a PNG, and no output is
+an error, a stderr stream or a progress bar. The Colab cells install from pyproject's URL."""
 
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +17,9 @@ jupytext = pytest.importorskip("jupytext")
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 SOURCES = sorted(NOTEBOOKS.glob("*.py"))
-REGENERATE = "regenerate it with `.venv/bin/jupytext --to ipynb notebooks/{name}` or `make notebooks`"
+REGENERATE = "regenerate it with `make notebooks`"
+REPOSITORY = re.search(r'^Repository = "(.+)"$', (NOTEBOOKS.parent / "pyproject.toml").read_text(), re.M).group(1)
+FIGURE_CALL = re.compile(r"^(plots\.\w+_(figure|heatmaps)\(|explorer$)")  # a last line that displays a figure
 
 
 def _cells(notebook) -> list[tuple[str, str, list[str]]]:
@@ -45,17 +51,36 @@ def test_ipynb_has_the_cells_of_its_py(source: Path):
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.name)
-def test_pair_is_declared_and_ipynb_has_no_outputs(source: Path):
+def test_pair_is_declared(source: Path):
     notebook = jupytext.read(source)
     assert notebook.metadata.get("jupytext", {}).get("formats") == "ipynb,py:percent", \
         f"{source.name}: its jupytext header must declare `formats: ipynb,py:percent`"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.name)
+def test_ipynb_is_executed_and_shows_its_figures_without_a_kernel(source: Path):
     ipynb = source.with_suffix(".ipynb")
     if not ipynb.exists():
         pytest.skip(f"{ipynb.name} is missing (reported by the test above)")
-    executed = [n for n, cell in enumerate(jupytext.read(ipynb).cells)
-                if cell.cell_type == "code" and (cell.get("outputs") or cell.get("execution_count") is not None)]
-    assert not executed, (f"{ipynb.name} carries outputs in cell(s) {executed}: commit it without outputs ("
-                          + REGENERATE.format(name=source.name) + ")")
+    code = [cell for cell in jupytext.read(ipynb).cells if cell.cell_type == "code"]
+    unexecuted = [n for n, cell in enumerate(code) if cell.get("execution_count") is None]
+    assert not unexecuted, f"{ipynb.name}: code cell(s) {unexecuted} were not executed: " + REGENERATE
+    for n, cell in enumerate(code):
+        outputs = cell.get("outputs", [])
+        bad = [o.get("ename") or o.get("name") for o in outputs if o["output_type"] == "error"
+               or (o["output_type"] == "stream" and (o["name"] == "stderr" or "0%|" in o["text"]))]
+        assert not bad, f"{ipynb.name}, code cell {n}: outputs {bad} (an error, stderr or a progress bar)"
+        if FIGURE_CALL.match(cell.source.strip().splitlines()[-1]):
+            assert any("image/png" in o.get("data", {}) for o in outputs), \
+                f"{ipynb.name}, code cell {n} ends in a figure but holds no PNG: " + REGENERATE
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.name)
+def test_colab_cell_installs_from_the_repository_in_pyproject(source: Path):
+    (cell,) = [cell for cell in jupytext.read(source).cells if "import google.colab" in cell.source]
+    assert f'REPOSITORY = "{REPOSITORY}"' in cell.source, \
+        f"{source.name}: its Colab cell must set REPOSITORY = {REPOSITORY!r} (pyproject.toml's [project.urls])"
+    assert '%pip install --quiet "headlab[notebooks] @ git+{REPOSITORY}"' in cell.source
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.name)

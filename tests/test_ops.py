@@ -67,12 +67,28 @@ def test_rms_norm_module_is_a_drop_in_for_torchs():
     torch.testing.assert_close(default_eps(x32), torch.nn.RMSNorm(12).float()(x32))
 
 
-def test_rms_norm_keeps_the_input_dtype_and_takes_statistics_in_float32():
-    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)) * 300
-    weight = torch.rand(64) + 0.5
-    y = rms_norm(x.bfloat16(), weight, 1e-6)
-    assert y.dtype == torch.bfloat16
-    torch.testing.assert_close(y.float(), rms_norm(x.bfloat16().float(), weight, 1e-6), atol=0.02, rtol=0.01)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rms_norm_keeps_the_input_dtype_and_takes_statistics_in_float32(dtype):
+    """Half precision in, out and in the gradients, with values and gradients within rounding of
+    the float32 computation, through headlab's backward (requires_grad) and torch's kernel. The
+    inputs' squares (~10⁵) overflow float16, so statistics taken in float16 would fail."""
+    x = (torch.randn(4, 64, generator=torch.Generator().manual_seed(0)) * 300).to(dtype)
+    weight = torch.rand(64, generator=torch.Generator().manual_seed(1)) + 0.5
+    grad = torch.randn(4, 64, generator=torch.Generator().manual_seed(2))
+    wide_x = x.float().requires_grad_()
+    reference = wide_x / (wide_x.square().mean(-1, keepdim=True) + 1e-6).sqrt() * weight  # autograd of the formula
+    reference.backward(grad)
+    for needs_grad in (True, False):
+        leaf = x.clone().requires_grad_(needs_grad)
+        y = rms_norm(leaf, weight, 1e-6)
+        assert y.dtype == dtype and (y.grad_fn is not None) == needs_grad
+        torch.testing.assert_close(y.float(), reference.detach(), atol=0.02, rtol=0.01)
+    leaf = x.clone().requires_grad_()
+    y = rms_norm(leaf, weight, 1e-6)
+    assert type(y.grad_fn).__name__ == "_RMSNormBackward"  # headlab's Function, not torch's
+    y.backward(grad.to(dtype))
+    assert leaf.grad.dtype == dtype
+    torch.testing.assert_close(leaf.grad.float(), wide_x.grad, atol=1e-3, rtol=0.02)
 
 
 def _plain_rotation(x, cos, sin):

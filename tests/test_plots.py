@@ -130,6 +130,10 @@ def test_layer_roles_and_titles():
     assert plots.layer_roles([0, 6, 11]) == {"Early": 0, "Middle": 6, "Late": 11}
     assert plots.layer_title(6, range(12)) == "Middle Layer (L=6)"
     assert plots.layer_title(4, range(12)) == "Layer (L=4)"
+    # a 2-layer model has no middle layer: its last layer is Late, never Middle
+    assert plots.layer_roles([0, 1]) == {"Early": 0, "Late": 1}
+    assert plots.layer_title(1, [0, 1]) == "Late Layer (L=1)"
+    assert plots.layer_roles([3]) == {"Early": 3}
 
 
 # ---- the flagship spectra figure --------------------------------------------------------------
@@ -144,7 +148,11 @@ def test_spectra_figure_panels_labels_legend(tables, kind, word):
     title = fig.get_suptitle()
     assert title.startswith("Eigenvalue spectra of head similarity matrices") and f"({word}" in title
     assert legend_labels(fig) == FIGURE_ORDER
+    assert "1 seed" in title
     for ax in fig.axes:
+        assert ax.get_ylim()[0] == 0  # eigenvalues from 0, as in the seed figure
+        notes = [text.get_text() for text in ax.texts]
+        assert notes == (["last eigenvalue = 0\nby construction (centring)"] if kind == "centered" else [])
         assert line_colours(ax) == TAB10  # one line per method, in order, in its colour
         assert all(tick == int(tick) for tick in ax.get_xticks())
         (first_line, *_) = ax.get_lines()
@@ -162,7 +170,7 @@ def test_spectra_figure_draws_the_table_values(tables):
 
 def test_spectra_figure_with_seeds_draws_mean_and_band():
     tables = synthetic_tables(seeds=[0, 1, 2])
-    fig = plots.spectra_figure(tables["spectra"])
+    fig = plots.spectra_figure(tables["spectra"], kind="centered")
     assert "mean of 3 seeds" in fig.get_suptitle()
     assert legend_labels(fig) == FIGURE_ORDER + [plots.BAND]
     ax = fig.axes[0]
@@ -211,7 +219,7 @@ def test_similarity_heatmaps(tables):
     *panels, bar = fig.axes
     assert [ax.get_title() for ax in panels] == FIGURE_ORDER
     assert [to_hex(ax.title.get_color()) for ax in panels] == TAB10
-    assert fig.get_suptitle() == "Head similarity matrices, layer L=2"
+    assert fig.get_suptitle() == "Head similarity matrices, layer L=2 — 1 seed"
     for ax in panels:
         mesh = ax.collections[0]
         assert mesh.get_array().shape == (6, 6)
@@ -224,7 +232,7 @@ def test_similarity_heatmaps(tables):
 def test_attention_map_heatmaps_name_their_measure(tables):
     pattern = tables["similarity"].assign(circuit="pattern")
     fig = plots.similarity_heatmaps(pattern, layer=2, circuit="pattern")
-    assert fig.get_suptitle() == "Head similarity matrices, layer L=2 — attention maps"
+    assert fig.get_suptitle() == "Head similarity matrices, layer L=2 — attention maps, 1 seed"
     assert fig.axes[-1].get_ylabel() == "1 − Jensen–Shannon distance"
 
 
@@ -264,6 +272,22 @@ def test_loss_curves_figure_skips_rows_without_val_loss():
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("Training tokens", "Validation loss (nats/token)")
     assert legend_labels(fig) == FIGURE_ORDER
     assert list(ax.get_lines()[0].get_xdata()) == [0, 409600, 819200, 1228800]
+
+
+def test_loss_figures_label_the_runs_own_unit():
+    training = synthetic_training().assign(loss_unit="nats/byte")
+    assert plots.loss_curves_figure(training).axes[0].get_ylabel() == "Validation loss (nats/byte)"
+    results = synthetic_results().assign(loss_unit="nats/byte")
+    assert plots.loss_vs_cache_figure(results).axes[0].get_ylabel() == "Final validation loss (nats/byte)"
+    mixed = training.assign(loss_unit=np.where(training.model == "MQA", "nats/token", "nats/byte"))
+    with pytest.raises(ValueError, match="mixes loss units"):
+        plots.loss_curves_figure(mixed)
+
+
+def test_a_table_with_both_mla_rope_settings_is_refused(tables):
+    both = pd.concat([tables["spectra"].assign(mla_rope=s) for s in ("included", "excluded")])
+    with pytest.raises(ValueError, match="several mla_rope settings \\(included, excluded\\): pass one"):
+        plots.spectra_figure(both)
 
 
 def test_loss_vs_cache_figure():

@@ -221,7 +221,7 @@ def _rope_interleave_perm(d_rope: int) -> torch.Tensor:
 
 def _mla_pair(case: str, impl: str, port=True, permute=True):
     """A random headlab MLA (random RMSNorm gains too) and a DeepseekV3Attention with its weights."""
-    cfg = headlab.preset("tiny", "mla", **MLA_CASES[case])
+    cfg = headlab.preset("tiny", "mla", qk_norm=False, **MLA_CASES[case])  # DeepSeek's layout has no QK-norm
     torch.manual_seed(0)
     ours = MultiHeadLatentAttention(cfg).eval()
     with torch.no_grad():  # non-unit RMSNorm gains, so porting them is actually tested

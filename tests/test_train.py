@@ -5,7 +5,6 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ import torch
 import headlab
 from headlab import ATTENTION_FAMILIES, TrainConfig, TrainingDiverged, load_corpus, load_run, preset, train, train_preset
 from headlab.model import GPT
-from headlab.runs import read_metrics
+from headlab.runs import current_checkpoint, read_metrics
 
 TINY_TRAIN = train_preset("tiny")
 
@@ -31,9 +30,11 @@ def test_every_family_learns_the_synthetic_corpus(attention, synthetic):
     assert run.final_val_loss < math.log(256) - 2.0  # far below the uniform-guess loss
 
 
-def test_run_folder_holds_the_documented_files_and_loads_back(tmp_path, synthetic):
+def test_run_folder_holds_the_documented_files_and_loads_back(tmp_path, synthetic, threads):
     run = train(preset("tiny", "lrkv"), TINY_TRAIN, synthetic, out=tmp_path / "run", progress=False)
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.json", "metrics.jsonl", "model.safetensors", "state.pt"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        ".lock", "checkpoint-00000040", "checkpoint.json", "config.json", "metrics.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoint-00000040").iterdir()) == ["model.safetensors", "state.pt"]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["model"]["attention"] == "lrkv" and config["headlab_version"] == headlab.__version__
     assert config["train"]["steps"] == TINY_TRAIN.steps and config["data"]["name"] == "synthetic"
@@ -66,7 +67,7 @@ def _fail_at_step(monkeypatch, step_to_fail: int, make_nan: bool = False):
     monkeypatch.setattr(GPT, "forward", forward)
 
 
-def test_interrupted_run_resumes_to_the_uninterrupted_loss_curve(tmp_path, synthetic, monkeypatch):
+def test_interrupted_run_resumes_to_the_uninterrupted_loss_curve(tmp_path, synthetic, monkeypatch, threads):
     config = preset("tiny", "gqa")
     reference = train(config, TINY_TRAIN, synthetic, out=tmp_path / "a", progress=False)
     with monkeypatch.context() as patch:
@@ -80,6 +81,22 @@ def test_interrupted_run_resumes_to_the_uninterrupted_loss_curve(tmp_path, synth
     assert strip(load_run(tmp_path / "b").metrics) == strip(reference.metrics)
     for name, p in reference.model.state_dict().items():
         assert torch.equal(p, resumed.model.state_dict()[name])
+
+
+def test_checkpoints_with_index_keyed_optimizer_states_still_resume_exactly(tmp_path, synthetic, monkeypatch):
+    """Checkpoints written before optimizer states were keyed by parameter name."""
+    config = preset("tiny", "mqa")
+    reference = train(config, TINY_TRAIN, synthetic, progress=False)
+    with monkeypatch.context() as patch:
+        _fail_at_step(patch, 27)
+        patch.setattr(sys.modules["headlab.train"], "gather_training_state", lambda model, optimizers: (
+            {k: v.detach().clone() for k, v in model.state_dict().items()}, [o.state_dict() for o in optimizers]))
+        with pytest.raises(_Interrupt):
+            train(config, TINY_TRAIN, synthetic, out=tmp_path / "run", progress=False)
+    state = torch.load(current_checkpoint(tmp_path / "run").state, weights_only=True)
+    assert isinstance(next(iter(state["optimizers"][0]["state"])), int)
+    resumed = train(config, TINY_TRAIN, synthetic, out=tmp_path / "run", resume=True, progress=False)
+    assert all(torch.equal(v, resumed.model.state_dict()[k]) for k, v in reference.model.state_dict().items())
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, synthetic, monkeypatch):
@@ -104,15 +121,21 @@ def finished_run(tmp_path, synthetic):
 
 
 def test_truncated_weights_are_refused_naming_the_file(finished_run):
-    path = finished_run / "model.safetensors"
+    path = current_checkpoint(finished_run).weights
     path.write_bytes(path.read_bytes()[:-1000])
+    with pytest.raises(ValueError, match=r"model\.safetensors is \d+ bytes, but .*checkpoint\.json records \d+ bytes"):
+        load_run(finished_run)
+    (finished_run / "checkpoint.json").unlink()  # a folder of the layout before checkpoint.json
+    path.rename(finished_run / "model.safetensors")
     with pytest.raises(ValueError, match=r"model\.safetensors is not a readable safetensors file"):
         load_run(finished_run)
 
 
 def test_truncated_state_is_refused_on_resume_naming_the_file(finished_run, synthetic):
-    path = finished_run / "state.pt"
+    path = current_checkpoint(finished_run).state
     path.write_bytes(path.read_bytes()[:200])
+    (finished_run / "checkpoint.json").write_text(  # the damage is not caught by the recorded sizes
+        json.dumps({**json.loads((finished_run / "checkpoint.json").read_text()), "sizes": {}}))
     with pytest.raises(ValueError, match=r"state\.pt is not a readable headlab training state"):
         train(preset("tiny", "mla"), TINY_TRAIN.replace(steps=5), synthetic, out=finished_run, resume=True, progress=False)
 
@@ -123,13 +146,16 @@ class Payload:
 
 
 def test_foreign_pickles_are_never_unpickled(finished_run, synthetic):
-    torch.save({"step": 5, "optimizers": [], "generator": Payload()}, finished_run / "state.pt")
+    torch.save({"step": 5, "optimizers": [], "generator": Payload()}, current_checkpoint(finished_run).state)
+    (finished_run / "checkpoint.json").write_text(
+        json.dumps({**json.loads((finished_run / "checkpoint.json").read_text()), "sizes": {}}))
     with pytest.raises(ValueError, match=r"state\.pt is not a readable headlab training state.*Unpickl"):
         train(preset("tiny", "mla"), TINY_TRAIN.replace(steps=5), synthetic, out=finished_run, resume=True, progress=False)
 
 
 def test_foreign_safetensors_and_configs_are_refused(finished_run, tmp_path):
     from safetensors.torch import save_file
+    (finished_run / "checkpoint.json").unlink()  # a folder of the layout before checkpoint.json
     save_file({"x": torch.zeros(2)}, str(finished_run / "model.safetensors"))
     with pytest.raises(ValueError, match=r"model\.safetensors was not written by headlab"):
         load_run(finished_run)
@@ -139,16 +165,69 @@ def test_foreign_safetensors_and_configs_are_refused(finished_run, tmp_path):
 
 
 def test_resuming_with_a_different_config_is_refused(finished_run, synthetic):
-    with pytest.raises(ValueError, match="changed TrainConfig \\(lr\\)"):
+    with pytest.raises(ValueError, match="1 setting.* differ from the saved run: train.lr: saved 0.003, given 0.01"):
         train(preset("tiny", "mla"), TINY_TRAIN.replace(steps=5, lr=1e-2), synthetic, out=finished_run, resume=True, progress=False)
 
 
 @pytest.mark.parametrize("field,value,allowed", [
     ("optimizer", "sgd", "adamw, muon"), ("dtype", "float16", "float32, bfloat16"), ("steps", 0, "positive"),
-    ("lr", -1.0, "positive"), ("min_lr_ratio", 2.0, "[0, 1]")])
+    ("lr", -1.0, "positive"), ("min_lr_ratio", 2.0, "[0, 1]"), ("parallel", "zero3", "ddp, fsdp"),
+    ("grad_accum", 0, "positive")])
 def test_bad_train_config_values_name_the_field(field, value, allowed):
     with pytest.raises(ValueError, match=rf"TrainConfig\.{field} = .* is invalid: .*{allowed.replace('[', '.').replace(']', '.')}"):
         TrainConfig(**{field: value})
+
+
+def test_impossible_parallel_settings_are_refused_naming_the_fields():
+    with pytest.raises(ValueError, match=r"TrainConfig\.grad_accum = 3 is invalid: must divide batch_size = 8"):
+        TrainConfig(batch_size=8, grad_accum=3)
+    with pytest.raises(ValueError, match=r"TrainConfig\.parallel = 'fsdp' is invalid: Muon .* use optimizer = 'adamw'"):
+        TrainConfig(parallel="fsdp", optimizer="muon")
+
+
+def _recorded_learning_rates(monkeypatch) -> list[tuple[str, list[float], list[set[int]]]]:
+    """Every optimizer step from now on: the optimizer's class, its groups' lr and parameter ids."""
+    steps = []
+    for cls in (torch.optim.AdamW, torch.optim.Muon):
+        def step(self, *args, original=cls.step, **kwargs):
+            steps.append((type(self).__name__, [g["lr"] for g in self.param_groups],
+                          [{id(p) for p in g["params"]} for g in self.param_groups]))
+            return original(self, *args, **kwargs)
+        monkeypatch.setattr(cls, "step", step)
+    return steps
+
+
+def _schedule(step: int, config: TrainConfig) -> float:
+    """Linear warmup over `warmup_steps` (step s has (s + 1)/W), then a cosine to min_lr_ratio."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / (config.steps - config.warmup_steps)
+    return config.min_lr_ratio + (1 - config.min_lr_ratio) * (1 + math.cos(math.pi * progress)) / 2
+
+
+@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
+def test_every_parameter_group_follows_its_configured_learning_rate_through_the_schedule(optimizer, synthetic,
+                                                                                         monkeypatch):
+    config = TINY_TRAIN.replace(optimizer=optimizer, steps=10, warmup_steps=3, min_lr_ratio=0.25, eval_every=10,
+                                lr=1e-3, matrix_lr=2e-2, embedding_lr=3e-1, unembedding_lr=4e-3)
+    steps = _recorded_learning_rates(monkeypatch)
+    run = train(preset("tiny", "lrkv"), config, synthetic, progress=False)
+    ids = {name: id(p) for name, p in run.model.named_parameters()}
+    if optimizer == "muon":
+        muon_ids = {ids[n] for n, p in run.model.named_parameters() if n.startswith("blocks.") and p.dim() == 2}
+        others = set(ids.values()) - muon_ids - {ids["wte.weight"], ids["lm_head.weight"]}
+        groups = {"Muon": [(config.matrix_lr, muon_ids)],
+                  "AdamW": [(config.embedding_lr, {ids["wte.weight"]}), (config.unembedding_lr, {ids["lm_head.weight"]}),
+                            (config.lr, others)]}
+        assert any(run.model.get_parameter(n).dim() == 3 for n in ids if id(run.model.get_parameter(n)) in others)
+    else:
+        groups = {"AdamW": [(config.lr, {i for n, i in ids.items() if run.model.get_parameter(n).dim() >= 2}),
+                            (config.lr, {i for n, i in ids.items() if run.model.get_parameter(n).dim() < 2})]}
+    assert len(steps) == config.steps * len(groups)
+    for n, (name, lrs, params) in enumerate(steps):
+        step = n // len(groups)
+        assert params == [expected for _, expected in groups[name]], name
+        assert lrs == pytest.approx([lr * _schedule(step, config) for lr, _ in groups[name]], rel=1e-12), (name, step)
 
 
 def test_muon_split_trains_and_routes_lrkv_3d_factors_to_adamw(synthetic):
@@ -157,14 +236,14 @@ def test_muon_split_trains_and_routes_lrkv_3d_factors_to_adamw(synthetic):
     assert losses[-1] < losses[0] - 1.0
 
 
-def test_two_process_gloo_run_follows_the_single_process_curve(tmp_path, synthetic):
+def test_two_process_gloo_run_with_accumulation_follows_the_single_process_curve(tmp_path, synthetic):
     args = ["-m", "headlab", "train", "--preset", "tiny", "--attention", "gqa", "--corpus", "synthetic",
             "--steps", "12", "--log-every", "1", "--eval-every", "6", "--device", "cpu", "--no-progress"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     single = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], env=env, capture_output=True, text=True)
     assert single.returncode == 0, single.stderr
-    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
-                             *args, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True)
+    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             *args, "--grad-accum", "2", "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True)
     assert double.returncode == 0, double.stderr[-3000:]
     one, two = load_run(tmp_path / "one").metrics, load_run(tmp_path / "two").metrics
     assert [r["step"] for r in one] == [r["step"] for r in two]
@@ -173,30 +252,92 @@ def test_two_process_gloo_run_follows_the_single_process_curve(tmp_path, synthet
         assert abs(a[key] - b[key]) <= 1e-4 * abs(a[key]), (a, b)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc is Linux-only")
-def test_keeping_freed_cpu_memory_stops_training_steps_page_faulting():
-    # A fresh interpreter, as the default allocator settings are process-wide.
-    script = """
-import resource, torch
-from headlab import preset
+def test_gradient_accumulation_takes_the_same_steps_as_one_batch(synthetic):
+    config = TINY_TRAIN.replace(steps=4, lr=1e-3, eval_every=4)
+    whole = train(preset("tiny", "mla"), config, synthetic, progress=False)
+    accumulated = train(preset("tiny", "mla"), config.replace(grad_accum=4), synthetic, progress=False)
+    weights = accumulated.model.state_dict()
+    assert max((weights[k] - v).abs().max().item() for k, v in whole.model.state_dict().items()) < 1e-6
+    assert max(abs(a[k] - b[k]) for a, b in zip(whole.metrics, accumulated.metrics)
+               for k in ("train_loss", "val_loss") if k in a) < 1e-6
+
+
+FSDP_ARGS = ["train", "--preset", "tiny", "--attention", "lrkv", "--corpus", "synthetic", "--steps", "6",
+             "--lr", "1e-3", "--log-every", "1", "--eval-every", "3", "--checkpoint-every", "2", "--device", "cpu",
+             "--no-progress"]
+# Runs `headlab` but ends the process (as a kill would) on its `HEADLAB_TEST_EXIT_AT`-th training forward.
+EXIT_AT_FORWARD = """
+import os, sys
+from headlab.cli import main
 from headlab.model import GPT
-from headlab.train import keep_freed_cpu_memory
-torch.set_num_threads(1)
-model = GPT(preset("cpu-small"))
-idx = torch.randint(0, 256, (16, 128))
-def faults_per_step():
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(3):
-        model.zero_grad(set_to_none=True)
-        model(idx, idx)[1].backward()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3
-faults_per_step()
-default = sum(faults_per_step() for _ in range(3)) / 3  # some steps fault little, most thousands of times
-assert keep_freed_cpu_memory()
-# The heap takes a few steps to grow to the step's high-water mark; after that, no faults.
-print(default, min(faults_per_step() for _ in range(5)))
+original, calls = GPT.forward, [0]
+def forward(self, *args, **kwargs):
+    if self.training:
+        calls[0] += 1
+        if calls[0] == int(os.environ["HEADLAB_TEST_EXIT_AT"]):
+            os._exit(3)
+    return original(self, *args, **kwargs)
+GPT.forward = forward
+sys.exit(main(sys.argv[1:]))
 """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
-    default, kept = map(float, out.split())
-    assert default > 1000, default
-    assert kept < default / 20 and kept <= 5, (default, kept)
+
+
+def _headlab(tmp_path, args, processes=1, exit_at=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HEADLAB_TEST_EXIT_AT": str(exit_at or 0)}
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
+    script = tmp_path / "exit_at_forward.py"
+    script.write_text(EXIT_AT_FORWARD)
+    result = subprocess.run([sys.executable, *launcher, str(script), *args], env=env, capture_output=True, text=True)
+    return result
+
+
+def _max_difference(a, b) -> float:
+    """The largest |difference| between two runs' final weights and logged losses."""
+    weights = a.model.state_dict()
+    losses = [abs(x[k] - y[k]) for x, y in zip(a.metrics, b.metrics) for k in ("train_loss", "val_loss") if k in x]
+    assert [r["step"] for r in a.metrics] == [r["step"] for r in b.metrics]
+    return max([(weights[k] - v).abs().max().item() for k, v in b.model.state_dict().items()] + losses)
+
+
+@pytest.fixture(scope="module")
+def single_process_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("single")
+    result = _headlab(folder, [*FSDP_ARGS, "--out", str(folder / "run")])
+    assert result.returncode == 0, result.stderr
+    return load_run(folder / "run")
+
+
+def test_two_process_fsdp_with_accumulation_equals_single_process_training(tmp_path, single_process_run):
+    result = _headlab(tmp_path, [*FSDP_ARGS, "--parallel", "fsdp", "--grad-accum", "2", "--out", str(tmp_path / "fsdp")],
+                      processes=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _max_difference(load_run(tmp_path / "fsdp"), single_process_run) < 1e-5
+
+
+def test_checkpoints_resume_across_world_sizes_to_the_uninterrupted_run(tmp_path, single_process_run):
+    fsdp = [*FSDP_ARGS, "--parallel", "fsdp", "--grad-accum", "2", "--out", str(tmp_path / "run")]
+    killed = _headlab(tmp_path, fsdp, processes=2, exit_at=2 * 2 + 1)  # in step 3, after the step-2 checkpoint
+    assert killed.returncode != 0 and current_checkpoint(tmp_path / "run").folder.name == "checkpoint-00000002"
+    # one process (DDP settings, no accumulation) takes it over and is killed in step 5 ...
+    killed = _headlab(tmp_path, [*FSDP_ARGS, "--resume", "--out", str(tmp_path / "run")], exit_at=3)
+    assert killed.returncode != 0 and current_checkpoint(tmp_path / "run").folder.name == "checkpoint-00000004"
+    # ... and two FSDP processes finish it
+    resumed = _headlab(tmp_path, [*fsdp, "--resume"], processes=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _max_difference(load_run(tmp_path / "run"), single_process_run) < 1e-5
+
+
+def test_a_run_on_a_trained_bpe_keeps_its_tokenizer_and_analysis_reads_it(tmp_path, monkeypatch):
+    import shutil
+    from headlab import data
+    from headlab.inputs import encode_text
+
+    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "cache"))
+    corpus = load_corpus("synthetic", tokenizer="bpe:300")
+    train(preset("tiny", "mqa", vocab_size=300), TINY_TRAIN.replace(steps=2), corpus, out=tmp_path / "run", progress=False)
+    assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (corpus.folder / "tokenizer.json").read_bytes()
+    text = "the run's own tokenizer reads this sentence " * 20
+    expected = corpus.tokenizer.encode(text)
+    shutil.rmtree(tmp_path / "cache")  # the run folder alone suffices
+    windows = encode_text(tmp_path / "run", text)
+    assert windows.flatten().tolist() == expected[:windows.numel()].tolist()

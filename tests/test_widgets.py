@@ -8,14 +8,18 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 
+import io  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
+
+import ipywidgets as widgets  # noqa: E402
+import matplotlib.image  # noqa: E402
 
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from test_plots import (FIGURE_ORDER, TAB10, legend_labels, line_colours, synthetic_tables,  # noqa: E402
                         synthetic_training)
 
-from headlab.widgets import NO_METHOD, explore  # noqa: E402
+from headlab.widgets import NO_METHOD, choice_columns, explore  # noqa: E402
 
 THREE_PANELS = ["Early Layer (L=0)", "Middle Layer (L=2)", "Late Layer (L=3)"]
 
@@ -38,7 +42,7 @@ def drawn(explorer):
 
 def test_draws_the_flagship_figure_on_creation(explorer):
     fig = drawn(explorer)
-    assert fig.get_suptitle().startswith("Eigenvalue spectra of head similarity matrices (centred")
+    assert fig.get_suptitle() == "Eigenvalue spectra of head similarity matrices (uncentred) — 1 seed"
     assert [ax.get_title() for ax in fig.axes] == THREE_PANELS
     assert legend_labels(fig) == FIGURE_ORDER
     assert explorer.children[-1] is explorer.output
@@ -53,6 +57,8 @@ def test_every_control_redraws(explorer):
         seen.append(fig)
         return fig
 
+    explorer.kind.value = "centered"
+    assert "(centred" in redrawn().get_suptitle()
     explorer.kind.value = "uncentered"
     assert "(uncentred)" in redrawn().get_suptitle()
 
@@ -73,23 +79,23 @@ def test_every_control_redraws(explorer):
 
     explorer.view.value = "effective rank"
     fig = redrawn()
-    assert fig.get_suptitle() == "Effective rank per layer (uncentred)"
+    assert fig.get_suptitle() == "Effective rank per layer (uncentred) — 1 seed"
     assert "layer 2" in legend_labels(fig)
     explorer.view.value = "cumulative variance"
     assert redrawn().get_suptitle().startswith("Cumulative variance")
     explorer.view.value = "heatmaps"
     fig = redrawn()
-    assert fig.get_suptitle() == "Head similarity matrices, layer L=2"
+    assert fig.get_suptitle() == "Head similarity matrices, layer L=2 — 1 seed"
     assert [ax.get_title() for ax in fig.axes[:-1]] == [m for m in FIGURE_ORDER if m != "MQA"]
     explorer.view.value = "loss curves"
-    assert redrawn().get_suptitle() == "Validation loss during training"
+    assert redrawn().get_suptitle() == "Validation loss during training — 1 seed"
 
 
 def test_heatmaps_for_early_middle_and_late_are_three_figures():
     explorer = explore(synthetic_tables(methods={"Standard MHA": 0.2, "MQA": 0.6}))
     explorer.view.value = "heatmaps"
     assert [fig.get_suptitle() for fig in explorer.figures] == [
-        f"Head similarity matrices, layer L={layer}" for layer in (0, 2, 3)]
+        f"Head similarity matrices, layer L={layer} — 1 seed" for layer in (0, 2, 3)]
     assert [ax.get_title() for ax in explorer.figures[0].axes[:-1]] == ["Standard MHA", "MQA"]
 
 
@@ -114,7 +120,7 @@ def test_circuit_control_only_when_there_are_several(tables):
     explorer = explore(both)
     assert explorer.circuit in explorer.children
     explorer.circuit.value = "ov"
-    assert drawn(explorer).get_suptitle().endswith("— OV circuit")
+    assert drawn(explorer).get_suptitle().endswith("— OV circuit, 1 seed")
 
 
 def test_explore_rejects_missing_tables_and_columns(tables):
@@ -122,3 +128,80 @@ def test_explore_rejects_missing_tables_and_columns(tables):
         explore({"similarity": tables["similarity"], "spectra": tables["spectra"]})
     with pytest.raises(ValueError, match="training table is missing column.*model"):
         explore(tables, training=synthetic_training().rename(columns={"model": "label"}))
+
+
+def test_controls_that_do_nothing_in_a_view_are_disabled(explorer):
+    def enabled():
+        return {"kind": not explorer.kind.disabled, "layers": not explorer.layers.disabled,
+                "layer buttons": not any(b.disabled for b in explorer.layer_buttons.values()),
+                "circuit": not explorer.circuit.disabled}
+
+    assert enabled() == dict.fromkeys(("kind", "layers", "layer buttons", "circuit"), True)
+    for view in ("effective rank", "cumulative variance", "spectra"):
+        explorer.view.value = view
+        assert all(enabled().values()), view
+    explorer.view.value = "heatmaps"
+    assert enabled() == {"kind": False, "layers": True, "layer buttons": True, "circuit": True}
+    explorer.view.value = "loss curves"
+    assert not any(enabled().values())
+    explorer.view.value = "spectra"
+    assert all(enabled().values())
+
+
+def test_method_checkboxes_show_their_state_and_colour(explorer):
+    assert all(isinstance(box, widgets.Checkbox) and box.value for box in explorer.methods.values())
+    methods_row = explorer.children[0]
+    swatches = [row.children[0].value for row in methods_row.children[1:]]
+    assert [explorer.palette[m] in swatch for m, swatch in zip(explorer.methods, swatches)] == [True] * 6
+
+
+def with_choices(tables):
+    """The tables with two more analysis choices, as analysis options add them: the measure of
+    every model (shifted so each value draws different lines) and MLA's RoPE (MLA's rows only)."""
+    out = {}
+    for name, table in tables.items():
+        shift = {"eigenvalue": 0.5, "value": 0.5, "effective_rank": 0.5}
+        other = table.assign(**{c: table[c] + v for c, v in shift.items() if c in table.columns})
+        both = pd.concat([table.assign(measure="frobenius"), other.assign(measure="data")], ignore_index=True)
+        mla = both["model"].str.startswith("MLA")
+        out[name] = pd.concat([both[~mla].assign(mla_rope=None), both[mla].assign(mla_rope="included"),
+                               both[mla].assign(mla_rope="excluded")], ignore_index=True)
+    return out
+
+
+def test_every_analysis_choice_column_gets_a_control_that_filters(tables):
+    rich = with_choices(tables)
+    assert choice_columns(rich["summary"]) == {"measure": ["frobenius", "data"], "mla_rope": ["included", "excluded"]}
+    explorer = explore(rich)
+    assert set(explorer.choices) == {"circuit", "measure", "mla_rope"}
+    assert explorer.choices["measure"] in explorer.children and explorer.choices["mla_rope"] in explorer.children
+    assert explorer.circuit not in explorer.children  # one circuit: nothing to choose
+
+    def first_line(model):
+        (ax, *_) = drawn(explorer).axes
+        return ax.get_lines()[FIGURE_ORDER.index(model)].get_ydata()
+
+    fig = drawn(explorer)
+    assert fig.get_suptitle().endswith("(measure: frobenius, mla rope: included)")
+    assert len(line_colours(fig.axes[0])) == 6  # one line per method, not one per choice
+    frobenius = first_line("Standard MHA")
+    explorer.choices["measure"].value = "data"
+    assert drawn(explorer).get_suptitle().endswith("(measure: data, mla rope: included)")
+    assert first_line("Standard MHA") == pytest.approx(frobenius + 0.5)
+    explorer.choices["mla_rope"].value = "excluded"
+    assert len(line_colours(drawn(explorer).axes[0])) == 6  # models without the choice stay drawn
+    explorer.view.value = "effective rank"
+    assert drawn(explorer).get_suptitle().endswith("(measure: data, mla rope: excluded)")
+
+
+def test_displayed_explorer_carries_a_png_of_its_figures(explorer):
+    bundle = explorer._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"] == "headlab explorer: spectra of 6 methods"
+    one = bundle["image/png"]
+    assert one.startswith(b"\x89PNG")
+    explorer.view.value = "heatmaps"  # early, middle and late: three figures
+    assert len(explorer.figures) == 3
+    three = explorer._repr_mimebundle_()["image/png"]
+    height = {png: matplotlib.image.imread(io.BytesIO(png)).shape[0] for png in (one, three)}
+    assert height[three] > 2 * height[one] and three != one

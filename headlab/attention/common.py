@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ..ops import rotate_and_normalize, rotate_pairs
 
 _BACKENDS = ("sdpa", "manual")
-_backend = "sdpa" if hasattr(F, "scaled_dot_product_attention") else "manual"
+_backend = "sdpa"  # "manual": the explicit softmax, a reference for tests
 
 
 def rope_tables(seq_len: int, dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:

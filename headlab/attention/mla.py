@@ -6,6 +6,12 @@
     q_h   = [q^C_h ; RoPE(q^R_h)]   from x, or from RMSNorm(x W_dq) when q_latent_dim > 0
     score = q_h·k_h / √(d_h + d_R)
 
+With `qk_norm` (headlab's option, off in DeepSeek's layout) q^C_h, RoPE(q^R_h) and k^R_t each
+get a parameter-free RMSNorm over their own width. These are the only parts a norm may touch:
+the per-head no-RoPE key c_t W^UK_h never exists in the absorbed path, so it stays as it is
+(its scale is held by the latent's RMSNorm); a norm of the query is applied before W^UK_h is
+folded in, and k^R_t is normalised before it is cached, so absorbed and naive decode stay equal.
+
 Two decode paths, chosen by the cache layout:
   * naive:    cache the decompressed k_h, v_h (H·(2·d_h + d_R) values per token);
   * absorbed: cache only c_t and k^R_t (d_c + d_R values per token). W^UK_h is folded into the
@@ -20,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from ..ops import RMSNorm
+from ..ops import RMSNorm, rms_norm
 from .common import LayerCache, apply_rope, attend
 
 NORM_EPS = 1e-6
@@ -32,6 +38,7 @@ class MultiHeadLatentAttention(nn.Module):
         d, h, dh = config.d_model, config.n_head, config.head_dim
         self.n_head, self.head_dim = h, dh
         self.latent_dim, self.rope_head_dim = config.kv_latent_dim, config.rope_head_dim
+        self.qk_norm = config.qk_norm
         q_width = h * (dh + self.rope_head_dim)
         if config.q_latent_dim:
             self.wq_a = nn.Linear(d, config.q_latent_dim, bias=False)
@@ -71,10 +78,12 @@ class MultiHeadLatentAttention(nn.Module):
         start = cache.pos if cache is not None else 0
         cos, sin = cos[start:start + t], sin[start:start + t]
         q_nope, q_rope = self.queries(x).split([self.head_dim, self.rope_head_dim], dim=-1)
-        q_rope = apply_rope(q_rope, cos, sin)
+        if self.qk_norm:
+            q_nope = rms_norm(q_nope, None, torch.finfo(q_nope.dtype).eps)
+        q_rope = apply_rope(q_rope, cos, sin, self.qk_norm)
         latent, k_rope = self.wkv_a(x).split([self.latent_dim, self.rope_head_dim], dim=-1)
         latent = self.kv_norm(latent)
-        k_rope = apply_rope(k_rope[:, :, None, :], cos, sin)[:, :, 0]
+        k_rope = apply_rope(k_rope[:, :, None, :], cos, sin, self.qk_norm)[:, :, 0]
         if cache is not None and "latent" in cache.buffers:
             cached = cache.update(latent=latent, k_rope=k_rope)
             y = self._absorbed(q_nope, q_rope, cached["latent"], cached["k_rope"])

@@ -1,0 +1,319 @@
+"""Hostile inputs and faults against headlab's CLI and API, each outcome classified.
+
+    PYTHONPATH=. python benchmarks/hostile_inputs.py [--out /tmp/hostile]
+
+Every case is a bad input (which must be refused with one clear line, exit status 2 on the
+CLI), or a fault (kill -9, full disk, a second writer) after which the run must resume to the
+uninterrupted result. Outcomes:
+
+    clear       refused: one line naming the problem (CLI: exit 2, no traceback)
+    recovered   a fault the run survived: resumed to bit-identical weights and metrics
+    traceback   an exception escaped, or the CLI printed a traceback
+    silent      a bad input was accepted, or a result is wrong without any error
+    lost        a fault left a run that cannot be resumed or loaded
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+import headlab
+from headlab import ModelConfig, TrainConfig, load_corpus, load_run, preset, train, train_preset
+from headlab.analysis import Analysis, analyze
+from headlab.cli import main
+from headlab.model import GPT
+from headlab.runs import read_metrics
+
+TINY = train_preset("tiny", steps=8, batch_size=4, eval_every=4, checkpoint_every=2, log_every=1)
+TINY_FLAGS = ["--steps", "8", "--batch-size", "4", "--eval-every", "4", "--checkpoint-every", "2", "--log-every", "1"]
+USER_ERRORS = (ValueError, RuntimeError, OSError)
+
+
+def cli(*argv) -> tuple[str, str]:
+    """Run `headlab argv` in this process; classify by exit status and stderr."""
+    err, out = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            code = main([str(a) for a in argv])
+    except SystemExit as exit_:  # argparse: usage and one error line, status 2
+        code = exit_.code
+    except BaseException as error:  # noqa: BLE001 - any escape is what is being counted
+        return "traceback", f"{type(error).__name__}: {error}"[:200]
+    text = err.getvalue().strip()
+    if code == 2 and "Traceback" not in text and text.splitlines()[-1].count("error:") == 1:
+        return "clear", text.splitlines()[-1][:200]
+    return ("silent" if code == 0 else "traceback"), text[-200:]
+
+
+def api(make) -> tuple[str, str]:
+    try:
+        make()
+    except USER_ERRORS as error:
+        return "clear", f"{type(error).__name__}: {error}"[:200]
+    except BaseException as error:  # noqa: BLE001
+        return "traceback", f"{type(error).__name__}: {error}"[:200]
+    return "silent", "accepted"
+
+
+def same_run(folder: Path, reference) -> tuple[str, str]:
+    try:
+        loaded = load_run(folder)
+        metrics = read_metrics(folder / "metrics.jsonl")
+    except BaseException as error:  # noqa: BLE001
+        return "lost", f"{type(error).__name__}: {error}"[:200]
+    strip = lambda records: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in records]  # noqa: E731
+    same = all(torch.equal(t, loaded.model.state_dict()[n]) for n, t in reference.model.state_dict().items())
+    return ("recovered", "identical") if same and strip(metrics) == strip(reference.metrics) else ("silent", "differs")
+
+
+def main_cases(root: Path) -> list[tuple[str, str, str]]:
+    results = []
+
+    def record(name, outcome):
+        results.append((name, *outcome))
+        print(f"{outcome[0]:<10} {name:<52} {outcome[1][:110]}", flush=True)
+
+    corpus = load_corpus("synthetic")
+    reference = train(preset("tiny", "gqa"), TINY, corpus, out=root / "reference", progress=False)
+    finished = root / "finished"
+    train(preset("tiny", "gqa"), TINY, corpus, out=finished, progress=False)
+
+    def copy_of_finished(name: str) -> Path:
+        target = root / name
+        shutil.copytree(finished, target)
+        return target
+
+    def checkpoint_file(folder: Path, name: str) -> Path:
+        return folder / json.loads((folder / "checkpoint.json").read_text())["folder"] / name
+
+    # ---- info ------------------------------------------------------------------------------------
+    for args in (["--context", "-5"], ["--context", "0"], ["--context", "abc"], ["--batch-size", "0"],
+                 ["--batch-size", "-1"], ["--attention", "lrkv", "--kv-rank", "200"], ["--kv-rank", "0"],
+                 ["--attention", "gqa", "--n-kv-head", "5"], ["--n-kv-head", "0"], ["--seq-len", "0"],
+                 ["--attention", "mla", "--rope-head-dim", "3"], ["--q-latent-dim", "-1"], ["--dtype", "fp8"],
+                 ["--preset", "nope"], ["--attention", "xyz"]):
+        record("info " + " ".join(args), cli("info", *args))
+    configs = {"missing": None, "list": "[1, 2]", "not-json": "{model", "unknown-field": '{"bogus": 1}',
+               "nan-rope": '{"rope_base": NaN}', "zero-heads": '{"n_head": 0}', "negative-vocab": '{"vocab_size": -1}',
+               "bool-layers": '{"n_layer": true}', "string-width": '{"d_model": "128"}'}
+    for name, text in configs.items():
+        path = root / f"config-{name}.json"
+        if text is not None:
+            path.write_text(text)
+        record(f"info --config <{name}>", cli("info", "--config", path))
+
+    # ---- train -----------------------------------------------------------------------------------
+    base = ["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "2", "--no-progress"]
+    for args in (["--steps", "0"], ["--steps", "-3"], ["--lr", "nan"], ["--lr", "-1"], ["--lr", "inf"],
+                 ["--batch-size", "0"], ["--warmup-steps", "-1"], ["--eval-every", "0"], ["--checkpoint-every", "0"],
+                 ["--log-every", "0"], ["--seed", "-1"], ["--optimizer", "sgd"], ["--dtype", "fp16"],
+                 ["--device", "gpu0"], ["--corpus", "nope"], ["--max-chars", "100"], ["--encoding-errors", "replace"],
+                 ["--tokenizer", "bpe"], ["--seq-len", "1000000"]):
+        record("train " + " ".join(args), cli(*base, *args))
+    if not torch.cuda.is_available():
+        record("train --device cuda (no CUDA)", cli(*base, "--device", "cuda"))
+    (root / "empty.txt").write_text("")
+    (root / "short.txt").write_text("too short")
+    (root / "latin1.txt").write_bytes("naïve café ".encode("latin-1") * 200)
+    (root / "no-texts").mkdir()
+    for name in ("empty.txt", "short.txt", "latin1.txt", "no-texts"):
+        record(f"train --corpus <{name}>", cli(*base, "--corpus", root / name))
+    (root / "a-file").write_text("")
+    record("train --out <under a file>", cli(*base, "--out", root / "a-file" / "run"))
+    record("train --out <finished run> (no --resume)", cli(*base, "--steps", "8", "--out", finished))
+    tiny_run = ["train", "--preset", "tiny", "--attention", "gqa", "--corpus", "synthetic", "--no-progress", "--resume",
+                *TINY_FLAGS]
+    record("train --resume with another --lr", cli(*tiny_run, "--lr", "0.01", "--out", copy_of_finished("lr")))
+    record("train --resume with another attention", cli(*tiny_run, "--attention", "mha", "--out", copy_of_finished("att")))
+    (root / "other.txt").write_text("another corpus entirely. " * 2000)
+    record("train --resume on another corpus", cli(*tiny_run, "--corpus", root / "other.txt", "--out", copy_of_finished("corp")))
+    record("train --resume, same settings (control)", ("recovered", "resumed") if cli(*tiny_run, "--out", copy_of_finished("same"))[0] == "silent"
+           else ("silent", "a valid resume was refused"))
+    folder = copy_of_finished("metrics")
+    lines = (folder / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (folder / "metrics.jsonl").write_text("".join(lines[:3] + ["{broken\n"] + lines[3:]))
+    record("train --resume, corrupt metrics line", api(lambda: load_run(folder)))
+    for name, damage in (("config.json not JSON", lambda f: (f / "config.json").write_text("{")),
+                         ("config.json a list", lambda f: (f / "config.json").write_text("[]")),
+                         ("checkpoint.json corrupt", lambda f: (f / "checkpoint.json").write_text("{")),
+                         ("weights truncated", lambda f: checkpoint_file(f, "model.safetensors").write_bytes(b"x" * 10)),
+                         ("state.pt deleted", lambda f: checkpoint_file(f, "state.pt").unlink()),
+                         ("weights deleted", lambda f: checkpoint_file(f, "model.safetensors").unlink())):
+        folder = copy_of_finished(name.replace(" ", "-"))
+        damage(folder)
+        record(f"train --resume, {name}", api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=folder,
+                                                            resume=True, progress=False)))
+
+    # ---- reproduce -------------------------------------------------------------------------------
+    for args in (["--steps", "0"], ["--seeds", "0"], ["--seeds", "-1"], ["--preset", "nope"]):
+        record("reproduce " + " ".join(args), cli("reproduce", "--out", root / "never", *args))
+
+    # ---- analyze ---------------------------------------------------------------------------------
+    def gpt2(name, n_layer=2, n_head=2, on_disk=2, tensors=None, **extra):
+        folder = root / name
+        folder.mkdir()
+        generator = torch.Generator().manual_seed(0)
+        weights = tensors if tensors is not None else {
+            k: v for i in range(on_disk) for k, v in ((f"h.{i}.attn.c_attn.weight", torch.randn(16, 48, generator=generator)),
+                                                     (f"h.{i}.attn.c_proj.weight", torch.randn(16, 16, generator=generator)))}
+        save_file(weights, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": n_layer, "n_head": n_head, **extra}))
+        return folder
+
+    out = root / "analysis"
+    record("analyze <missing source>", cli("analyze", root / "nothing", "--out", out))
+    record("analyze <folder without config>", cli("analyze", root / "no-texts", "--out", out))
+    broken = gpt2("bad-safetensors")
+    (broken / "model.safetensors").write_bytes(b"garbage")
+    record("analyze <not safetensors>", cli("analyze", broken, "--out", out))
+    sharded = gpt2("sharded")
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "gone.safetensors"}}))
+    record("analyze <missing shard>", cli("analyze", sharded, "--out", out))
+    record("analyze <missing tensor>", cli("analyze", gpt2("missing-tensor", 1, tensors={"h.0.attn.c_attn.weight": torch.ones(16, 48)}), "--out", out))
+    record("analyze <1-D weight>", cli("analyze", gpt2("one-d", 1, tensors={"h.0.attn.c_attn.weight": torch.ones(48),
+                                                                        "h.0.attn.c_proj.weight": torch.ones(16, 16)}), "--out", out))
+    nan = {"h.0.attn.c_attn.weight": torch.full((16, 48), float("nan")), "h.0.attn.c_proj.weight": torch.ones(16, 16)}
+    record("analyze <NaN weights>", cli("analyze", gpt2("nan", 1, tensors=nan), "--out", out))
+    record("analyze <n_head 3 for 16-wide heads>", cli("analyze", gpt2("heads3", n_head=3), "--out", out))
+    record("analyze <n_layer 0>", cli("analyze", gpt2("layers0", n_layer=0), "--out", out))
+    record("analyze <n_layer -1>", cli("analyze", gpt2("layers-1", n_layer=-1), "--out", out))
+    record("analyze <n_layer 5 for 2 layers>", cli("analyze", gpt2("layers5", n_layer=5), "--out", out))
+    record("analyze <head_dim contradicting tensors>", cli("analyze", gpt2("headdim", head_dim=4), "--out", out))
+    record("analyze <unsupported model_type>", cli("analyze", gpt2("t5", model_type="t5"), "--out", out))
+    bad_json = gpt2("bad-json")
+    (bad_json / "config.json").write_text("{")
+    record("analyze <config.json not JSON>", cli("analyze", bad_json, "--out", out))
+    torch.manual_seed(0)
+    model = GPT(preset("tiny", "mha"))
+    wrong_heads = root / "wrong-heads"
+    wrong_heads.mkdir()
+    (wrong_heads / "config.json").write_text(json.dumps({"format": "headlab", "model": {**model.config.to_dict(), "n_head": 2, "n_kv_head": 1}}))
+    save_file(dict(model.state_dict()), str(wrong_heads / "model.safetensors"))
+    record("analyze <headlab run, wrong n_head>", cli("analyze", wrong_heads, "--out", out))
+    record("analyze --label count mismatch", cli("analyze", finished, "--label", "a", "--label", "b", "--out", out))
+    record("analyze --circuit xy", cli("analyze", finished, "--circuit", "xy", "--out", out))
+    record("analyze --out <under a file>", cli("analyze", finished, "--out", root / "a-file" / "x"))
+    no_checkpoint = root / "no-checkpoint"
+    no_checkpoint.mkdir()
+    shutil.copy(finished / "config.json", no_checkpoint)
+    record("analyze <run folder with no checkpoint>", cli("analyze", no_checkpoint, "--out", out))
+    saved = analyze(model).save(root / "saved-analysis")
+    (saved / "spectra.csv").write_text((saved / "spectra.csv").read_text()[:500])
+    record("Analysis.load <truncated CSV>", api(lambda: Analysis.load(saved)))
+
+    # ---- API values ------------------------------------------------------------------------------
+    for name, make in (("ModelConfig(rope_base=nan)", lambda: ModelConfig(rope_base=float("nan"))),
+                       ("ModelConfig(rope_base=inf)", lambda: ModelConfig(rope_base=float("inf"))),
+                       ("ModelConfig(n_layer=1.5)", lambda: ModelConfig(n_layer=1.5)),
+                       ("ModelConfig.replace(bogus=1)", lambda: ModelConfig().replace(bogus=1)),
+                       ("TrainConfig(grad_clip=nan)", lambda: TrainConfig(grad_clip=float("nan"))),
+                       ("TrainConfig(grad_clip=0)", lambda: TrainConfig(grad_clip=0.0)),
+                       ("TrainConfig(weight_decay=inf)", lambda: TrainConfig(weight_decay=float("inf"))),
+                       ("TrainConfig(lr=nan)", lambda: TrainConfig(lr=float("nan"))),
+                       ("TrainConfig(min_lr_ratio=nan)", lambda: TrainConfig(min_lr_ratio=float("nan"))),
+                       ("TrainConfig(seed=-1)", lambda: TrainConfig(seed=-1)),
+                       ("TrainConfig(steps=True)", lambda: TrainConfig(steps=True)),
+                       ("TrainConfig.replace(bogus=1)", lambda: TrainConfig().replace(bogus=1)),
+                       ("load_run(<missing>)", lambda: load_run(root / "nothing")),
+                       ("train(vocab 128 < byte tokenizer 256)",
+                        lambda: train(preset("tiny", vocab_size=128), TINY, corpus, progress=False))):
+        record(name, api(make))
+
+    # ---- text corpora: silent-wrong checks ---------------------------------------------------------
+    texts = root / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("old words " * 200)
+    (texts / "b.txt").write_text("more text " * 200)
+    load_corpus(str(texts))
+    (texts / "a.txt").write_text("new words " * 200)
+    fresh = bytes(load_corpus(str(texts)).train[0][:9])
+    record("load_corpus <file rewritten in place>", ("recovered", "re-tokenized") if fresh == b"new words" else ("silent", "stale cache"))
+
+    # ---- faults ----------------------------------------------------------------------------------
+    rng = random.Random(0)
+    every_step = TINY.replace(checkpoint_every=1)
+    reference_every = train(preset("tiny", "gqa"), every_step, corpus, out=root / "reference-every", progress=False)
+    for trial in range(10):
+        folder = root / f"kill-{trial}"
+        for attempt in range(100):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    train(preset("tiny", "gqa"), every_step, corpus, out=folder, resume=True, progress=False)
+                finally:
+                    os._exit(0)
+            time.sleep(rng.uniform(0, 0.03 + 0.01 * attempt))
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            if os.WIFEXITED(status):
+                break
+        record(f"SIGKILL x{attempt} then resume (trial {trial})", same_run(folder, reference_every))
+
+    import headlab.runs
+    real_save_file = headlab.runs.save_file
+    for nth in range(1, 5):  # a full disk while writing the nth checkpoint's weights
+        calls = {"n": 0}
+
+        def full_disk(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == nth:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_save_file(*args, **kwargs)
+
+        folder = root / f"enospc-{nth}"
+        headlab.runs.save_file = full_disk
+        outcome = api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=folder, progress=False))
+        headlab.runs.save_file = real_save_file
+        if outcome[0] == "clear":
+            train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True, progress=False)
+            outcome = same_run(folder, reference)
+        record(f"ENOSPC in checkpoint {nth}, then resume", outcome)
+
+    pid = os.fork()
+    if pid == 0:  # a slow trainer, killed while it holds the folder's lock
+        try:
+            GPT.forward = (lambda original: lambda self, *a, **k: (time.sleep(0.2), original(self, *a, **k))[1])(GPT.forward)
+            train(preset("tiny", "gqa"), TINY, corpus, out=root / "busy", progress=False)
+        finally:
+            os._exit(0)
+    while not (root / "busy" / "metrics.jsonl").exists():
+        time.sleep(0.02)
+    record("second trainer on a busy folder", api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=root / "busy",
+                                                                 progress=False)))
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    outcome = api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=root / "busy", resume=True, progress=False))
+    record("stale lock of a killed trainer, resumed", same_run(root / "busy", reference) if outcome[0] == "silent" else outcome)
+    return results
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, help="scratch folder (default: a temporary one, deleted after)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as scratch:
+        os.environ["HEADLAB_CACHE"] = str(Path(scratch) / "cache")
+        root = args.out or Path(scratch) / "cases"
+        root.mkdir(parents=True, exist_ok=True)
+        results = main_cases(root)
+    counts = Counter(outcome for _, outcome, _ in results)
+    print(f"\n{len(results)} cases: " + ", ".join(f"{counts[k]} {k}" for k in
+                                                  ("clear", "recovered", "traceback", "silent", "lost")))
+    sys.exit(1 if counts["traceback"] + counts["silent"] + counts["lost"] else 0)

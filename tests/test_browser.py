@@ -1,0 +1,154 @@
+"""Notebook 03 in a real browser: JupyterLab from this environment, driven through Debian's
+chromium by playwright (its own browser download is not used). All cells run in small mode;
+then every control of the explorer is clicked and the figure must change each time. No cell
+may write to stderr and the browser console must stay free of errors. Screenshots go to
+tests/output/browser/ (look at them when a change touches the explorer)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "03_compare_layers.ipynb"
+SCREENSHOTS = Path(__file__).resolve().parent / "output" / "browser"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+RUN_ALL_TIMEOUT_MS = 150_000
+REDRAW_TIMEOUT_S = 30
+
+pytestmark = pytest.mark.slow
+
+try:
+    from playwright.sync_api import sync_playwright
+except ModuleNotFoundError:  # a failure, not a skip: `make test` must run this test
+    sync_playwright = None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A JupyterLab server on a copy of notebook 03, with fresh settings; yields its URL."""
+    assert sync_playwright is not None, 'the browser test needs playwright: pip install -e ".[test]"'
+    assert CHROMIUM.exists(), "the browser test needs Debian's chromium (/usr/bin/chromium): apt-get install chromium"
+    root = tmp_path / "lab"
+    root.mkdir()
+    notebook = nbformat.read(NOTEBOOK, as_version=4)  # without the committed outputs, which run-all must remake
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    notebook.metadata.pop("widgets", None)
+    nbformat.write(notebook, root / NOTEBOOK.name)
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    log = (tmp_path / "jupyter.log").open("w")
+    server = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}", "--ip=127.0.0.1",
+                               f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"],
+                              stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=1)
+                break
+            except OSError:
+                assert server.poll() is None, (tmp_path / "jupyter.log").read_text()
+                time.sleep(0.5)
+        yield f"{url}/lab/tree/{NOTEBOOK.name}?token={token}"
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+        log.close()
+
+
+def _figure_hash(explorer) -> str:
+    """A digest of every image the explorer's Output shows now."""
+    sources = explorer.locator(".widget-output img").evaluate_all("images => images.map(i => i.src).join('|')")
+    return hashlib.sha256(sources.encode()).hexdigest() if sources else ""
+
+
+def test_notebook_03_runs_and_every_explorer_control_redraws(lab, tmp_path):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    console_errors = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1400, "height": 1000})
+        page = browser.pages[0] if browser.pages else browser.new_page()
+        page.on("console", lambda message: message.type == "error" and console_errors.append(message.text))
+        page.goto(lab)
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+        page.locator("#jp-main-statusbar").get_by_text("Idle").wait_for(timeout=60_000)  # the kernel is up
+        page.get_by_role("menuitem", name="Run", exact=True).click()
+        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        # the last cell saves the flagship figure and says where
+        page.locator(".jp-OutputArea-output").get_by_text("spectra_uncentered.png").wait_for(timeout=RUN_ALL_TIMEOUT_MS)
+        page.screenshot(path=str(SCREENSHOTS / "01_after_run_all.png"), full_page=True)
+
+        stderr = page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
+        assert stderr.count() == 0, "cells wrote to stderr:\n" + "\n---\n".join(stderr.all_inner_texts())
+
+        explorer = page.locator(".widget-vbox").filter(has=page.locator(".widget-output img")).last
+        explorer.scroll_into_view_if_needed()
+        shown = {"hash": _figure_hash(explorer)}
+        assert shown["hash"], "the explorer shows no figure after running the notebook"
+        clicks = []
+
+        def changes(name: str, action) -> None:
+            """Do `action`, then wait until the explorer shows a different figure."""
+            action()
+            deadline = time.monotonic() + REDRAW_TIMEOUT_S
+            while (now := _figure_hash(explorer)) in (shown["hash"], "") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert now not in (shown["hash"], ""), f"the figure did not change after: {name}"
+            time.sleep(0.3)  # let the Output settle before the next read
+            shown["hash"] = _figure_hash(explorer)
+            clicks.append(name)
+
+        view = explorer.locator(".widget-toggle-buttons").filter(has_text="View")
+        kind = explorer.locator(".widget-toggle-buttons").filter(has_text="Spectrum")
+        layers = explorer.locator(".widget-dropdown select")
+        checkboxes = explorer.locator(".widget-checkbox input")
+        assert checkboxes.count() == 6, "one checkbox per method"
+
+        for n in range(checkboxes.count()):
+            label = explorer.locator(".widget-checkbox").nth(n).inner_text()
+            changes(f"method {label} off", checkboxes.nth(n).uncheck)
+            changes(f"method {label} on", checkboxes.nth(n).check)
+        changes("spectrum centred", lambda: kind.get_by_role("button", name="centred (PCA)", exact=True).click())
+        page.screenshot(path=str(SCREENSHOTS / "02_centred.png"), full_page=True)
+        changes("spectrum uncentred", lambda: kind.get_by_role("button", name="uncentred", exact=True).click())
+        options = layers.locator("option").all_inner_texts()
+        for option in options[1:] + options[:1]:
+            changes(f"layers {option}", lambda option=option: layers.select_option(label=option))
+        for button in explorer.locator(".widget-hbox > .widget-button").all():
+            name = button.inner_text()
+            if layers.evaluate("select => select.selectedIndex") != 0:  # back to all three, so the button changes it
+                changes(f"layers {options[0]}", lambda: layers.select_option(label=options[0]))
+            changes(f"layer button {name}", button.click)
+        for name in ("heatmaps", "effective rank", "cumulative variance", "loss curves", "spectra"):
+            changes(f"view {name}", lambda name=name: view.get_by_role("button", name=name, exact=True).click())
+            page.screenshot(path=str(SCREENSHOTS / f"03_view_{name.replace(' ', '_')}.png"), full_page=True)
+            if name == "heatmaps":
+                assert kind.get_by_role("button", name="centred (PCA)", exact=True).is_disabled()
+            if name == "loss curves":
+                assert layers.is_disabled() and kind.get_by_role("button", name="uncentred", exact=True).is_disabled()
+        browser.close()
+    assert len(clicks) >= 12 + 2 + len(options) + 5, clicks
+    assert not console_errors, "browser console errors:\n" + "\n".join(console_errors)

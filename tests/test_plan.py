@@ -1,0 +1,107 @@
+"""The training planner: FLOPs against 6·N·D, memory against hand-computed bytes, refusals."""
+
+import re
+
+import pytest
+
+from headlab import preset
+from headlab.cli import main
+from headlab.config import comparison_variants
+from headlab.model import count_parameters
+from headlab.plan import (GiB, Devices, PlanError, activation_bytes, format_plan, gpu_peak, measure_peak_flops,
+                          memory_per_device, optimizer_state_bytes, parse_devices, study_plan, training_flops)
+from headlab.train import train_preset
+
+
+def test_flops_are_6ND_plus_a_documented_causal_attention_term():
+    config = preset("paper-128m", "mha")
+    tokens = 10 ** 9
+    n = count_parameters(config)["total"] - 50304 * 768  # everything but the input embedding
+    attention = 6 * 12 * 6 * (128 + 128) * 2048 / 2  # 6·L·H·(d_qk + d_v)·T/2 per token
+    flops = training_flops(config, tokens)
+    assert flops["6ND"] == 6 * n * tokens
+    assert flops["total"] == pytest.approx(6 * n * tokens + attention * tokens, rel=1e-12)
+    assert 0.10 < flops["attention"] / flops["6ND"] < 0.20  # a small addition at d_model 768, T 2048
+    mla = preset("paper-128m", "mla")  # queries/keys (and padded values) are d_h + d_R = 192 wide
+    assert training_flops(mla, 1)["attention"] == 6 * 12 * 6 * (192 + 192) * 2048 / 2
+
+
+def test_memory_per_device_matches_hand_computed_bytes_on_tiny():
+    config = preset("tiny", "mha")  # 41,120 parameters: root 16,416 (wte, head, norm_f), blocks 12,352 each
+    per_layer_fp32 = 8 * 32 + 4 * (2 * 32 + 2 * 4 * (8 + 8) + 2 * 128)  # 2,048 bytes per token
+    assert activation_bytes(config, 2, "float32") == 2 * 32 * (2 * per_layer_fp32 + 256 * 8)
+    per_layer_bf16 = 8 * 32 + 2 * (2 * 32 + 2 * 4 * (8 + 8) + 2 * 128)
+    assert activation_bytes(config, 2, "bfloat16") == 2 * 32 * (2 * per_layer_bf16 + 256 * 10)
+
+    ddp = memory_per_device(config, 2, 2, "ddp", "adamw", "float32")
+    assert (ddp.weights, ddp.gradients, ddp.optimizer, ddp.buffers) == (4 * 41120, 4 * 41120, 8 * 41120, 4 * 41120)
+    assert ddp.total == 20 * 41120 + 393216
+    assert memory_per_device(config, 2, 1, "ddp", "adamw", "float32").buffers == 0  # no buckets alone
+    fsdp = memory_per_device(config, 2, 2, "fsdp", "adamw", "float32")
+    assert (fsdp.weights, fsdp.optimizer) == (2 * 41120, 4 * 41120)
+    assert fsdp.buffers == 8 * (16416 + 2 * 12352)
+    # Muon keeps one momentum (4 B) per block matrix (2 x 12,288 values), AdamW's 8 B for the rest.
+    assert optimizer_state_bytes(config, "muon") == 4 * 24576 + 8 * (41120 - 24576)
+
+
+def test_plan_refuses_what_cannot_fit_and_its_suggestions_do_fit():
+    train_config = train_preset("paper-128m")
+    h100s = parse_devices("8xH100")
+    big = [preset("paper-6.3b", "lrkv")]
+    with pytest.raises(PlanError, match=r"LRKV \(r=54\) needs .* GiB per device with DDP on 8 x H100.*"
+                                        r"would fit: FSDP with AdamW on the same 8 devices"):
+        study_plan(big, train_config, h100s)
+    assert study_plan(big, train_config, h100s, strategy="fsdp").fits
+
+    t4 = parse_devices("T4")
+    with pytest.raises(PlanError) as refused:
+        study_plan(comparison_variants("paper-128m"), train_config, t4)
+    micro, accum = map(int, re.search(r"micro-batch (\d+) with gradient accumulation (\d+)", str(refused.value)).groups())
+    assert micro * accum == 32
+    assert study_plan(comparison_variants("paper-128m"), train_config, t4, grad_accum=accum).micro_batch == micro
+    with pytest.raises(PlanError):  # the largest micro-batch that fits was suggested
+        study_plan(comparison_variants("paper-128m"), train_config, t4, grad_accum=accum // 2)
+
+    toy = Devices("toy", 1, GiB, 1e12, "stated")
+    with pytest.raises(PlanError, match="would fit: nothing up to 1024 devices"):
+        study_plan(big, train_config, toy)
+    unchecked = study_plan(big, train_config, toy, check=False)
+    assert not unchecked.fits and "does not fit" in format_plan(unchecked)
+
+
+def test_plan_budget_devices_and_wall_time():
+    train_config = train_preset("paper-128m", batch_size=32)
+    plan = study_plan(comparison_variants("paper-128m"), train_config, parse_devices("8xH100"), tokens=10 ** 9, seeds=2)
+    first = plan.variants[0]
+    assert first.steps == -(-10 ** 9 // (32 * 2048)) and first.tokens >= 10 ** 9 and plan.micro_batch == 4
+    assert first.wall_s == pytest.approx(first.flops["total"] / (8 * 989.4e12 * 0.4))
+    assert plan.total_flops == pytest.approx(2 * sum(v.flops["total"] for v in plan.variants))
+    assert first.checkpoint_bytes == 4 * first.params + optimizer_state_bytes(preset("paper-128m"), "muon")
+    with pytest.raises(PlanError, match="batch_size = 32 is not divisible by devices x grad_accum = 3 x 1"):
+        study_plan(comparison_variants("paper-128m"), train_config, parse_devices("3xH100"))
+    with pytest.raises(PlanError, match="devices = '8xFoo' is invalid"):
+        parse_devices("8xFoo")
+
+
+def test_gpu_names_match_the_most_specific_table_entry():
+    assert gpu_peak("NVIDIA H100 PCIe")[1] == 756.5
+    assert gpu_peak("NVIDIA H100 80GB HBM3")[1] == 989.4
+    assert gpu_peak("NVIDIA L40S")[0] == "L40S" and gpu_peak("NVIDIA L4")[0] == "L4"
+    assert gpu_peak("NVIDIA A100-SXM4-40GB")[2] == 40 and gpu_peak("NVIDIA A100-SXM4-80GB")[2] == 80
+    assert gpu_peak("Mystery GPU") is None
+    assert measure_peak_flops("cpu", size=64, seconds=0.02) > 0
+
+
+def test_train_plan_prints_without_training_and_refuses_in_one_line(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "paper-128m", "--tokenizer", "bpe:8192", "--attention", "gqa", "--plan",
+                 "--plan-gpus", "8xH100", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "GQA (3 KV heads)" in text and "8 x H100" in text and "6·N·D" in text and not out.exists()
+    assert main(["train", "--preset", "paper-6.3b", "--plan", "--plan-gpus", "H100"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("headlab: error: Standard MHA needs") and error.count("\n") == 1
+    assert main(["train", "--preset", "paper-6.3b", "--plan", "--plan-gpus", "8xH100", "--parallel", "fsdp",
+                 "--optimizer", "adamw", "--grad-accum", "2"]) == 0  # the plan follows the training's own settings
+    text = capsys.readouterr().out
+    assert "FSDP, adamw" in text and "micro-batch 2" in text

@@ -1,0 +1,592 @@
+"""A run folder never loses work, and no bad input gives a silent wrong answer (issue 11).
+
+One test (or more) per numbered finding of the issue, then faults at many instants: random
+SIGKILLs of a checkpoint-every-step run, a full disk at each write of a checkpoint (simulated),
+and a real full tmpfs where the machine allows mounting one."""
+
+import errno
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import headlab
+import headlab.runs
+from headlab import ModelConfig, TrainConfig, TrainingDiverged, load_corpus, load_run, preset, train, train_preset
+from headlab.analysis import Analysis, analyze
+from headlab.cli import main
+from headlab.model import GPT
+from headlab.runs import read_metrics
+
+TINY = train_preset("tiny", steps=12, batch_size=4, eval_every=4, eval_batches=1, checkpoint_every=4, log_every=1)
+VOLATILE = ("tokens_per_s", "elapsed_s")  # wall-clock fields of a metrics record
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return load_corpus("synthetic", n_chars=30_000)
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory):
+    """The uninterrupted run every interrupted one must end up equal to."""
+    return train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path_factory.mktemp("ref") / "run", progress=False)
+
+
+def _strip(records):
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in records]
+
+
+def _assert_same_run(folder: Path, reference) -> None:
+    """Bit-identical weights and metrics (less wall-clock fields) to the uninterrupted run."""
+    loaded = load_run(folder)
+    assert loaded.step == TINY.steps
+    for name, tensor in reference.model.state_dict().items():
+        assert torch.equal(tensor, loaded.model.state_dict()[name]), name
+    assert _strip(read_metrics(folder / "metrics.jsonl")) == _strip(reference.metrics)
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _interrupt_at_step(monkeypatch, step: int):
+    """GPT.forward raises on its `step`-th training call (0-based)."""
+    original, calls = GPT.forward, {"n": 0}
+
+    def forward(self, idx, targets=None, cache=None):
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] - 1 == step:
+                raise _Interrupt
+        return original(self, idx, targets, cache)
+
+    monkeypatch.setattr(GPT, "forward", forward)
+
+
+def _full_disk(*_, **__):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+# ---- 1. a checkpoint is one unit --------------------------------------------------------------
+
+def test_1_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp_path, corpus, reference, monkeypatch):
+    import headlab.runs
+
+    real, calls = headlab.runs.save_file, {"n": 0}
+
+    def weights_fail_second_time(*args, **kwargs):  # state.pt of step 8 is written, its weights are not
+        calls["n"] += 1
+        if calls["n"] == 2:
+            _full_disk()
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(headlab.runs, "save_file", weights_fail_second_time)
+        with pytest.raises(Exception, match="No space left on device"):
+            train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
+    train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
+    _assert_same_run(tmp_path / "run", reference)
+
+
+# ---- 2. killed before the first checkpoint ------------------------------------------------------
+
+def test_2_a_run_cut_short_inside_its_first_checkpoint_resumes_from_step_0(tmp_path, corpus, reference, monkeypatch):
+    import headlab.runs
+
+    with monkeypatch.context() as patch:
+        patch.setattr(headlab.runs, "save_file", _full_disk)  # state.pt may be written, the weights never
+        with pytest.raises(Exception, match="No space left on device"):
+            train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
+    train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
+    _assert_same_run(tmp_path / "run", reference)
+
+
+def test_2_a_run_killed_before_any_checkpoint_restarts_with_or_without_resume(tmp_path, corpus, reference, monkeypatch):
+    for resume in (True, False):
+        folder = tmp_path / f"resume-{resume}"
+        with monkeypatch.context() as patch:
+            _interrupt_at_step(patch, 2)
+            with pytest.raises(_Interrupt):
+                train(preset("tiny", "gqa"), TINY, corpus, out=folder, progress=False)
+        train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=resume, progress=False)
+        _assert_same_run(folder, reference)
+
+
+# ---- 3. resume never silently starts over with other settings -----------------------------------
+
+def test_3_resume_without_a_checkpoint_checks_the_saved_config(tmp_path, corpus, monkeypatch):
+    with monkeypatch.context() as patch:
+        _interrupt_at_step(patch, 2)
+        with pytest.raises(_Interrupt):
+            train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
+    saved = (tmp_path / "run" / "config.json").read_text()
+    with pytest.raises(ValueError, match=r"differ from the saved run: .*model.n_kv_head: saved 2, given 1.*train.lr: saved 0.003, given 0.01"):
+        train(preset("tiny", "gqa", n_kv_head=1), TINY.replace(lr=0.01), corpus, out=tmp_path / "run", resume=True,
+              progress=False)
+    assert (tmp_path / "run" / "config.json").read_text() == saved
+
+
+def test_3_resume_with_weights_but_no_training_state_is_refused_and_keeps_the_metrics(tmp_path, corpus):
+    train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    for state in (tmp_path / "run").rglob("state.pt"):
+        state.unlink()
+    with pytest.raises(ValueError, match=r"state\.pt is missing"):
+        train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
+    assert load_run(tmp_path / "run").step == TINY.steps  # the weights are still there
+
+
+# ---- 4. one writer per run folder -------------------------------------------------------------------
+
+needs_fork = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks a trainer (Linux only)")
+
+
+def _fork(function) -> int:
+    """Run `function` in a forked child (torch already imported, so it starts in milliseconds).
+    The child never returns into pytest; a failure is written to <pid>.err beside the test."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            function()
+        except BaseException:
+            Path(f"/tmp/headlab-child-{os.getpid()}.err").write_text(traceback.format_exc())
+            code = 1
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _child_error(pid: int) -> str:
+    path = Path(f"/tmp/headlab-child-{pid}.err")
+    text = path.read_text() if path.exists() else ""
+    path.unlink(missing_ok=True)
+    return text
+
+
+@needs_fork
+def test_4_a_second_trainer_on_a_busy_folder_is_refused_and_a_dead_ones_lock_is_not_obeyed(tmp_path, corpus, reference):
+    def slow_trainer():
+        original = GPT.forward
+        GPT.forward = lambda self, *a, **k: (time.sleep(0.05), original(self, *a, **k))[1]
+        train(preset("tiny", "gqa"), TINY.replace(steps=10_000), corpus, out=tmp_path / "run", progress=False)
+
+    pid = _fork(slow_trainer)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "run" / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(RuntimeError, match=rf"run is being written by another trainer \(pid {pid}\b"):
+            train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
+        with pytest.raises(RuntimeError, match="being written by another trainer"):
+            train(preset("tiny", "gqa"), TINY.replace(steps=10_000), corpus, out=tmp_path / "run", resume=True,
+                  progress=False)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert (tmp_path / "run" / ".lock").read_text().startswith(f"pid {pid} ")  # the dead trainer's lock file
+    shutil.rmtree(tmp_path / "run")  # (its run had another step count)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".lock").write_text(f"pid {pid} on a host long gone\n")
+    train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
+    _assert_same_run(tmp_path / "run", reference)
+
+
+# ---- 5. metrics are validated ---------------------------------------------------------------------
+
+def test_5_a_corrupt_metrics_line_is_an_error_naming_file_and_line_and_a_torn_last_line_is_dropped(tmp_path, corpus):
+    train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
+    path = tmp_path / "run" / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines) + lines[-1][:20])  # a record cut short by a kill
+    assert read_metrics(path) == [json.loads(line) for line in lines]
+    corrupt = "".join(lines[:2] + ['{"step": 3, "train_lo\n'] + lines[3:])
+    path.write_text(corrupt)
+    with pytest.raises(ValueError, match=r"metrics\.jsonl line 3 is not a JSON record"):
+        load_run(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"metrics\.jsonl line 3 is not a JSON record"):
+        train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
+    assert path.read_text() == corrupt  # nothing truncated
+
+
+# ---- 6. resume checks the data ------------------------------------------------------------------------
+
+def test_6_resuming_on_other_data_is_refused_naming_the_difference(tmp_path, corpus, monkeypatch):
+    with monkeypatch.context() as patch:
+        _interrupt_at_step(patch, 6)
+        with pytest.raises(_Interrupt):
+            train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
+    other = load_corpus("synthetic", n_chars=30_000, seed=1)
+    with pytest.raises(ValueError, match=r"data\.sha256: saved '[0-9a-f]{64}', given '[0-9a-f]{64}'"):
+        train(preset("tiny", "gqa"), TINY, other, out=tmp_path / "run", resume=True, progress=False)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["data"]["sha256"] == corpus.sha256
+
+
+# ---- 7, 8. text corpora ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))
+
+
+def test_7_a_file_rewritten_in_place_is_tokenized_again(tmp_path, isolated_cache):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("old words " * 200)
+    (folder / "b.txt").write_text("more text " * 200)
+    folder_mtime = folder.stat().st_mtime_ns
+    assert bytes(load_corpus(str(folder)).train[0][:9]) == b"old words"
+    (folder / "a.txt").write_text("new words " * 200)  # same size, same folder entries
+    os.utime(folder, ns=(folder_mtime, folder_mtime))
+    assert bytes(load_corpus(str(folder)).train[0][:9]) == b"new words"
+
+
+def test_8_invalid_utf8_is_an_error_naming_file_and_offset_unless_lossy_is_asked_for(tmp_path, isolated_cache):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("café ".encode() * 100 + "naïve".encode("latin-1") + b" end" * 300)
+    with pytest.raises(ValueError, match=r"latin1\.txt is not valid UTF-8: byte 0xef at byte offset 602"):
+        load_corpus(str(path))
+    lossy = load_corpus(str(path), encoding_errors="replace")
+    assert "na\ufffdve".encode() in bytes(np.concatenate(lossy.train + lossy.val))
+
+
+# ---- 9. analysis trusts the tensors -------------------------------------------------------------------------
+
+def _write_run(folder: Path, model: GPT, **config_changes) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {**model.config.to_dict(), **config_changes}
+    (folder / "config.json").write_text(json.dumps({"format": "headlab", "model": config}))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def _gpt2_folder(folder: Path, n_layer: int, n_head: int, layers_on_disk: int = 2, d: int = 16) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(0)
+    tensors = {}
+    for i in range(layers_on_disk):
+        tensors[f"h.{i}.attn.c_attn.weight"] = torch.randn(d, 3 * d, generator=generator)
+        tensors[f"h.{i}.attn.c_proj.weight"] = torch.randn(d, d, generator=generator)
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": n_layer, "n_head": n_head, "n_embd": d}))
+    return folder
+
+
+def test_9_a_head_count_that_does_not_fit_the_weights_is_refused(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(preset("tiny", "mha"))  # 4 heads of width 8
+    with pytest.raises(ValueError, match=r"c_q\.weight has shape \(32, 32\), but the ModelConfig .*n_head=2"):
+        analyze(_write_run(tmp_path / "run", model, n_head=2, n_kv_head=1))
+    with pytest.raises(ValueError, match="3 heads do not divide the query projection"):
+        analyze(_gpt2_folder(tmp_path / "gpt2", n_layer=2, n_head=3))
+
+
+@pytest.mark.parametrize("n_layer", [0, -1, 3])
+def test_9_a_layer_count_that_does_not_fit_the_weights_is_refused(tmp_path, n_layer):
+    with pytest.raises(ValueError, match="num_hidden_layers|layer count"):
+        analyze(_gpt2_folder(tmp_path / "gpt2", n_layer=n_layer, n_head=2))
+
+
+def test_9_non_finite_weights_are_named(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(preset("tiny", "mha"))
+    with torch.no_grad():
+        model.blocks[1].attn.c_k.weight[3, 5] = float("nan")
+    with pytest.raises(ValueError, match=r"tensor 'blocks\.1\.attn\.c_k\.weight' .* 1 non-finite values"):
+        analyze(_write_run(tmp_path / "run", model))
+
+
+def test_9_a_truncated_analysis_table_is_refused(tmp_path):
+    torch.manual_seed(0)
+    folder = analyze(GPT(preset("tiny", "mha"))).save(tmp_path / "analysis")
+    spectra = folder / "spectra.csv"
+    lines = spectra.read_text().splitlines(keepends=True)
+    spectra.write_text("".join(lines[: len(lines) // 2]))  # what a re-analysis killed mid-write left
+    with pytest.raises(ValueError, match=r"spectra\.csv does not match"):
+        Analysis.load(folder)
+    assert not list(folder.glob(".*"))  # no temporary files left behind
+
+
+def test_9_analysing_very_many_heads_warns_about_size(monkeypatch):
+    import headlab.analysis
+
+    monkeypatch.setattr(headlab.analysis, "LARGE_SIMILARITY_ROWS", 16)
+    with pytest.warns(UserWarning, match=r"2 layers of 4 heads give a similarity table of 32 rows"):
+        analyze(GPT(preset("tiny", "mha")))
+
+
+# ---- 10. numbers are checked where they enter ------------------------------------------------------------
+
+def test_10_reproduce_steps_0_is_refused_not_read_as_the_default(monkeypatch, capsys):
+    import headlab.study
+
+    calls = []
+    monkeypatch.setattr(headlab.study.Study, "train", lambda *a, **k: calls.append(k))
+    with pytest.raises(SystemExit) as exit_:
+        main(["reproduce", "--preset", "tiny", "--steps", "0"])
+    assert exit_.value.code == 2 and calls == []
+    assert "--steps: 0 is invalid: must be a positive integer" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"steps = 0 is invalid"):
+        headlab.study.Study("tiny", 0, Path("unused"))
+
+
+def test_10_info_refuses_a_negative_context(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["info", "--context", "-5"])
+    assert exit_.value.code == 2 and "--context: -5 is invalid" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ModelConfig(rope_base=float("nan")), lambda: ModelConfig(rope_base=float("inf")),
+    lambda: TrainConfig(grad_clip=float("nan")), lambda: TrainConfig(weight_decay=float("inf")),
+    lambda: TrainConfig(lr=float("nan")), lambda: TrainConfig(grad_clip=0.0), lambda: TrainConfig(seed=-1),
+    lambda: TrainConfig(steps=True), lambda: TrainConfig(device="gpu0")])
+def test_10_non_finite_and_out_of_range_numbers_are_refused_at_construction(make):
+    with pytest.raises(ValueError, match=r"(ModelConfig|TrainConfig)\.\w+ = .* is invalid"):
+        make()
+
+
+def test_10_divergence_before_any_checkpoint_does_not_claim_one(tmp_path, corpus, monkeypatch):
+    original = GPT.forward
+    monkeypatch.setattr(GPT, "forward", lambda self, idx, targets=None, cache=None: (
+        lambda out: (out[0], out[1] * float("nan")))(original(self, idx, targets, cache)))
+    with pytest.raises(TrainingDiverged, match="loss is nan at step 0; no checkpoint was written before it"):
+        train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
+
+
+# ---- the command line: one line, exit status 2, for every user mistake ------------------------------------
+
+def _cli_error(capsys, *argv) -> str:
+    assert main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("headlab: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_cli_user_mistakes_give_one_line_and_status_2(tmp_path, capsys, isolated_cache):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_head": 2}))
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    assert "not a readable safetensors file" in _cli_error(capsys, "analyze", str(broken), "--out", str(tmp_path / "a"))
+    sharded = _gpt2_folder(tmp_path / "sharded", 2, 2)
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"h.0.attn.c_attn.weight": "gone.safetensors"}}))
+    assert "gone.safetensors is missing" in _cli_error(capsys, "analyze", str(sharded), "--out", str(tmp_path / "a"))
+    one_d = tmp_path / "one-d"
+    _gpt2_folder(one_d, 1, 2, layers_on_disk=1)
+    save_file({"h.0.attn.c_attn.weight": torch.ones(48), "h.0.attn.c_proj.weight": torch.ones(16, 16)},
+              str(one_d / "model.safetensors"))
+    assert "shapes of a gpt2 layer" in _cli_error(capsys, "analyze", str(one_d), "--out", str(tmp_path / "a"))
+    missing_tensor = _gpt2_folder(tmp_path / "missing-tensor", 1, 2, layers_on_disk=1)
+    save_file({"h.0.attn.c_attn.weight": torch.ones(16, 48)}, str(missing_tensor / "model.safetensors"))
+    assert "h.0.attn.c_proj.weight' not found" in _cli_error(capsys, "analyze", str(missing_tensor), "--out", str(tmp_path / "a"))
+    assert "No such file" in _cli_error(capsys, "info", "--config", str(tmp_path / "none.json"))
+    (tmp_path / "list.json").write_text("[1, 2]")
+    assert "JSON object" in _cli_error(capsys, "info", "--config", str(tmp_path / "list.json"))
+    (tmp_path / "a-file").write_text("")
+    common = ["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "2", "--no-progress"]
+    assert "a file is in the way" in _cli_error(capsys, *common, "--out", str(tmp_path / "a-file" / "run"))
+    assert "takes no option(s) max_chars" in _cli_error(capsys, *common, "--max-chars", "100")
+    if not torch.cuda.is_available():
+        assert "no CUDA device" in _cli_error(capsys, *common, "--device", "cuda")
+    with pytest.raises(ValueError):
+        main([*common, "--max-chars", "100", "--debug"])
+
+
+def test_cli_help_describes_every_command_and_flag(capsys):
+    for command in ("info", "train", "analyze", "reproduce"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        flags = [line.split()[0] for line in text.splitlines() if line.startswith("  -")]
+        assert flags and text.split("\n\n")[1].strip()  # a description under the usage
+        body = text.split("options:")[1]
+        for flag in flags:  # every flag is followed by help text on its line or the next one
+            after = body.split(flag, 1)[1].split("\n  -")[0]
+            assert len(after.split()) >= 2, (command, flag)
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "{adamw,muon}" in text and "{float32,bfloat16}" in text and f"cpu-small: {train_preset('cpu-small').steps}" in text
+
+
+def test_info_defaults_to_the_same_preset_as_train_and_reproduce(capsys):
+    assert main(["info", "--attention", "mha", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["params"] == headlab.model.count_parameters(preset("cpu-small"))["total"]
+
+
+def test_cli_analyze_lists_models_in_family_order_not_glob_order(tmp_path, capsys):
+    torch.manual_seed(0)
+    folders = [_write_run(tmp_path / name, GPT(preset("tiny", attention)))
+               for name, attention in (("a-mqa", "mqa"), ("b-gqa", "gqa"), ("c-mha", "mha"))]
+    assert main(["analyze", *map(str, folders), "--out", str(tmp_path / "analysis")]) == 0
+    assert Analysis.load(tmp_path / "analysis").models == ["Standard MHA", "MQA", "GQA (2 KV heads)"]
+
+
+# ---- faults at any instant -----------------------------------------------------------------------------------
+
+EVERY_STEP = TINY.replace(checkpoint_every=1)
+
+
+@needs_fork
+def test_random_kills_at_any_instant_resume_to_identical_weights(tmp_path, corpus):
+    """SIGKILL a checkpoint-every-step run at random instants, checkpoint writes slowed so most
+    kills land inside one, and resume each time: the result equals an uninterrupted run."""
+    import headlab.runs
+
+    reference = train(preset("tiny", "gqa"), EVERY_STEP, corpus, out=tmp_path / "ref", progress=False)
+    folder, rng = tmp_path / "run", random.Random(0)
+    import headlab.io
+
+    real_fsync = headlab.io.fsync_path
+
+    def slow_trainer():  # every fsync of a checkpoint write (files, folders, checkpoint.json) takes 10 ms more
+        headlab.runs.fsync_path = headlab.io.fsync_path = lambda path: (time.sleep(0.01), real_fsync(path))[1]
+        train(preset("tiny", "gqa"), EVERY_STEP, corpus, out=folder, resume=True, progress=False)
+
+    def has_leftovers() -> bool:
+        if not (folder / "checkpoint.json").exists():
+            return False
+        current = json.loads((folder / "checkpoint.json").read_text())["folder"]
+        return any(p.name.startswith(".") and p.name != ".lock" or p.name.startswith("checkpoint-") and p.name != current
+                   for p in folder.iterdir())
+
+    kills = leftovers = 0
+    for attempt in range(200):
+        pid = _fork(slow_trainer)
+        time.sleep(rng.uniform(0.0, 0.05 + 0.01 * attempt))
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        if os.WIFEXITED(status):
+            assert os.WEXITSTATUS(status) == 0, _child_error(pid)
+            break
+        kills += 1
+        leftovers += has_leftovers()
+    assert kills >= 8, kills
+    assert leftovers >= 1  # some kills did land inside a checkpoint write
+    assert not [p for p in folder.iterdir() if p.name.startswith(".") and p.name != ".lock"]
+    loaded = load_run(folder)
+    for name, tensor in reference.model.state_dict().items():
+        assert torch.equal(tensor, loaded.model.state_dict()[name]), name
+    assert _strip(read_metrics(folder / "metrics.jsonl")) == _strip(reference.metrics)
+
+
+def test_a_run_without_a_progress_bar_never_takes_tqdms_lock(tmp_path, corpus, monkeypatch):
+    """tqdm's lock is a semaphore shared across fork: a forked trainer SIGKILLed while holding it
+    (the test above kills them at random instants) would freeze every later bar of its parent."""
+    def no_tqdm(*args, **kwargs):
+        raise AssertionError("a run with progress=False created a tqdm bar")
+
+    monkeypatch.setattr(sys.modules["headlab.train"], "tqdm", no_tqdm)  # headlab.train is also the function
+    train(preset("tiny", "gqa"), TINY.replace(steps=2), corpus, out=tmp_path / "run", progress=False)
+    with pytest.raises(AssertionError, match="created a tqdm bar"):
+        train(preset("tiny", "gqa"), TINY.replace(steps=2), corpus, out=tmp_path / "shown", progress=True)
+
+
+def test_a_full_disk_at_each_write_of_a_checkpoint_leaves_a_resumable_run(tmp_path, corpus, reference, monkeypatch):
+    """ENOSPC (simulated) at the 1st, 2nd, ... write operation of the second checkpoint, each
+    after half the bytes: every time the run resumes to the uninterrupted result."""
+    import headlab.io
+    import headlab.runs
+
+    def failing(real, counter, fail_at, partial_path_arg=None):
+        def call(*args, **kwargs):
+            counter["n"] += 1
+            if counter["n"] == fail_at:
+                if partial_path_arg is not None:  # write half, then run out of space
+                    real(*args, **kwargs)
+                    target = args[partial_path_arg]
+                    if hasattr(target, "truncate"):  # an open file
+                        target.flush()
+                        target.truncate(target.tell() // 2)
+                    else:
+                        Path(target).write_bytes(Path(target).read_bytes()[: Path(target).stat().st_size // 2])
+                _full_disk()
+            return real(*args, **kwargs)
+        return call
+
+    fail_at = 1
+    while True:
+        folder = tmp_path / f"fail-{fail_at}"
+        counter = {"n": -10_000}  # counting starts once the first checkpoint is complete
+        real_save_checkpoint = headlab.runs.save_checkpoint
+
+        def count_from_second(*args, **kwargs):
+            real_save_checkpoint(*args, **kwargs)
+            counter["n"] = max(counter["n"], 0)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(sys.modules["headlab.train"], "save_checkpoint", count_from_second)
+            patch.setattr(torch, "save", failing(torch.save, counter, fail_at, partial_path_arg=1))
+            patch.setattr(headlab.runs, "save_file", failing(headlab.runs.save_file, counter, fail_at, partial_path_arg=1))
+            patch.setattr(os, "replace", failing(os.replace, counter, fail_at))
+            patch.setattr(os, "rename", failing(os.rename, counter, fail_at))
+            try:
+                train(preset("tiny", "gqa"), TINY, corpus, out=folder, progress=False)
+                break  # the second checkpoint has fewer than fail_at writes: every one has failed once
+            except Exception as error:
+                assert "No space left on device" in str(error), error
+        train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True, progress=False)
+        _assert_same_run(folder, reference)
+        fail_at += 1
+    assert fail_at > 4  # state.pt, model.safetensors, the folder rename and checkpoint.json
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"), reason="mounting a tmpfs needs root on Linux")
+@pytest.mark.parametrize("kib", [450, 700, 950])
+def test_a_real_full_tmpfs_stops_the_run_cleanly_and_it_resumes_elsewhere(tmp_path, corpus, reference, kib):
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with pytest.raises(Exception) as failure:
+            train(preset("tiny", "gqa"), TINY, corpus, out=mount / "run", progress=False)
+        assert "No space left on device" in str(failure.value), failure.value
+        del failure
+        shutil.copytree(mount / "run", tmp_path / "run")  # space freed: the folder moved to a roomier disk
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=True)
+    train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
+    _assert_same_run(tmp_path / "run", reference)
+
+
+def test_run_files_are_readable_by_others(tmp_path, corpus):
+    train(preset("tiny", "gqa"), TINY.replace(steps=4), corpus, out=tmp_path / "run", progress=False)
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file():
+            assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path
+    assert math.isfinite(load_run(tmp_path / "run").final_val_loss)
+
+
+def test_a_run_folder_of_the_layout_before_checkpoint_json_resumes_and_is_converted(tmp_path, corpus, reference, monkeypatch):
+    with monkeypatch.context() as patch:
+        _interrupt_at_step(patch, 6)
+        with pytest.raises(_Interrupt):
+            train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
+    folder = tmp_path / "run"
+    step_folder = folder / json.loads((folder / "checkpoint.json").read_text())["folder"]
+    for name in ("model.safetensors", "state.pt"):  # model.safetensors and state.pt beside config.json
+        (step_folder / name).rename(folder / name)
+    step_folder.rmdir()
+    (folder / "checkpoint.json").unlink()
+    assert load_run(folder).step == 4 and headlab.runs.has_checkpoint(folder)
+    train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True, progress=False)
+    _assert_same_run(folder, reference)
+    assert not (folder / "model.safetensors").exists() and not (folder / "state.pt").exists()

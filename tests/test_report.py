@@ -1,0 +1,192 @@
+"""headlab.report: a study end to end on the tiny preset with two seeds (every artefact, this
+run's own numbers, MLA both ways), the paper's numbers attached by role, and prose that follows
+the statistics: each claim appears exactly when its rule says so."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as scipy_stats
+
+from headlab import report
+from headlab.config import comparison_roles
+from headlab.report import FIGURES, PAPER, claims, per_seed_metrics, rank_table, write_report
+from headlab.study import Study
+
+STEPS = 12
+ROLES = comparison_roles("tiny")
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    study = Study("tiny", STEPS, out)
+    runs = study.train(seeds=2, progress=False, log=lambda message: None)
+    return out, runs, write_report(runs, out, "tiny", corpus=study.load_corpus())
+
+
+def _report_row(text: str, section: str, name: str) -> list[str]:
+    body = text.split(section, 1)[1].split("\n## ", 1)[0]
+    row = next(line for line in body.splitlines() if line.startswith(f"| {name} |"))
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def test_every_artefact_is_written(study):
+    out, _, path = study
+    assert path == out / "report.md"
+    for name in FIGURES:
+        for suffix in ("png", "svg"):
+            assert (out / "figures" / f"{name}.{suffix}").stat().st_size > 1000, (name, suffix)
+    text = path.read_text()
+    for name in FIGURES:
+        assert f"figures/{name}.png" in text
+    for name in ("spectra", "summary", "similarity", "norms"):
+        table = pd.read_csv(out / f"{name}.csv")
+        assert set(table["mla_rope"]) == {"included", "excluded"} and set(table["seed"]) == {0, 1}, name
+        assert set(table["role"]) == set(ROLES), name
+    training = pd.read_csv(out / "training.csv")
+    assert set(training["loss_unit"]) == {"nats/byte"}
+    assert (training.groupby(["model", "seed"])["step"].max() == STEPS).all()
+
+
+def test_report_quotes_this_runs_numbers_as_mean_and_sd(study):
+    out, _, path = study
+    text = path.read_text()
+    training, summary = pd.read_csv(out / "training.csv"), pd.read_csv(out / "summary.csv")
+    final = training[training["step"] == STEPS]
+    for role, config in ROLES.items():
+        losses = final[final["model"] == config.label]["val_loss"]
+        assert len(losses) == 2 and losses.iloc[0] != losses.iloc[1]  # two trainings, not one counted twice
+        loss_row = _report_row(text, "## Validation loss", config.label)
+        assert loss_row[1] == f"{losses.mean():.3f} ± {losses.std(ddof=1):.3f}"
+        assert loss_row[3] == "2"
+        name = config.label + (", RoPE part included" if role == "mla" else "")
+        rows = summary[(summary["model"] == config.label) & (summary["mla_rope"] == "included")
+                       & (summary["kind"] == "uncentered")]
+        by_seed = rows.groupby("seed")["effective_rank_pct_of_heads"].mean()
+        by_layer = rows.groupby("layer")["effective_rank_pct_of_heads"].mean()
+        expected = f"{by_seed.mean():.1f} ± {by_seed.std(ddof=1):.1f} [{by_layer.min():.1f}–{by_layer.max():.1f}]"
+        assert _report_row(text, "## Effective rank", name)[1] == expected
+        assert int(_report_row(text, "## KV cache", config.label)[1]) == config.kv_cache_values_per_token()
+    mla = ROLES["mla"].label
+    latent_only = _report_row(text, "## Effective rank", f"{mla}, RoPE part excluded (the paper's definition)")
+    assert latent_only[-2:] == ["83.9", "78.5"]
+    assert "**2 seed(s)**" in text and "95% t-interval" in text
+
+
+def test_paper_numbers_attach_to_the_variant_of_their_role(study):
+    """Each row carries the paper's numbers for its own role, whatever the order of the rows."""
+    out, runs, _ = study
+    tables = {name: pd.read_csv(out / f"{name}.csv") for name in ("summary",)}
+    metrics = per_seed_metrics(tables, pd.read_csv(out / "training.csv"))
+    shuffled = metrics.sample(frac=1.0, random_state=0)
+    table = rank_table(tables, shuffled)
+    assert set(PAPER) == set(ROLES)
+    published = {"Standard MHA": (95.4, 82.4), "LRKV (r=16)": (88.8, 81.5), "LRKV (r=64)": (96.2, 83.0),
+                 "MQA": (72.6, 78.4), "MLA (d_c=128)": (83.9, 78.5), "GQA (3 groups)": (90.5, 79.6)}
+    paper_of_family = {"mha": "Standard MHA", "mqa": "MQA", "mla": "MLA (d_c=128)", "gqa": "GQA (3 groups)"}
+    for row in table.to_dict("records"):
+        config = ROLES[row["role"]]
+        assert row["ours"].startswith(config.label)
+        paper = row["paper (128M)"]
+        if config.attention == "lrkv":  # the smaller of our two ranks stands for the paper's r=16
+            smaller = config.kv_rank == min(c.kv_rank for c in ROLES.values() if c.attention == "lrkv")
+            assert paper == ("LRKV (r=16)" if smaller else "LRKV (r=64)")
+        else:
+            assert paper == paper_of_family[config.attention]
+        assert (row["paper uncentred"], row["paper centred"]) == published[paper]
+    assert list(table["role"]) == [*ROLES, "mla"]  # figure order, then MLA at the other setting
+
+
+# ---- prose from statistics ----------------------------------------------------------------
+
+def synthetic_metrics(seeds: int, loss_gap: float, loss_noise: float, rank_gap: float = 0.0) -> pd.DataFrame:
+    """Per-seed metrics of the six roles: MQA's loss = MHA's + loss_gap + alternating ±loss_noise,
+    GQA's uncentred rank = MHA's − rank_gap; every other difference is alternating noise of 0.5
+    points (within seed noise); centring adds 10 points to every run."""
+    rows = []
+    for seed in range(seeds):
+        sign = 1 if seed % 2 else -1
+        base_loss, base_rank = 2.0 + 0.1 * seed, 80.0 + seed
+        for role, config in ROLES.items():
+            loss = base_loss + (loss_gap + sign * loss_noise if role == "mqa" else 0.0)
+            rank = base_rank - (rank_gap if role == "gqa" else 0.0) + (0.0 if role == "mha" else sign * 0.5)
+            for mla_rope in ("included", "excluded"):
+                rows.append({"role": role, "model": config.label, "mla_rope": mla_rope, "seed": seed,
+                             "val_loss": loss, "loss_unit": "nats/byte", "uncentred": rank, "centred": rank + 10.0})
+    return pd.DataFrame(rows)
+
+
+def _half_width(differences) -> float:
+    d = np.asarray(differences, dtype=float)
+    return scipy_stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)
+
+
+def test_an_ordering_appears_when_its_interval_excludes_zero():
+    sentences = claims(synthetic_metrics(seeds=3, loss_gap=0.1, loss_noise=0.002, rank_gap=4.0))
+    half = _half_width([0.1 - 0.002, 0.1 + 0.002, 0.1 - 0.002])
+    mean = np.mean([0.1 - 0.002, 0.1 + 0.002, 0.1 - 0.002])
+    assert f"MQA: validation loss higher than Standard MHA by {mean:.3f} ± {half:.3f} nats/byte." in sentences
+    gqa = "GQA (2 KV heads): uncentred effective rank lower than Standard MHA by 4."
+    assert any(s.startswith(gqa) for s in sentences)
+    rise = "MQA: centring raises the effective rank by 10.00 ± 0.00 points of % of H (the paper: 72.6% → 78.4%)."
+    assert rise in sentences
+
+
+def test_an_ordering_vanishes_within_seed_noise():
+    sentences = claims(synthetic_metrics(seeds=3, loss_gap=0.001, loss_noise=0.03))
+    assert not any("MQA: validation loss higher" in s or "MQA: validation loss lower" in s for s in sentences)
+    assert any(s.startswith("MQA: validation loss within seed noise of Standard MHA (-0.009 ± ") for s in sentences)
+    assert not any("effective rank higher" in s or "effective rank lower" in s for s in sentences)
+    for role in ("lrkv-small", "lrkv-large", "mqa", "gqa"):  # 0.5-point alternating noise only
+        assert any(s.startswith(f"{ROLES[role].label}: uncentred effective rank within seed noise") for s in sentences)
+    mla = ROLES["mla"].label
+    assert any(s.startswith(f"{mla}, RoPE part excluded (the paper's definition): centred effective rank within seed")
+               for s in sentences)
+
+
+def test_one_seed_claims_no_ordering():
+    assert claims(synthetic_metrics(seeds=1, loss_gap=0.5, loss_noise=0.0, rank_gap=20.0)) == [
+        "One seed: no orderings claimed."]
+    assert "no ordering" in report.rule_text(1, 1)
+
+
+def test_the_rule_states_how_many_orderings_chance_alone_would_give():
+    sentences = claims(synthetic_metrics(seeds=3, loss_gap=0.1, loss_noise=0.002, rank_gap=4.0))
+    text = report.rule_text(3, len(sentences))
+    assert f"The {len(sentences)} comparisons below" in text
+    assert f"about {0.05 * len(sentences):.1f} of them would still come out as orderings" in text
+
+
+def test_rope_to_latent_ratio_measures_the_rope_part(study):
+    import torch
+    from conftest import tiny_model
+
+    from headlab.study import StudyRun
+
+    _, runs, _ = study
+    ratios = report.rope_to_latent_ratio(runs)
+    assert list(ratios.index) == [0, 1] and (ratios > 0).all()
+    model = tiny_model("mla")
+    config = model.config
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.wkv_a.weight[config.kv_latent_dim:] = 0  # the shared RoPE key
+    no_rope = StudyRun("mla", config, 0, runs[0].folder, type(runs[0].run)(model, config, None, 0))
+    assert report.rope_to_latent_ratio([no_rope]).tolist() == [pytest.approx(0.0, abs=1e-12)]
+
+
+def test_report_has_the_through_training_and_measures_sections_with_their_figures(study):
+    out, runs, path = study
+    text = path.read_text()
+    for section in ("## Effective rank through training", "## Do the measures agree?"):
+        assert section in text
+    for name in ("effective_rank_through_training_uncentered", "effective_rank_through_training_centered",
+                 "measures_uncentered", "measures_centered"):
+        assert (out / "figures" / f"{name}.png").stat().st_size > 1000 and f"figures/{name}.png" in text
+    snapshots = pd.read_csv(out / "snapshot_summary.csv")
+    assert snapshots.groupby(["model", "seed"])["step"].max().eq(STEPS).all() and snapshots["step"].min() == 0
+    measures = pd.read_csv(out / "measures.csv")
+    assert set(measures["measure"]) == {"frobenius", "data", "jensen_shannon"} and set(measures["seed"]) == {0, 1}
+    assert "Query compensation" in text or "One seed" in text

@@ -1,0 +1,151 @@
+"""The study at the paper's scale, shown on a CPU: the paper-128m shape end to end through the
+`hf:` path with a trained BPE and bf16 autocast; `headlab reproduce` under a 2-process gloo
+torchrun against the single-process study; and the --plan's FLOPs against 6·N·D."""
+
+import json
+import math
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from headlab import GPT, plots
+from headlab.cli import main
+from headlab.config import comparison_roles, train_preset
+from headlab.report import FLAGSHIP_MLA_ROPE, write_report
+from headlab.runs import has_checkpoint
+from headlab.study import Study
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def isolated_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HEADLAB_CACHE", str(cache))
+    return cache
+
+
+def _documents(path: Path, n: int = 300) -> Path:
+    """A JSON-lines dataset of `n` documents of seeded words made of syllables, read as `hf:json`."""
+    generator = random.Random(0)
+    syllables = [a + b for a in "bdfgklmnprstvz" for b in ("a", "e", "i", "o", "u", "ai", "ou")]
+    words = ["".join(generator.choices(syllables, k=generator.randint(1, 3))) for _ in range(600)]
+    with path.open("w") as f:
+        for i in range(n):
+            text = " ".join(generator.choices(words, k=80))
+            f.write(json.dumps({"text": f"Document {i}. {text.capitalize()}."}) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_the_paper_128m_shape_runs_end_to_end_on_a_cpu(tmp_path, isolated_cache):
+    """paper-128m's MHA and MLA (12 layers, 6 heads of 128, d_model 768) for 2 steps in bf16
+    autocast, on a local dataset through the hf: path with a BPE trained on it (vocab 1024: the
+    variants' vocabulary follows the tokenizer, so the model is the paper's but for its
+    embedding), analysed and reported. To fit a CPU test: two of the six variants (all six take
+    ~150 s here), a context of 16 tokens, a batch of 2 sequences, and AdamW in place of Muon,
+    whose Newton-Schulz steps cost ~20 s per step and variant on one CPU thread."""
+    pytest.importorskip("datasets")
+    pytest.importorskip("tokenizers")
+    study = Study("paper-128m", 2, tmp_path / "study", corpus="hf:json", tokenizer="bpe:1024",
+                  corpus_options={"data_files": str(_documents(tmp_path / "docs.jsonl"))},
+                  model_overrides={"seq_len": 16},
+                  train_overrides={"batch_size": 2, "eval_batches": 1, "optimizer": "adamw"}, only=("mha", "mla"))
+    assert study.train_config().dtype == "bfloat16"
+    try:
+        runs = study.train(seeds=1, progress=False, log=lambda message: None)
+        report = write_report(runs, study.folder, study.preset, corpus=study.load_corpus())
+        assert [r.role for r in runs] == ["mha", "mla"]
+        for r in runs:
+            assert (r.config.n_layer, r.config.n_head, r.config.head_dim, r.config.d_model) == (12, 6, 128, 768)
+            assert r.config.vocab_size == 1024 and r.run.step == 2
+            saved = json.loads((r.folder / "config.json").read_text())
+            assert saved["data"]["tokenizer"] == "bpe:1024" and saved["data"]["name"] == "hf:json"
+        spectra = pd.read_csv(study.folder / "spectra.csv")
+        assert sorted(spectra["layer"].unique()) == list(range(12))
+        flagship = spectra[spectra["mla_rope"] == FLAGSHIP_MLA_ROPE].drop(columns=["mla_rope", "role"])
+        figure = plots.spectra_figure(flagship, kind="uncentered")
+        titles = [axis.get_title() for axis in figure.axes if axis.get_title()]
+        assert titles == ["Early Layer (L=0)", "Middle Layer (L=6)", "Late Layer (L=11)"]
+        text = report.read_text()
+        assert "`hf:json` (bpe:1024 tokens)" in text and "Shakespeare" not in text
+        assert "val loss (nats/token)" in text and "val bits/byte" in text and "nats/byte" not in text
+        assert (study.folder / "figures" / "spectra_uncentered.png").stat().st_size > 1000
+    finally:
+        shutil.rmtree(study.folder, ignore_errors=True)  # ~1 GB of checkpoints per variant
+
+
+def _reproduce_command(out: Path) -> list[str]:
+    return ["reproduce", "--preset", "tiny", "--steps", "4", "--seeds", "1", "--corpus", "synthetic",
+            "--out", str(out)]
+
+
+@pytest.mark.slow
+def test_reproduce_under_torchrun_trains_on_both_ranks_and_reports_once(tmp_path, isolated_cache, capsys):
+    """2 gloo processes: one report, one run folder per variant, and the numbers of the
+    single-process study (the global batch is split across ranks, so the loss curve is the same)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HEADLAB_CACHE": str(isolated_cache)}
+    env.pop("RANK", None), env.pop("WORLD_SIZE", None)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "headlab", *_reproduce_command(tmp_path / "ddp")],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("report written:") == 1 and done.stdout.count("training 6 variants") == 1
+    runs = sorted(p.name for p in (tmp_path / "ddp" / "runs").iterdir())
+    assert len(runs) == 6 and all(name.endswith("-seed0") for name in runs)
+    assert all(has_checkpoint(tmp_path / "ddp" / "runs" / name) for name in runs)
+
+    assert main(_reproduce_command(tmp_path / "single")) == 0
+    capsys.readouterr()
+    for table in ("training", "summary", "spectra"):
+        ddp, single = (pd.read_csv(tmp_path / kind / f"{table}.csv") for kind in ("ddp", "single"))
+        numbers = ddp.select_dtypes("float").columns
+        assert ddp.drop(columns=numbers).equals(single.drop(columns=numbers)), table
+        assert ddp[numbers].to_numpy() == pytest.approx(single[numbers].to_numpy(), rel=1e-4, abs=1e-5), table
+
+
+def test_plan_flops_are_six_n_d_plus_attention(capsys):
+    """paper-128m on 2e9 tokens: the plan's 6·N·D column, with N every weight but the input
+    embedding (counted here from the model itself), and attention's share on top."""
+    tokens = 2_000_000_000
+    assert main(["reproduce", "--preset", "paper-128m", "--tokenizer", "gpt2", "--tokens", str(tokens),
+                 "--plan", "--plan-gpus", "8xH100"]) == 0
+    out = capsys.readouterr().out
+    batch = train_preset("paper-128m").batch_size
+    variants = comparison_roles("paper-128m")
+    seq_len = variants["mha"].seq_len
+    trained = math.ceil(tokens / (batch * seq_len)) * batch * seq_len
+    assert f"{math.ceil(tokens / (batch * seq_len)):,} steps x {batch} sequences x {seq_len} tokens" in out
+    for config in variants.values():
+        with torch.device("meta"):
+            model = GPT(config)
+        n = sum(p.numel() for name, p in model.named_parameters() if "wte" not in name)
+        row = next(line for line in out.splitlines() if line.startswith(config.label + " "))
+        six_nd, share, total = re.search(r"\s([\d.]+e\+\d+)\s+([\d.]+)%\s+([\d.]+e\+\d+)", row).groups()
+        assert float(six_nd) == pytest.approx(6 * n * trained, rel=5e-3)
+        width = config.head_dim + (config.rope_head_dim if config.attention == "mla" else 0)  # MLA pads V to it
+        attention = 6 * config.n_layer * config.n_head * 2 * width * seq_len / 2 * trained
+        assert float(share) == pytest.approx(100 * attention / (6 * n * trained), abs=0.05)
+        assert float(total) == pytest.approx(6 * n * trained + attention, rel=5e-3)
+
+
+def test_a_token_budget_sets_the_steps_and_refuses_a_step_count_beside_it(capsys, tmp_path):
+    study = Study("tiny", None, tmp_path, tokens=1000)
+    assert study.train_config().steps == math.ceil(1000 / (8 * 32))
+    with pytest.raises(ValueError, match="give one budget"):
+        Study("tiny", 5, tmp_path, tokens=1000)
+    with pytest.raises(ValueError, match=r"only = \('mha', 'xla'\) is invalid"):
+        Study("tiny", 5, tmp_path, only=("mha", "xla"))
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--steps", "4", "--tokens", "1000", "--plan"])
+    assert "not allowed with argument --steps" in capsys.readouterr().err
+    assert Study("paper-128m", None, tmp_path, tokenizer="gpt2").variants[0].vocab_size == 50304
+    assert Study("paper-128m", None, tmp_path, tokenizer="bpe:1024").variants[0].vocab_size == 1024

@@ -1,0 +1,158 @@
+"""Analysis snapshots through training (issue 14, item 1): schedule, kill-and-resume, per-step tables."""
+
+import importlib
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import headlab.model
+from headlab import TrainConfig, load_corpus, preset, train, train_preset
+from headlab.analysis import analyze
+from headlab.cli import main
+from headlab.snapshots import analyze_snapshots, snapshot_files, snapshot_steps
+
+TRAINER = importlib.import_module("headlab.train")  # the module (headlab.train is also the function)
+RUN = train_preset("tiny", steps=12, batch_size=4, eval_every=6, eval_batches=1, checkpoint_every=4, log_every=4,
+                   snapshot_every=5)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return load_corpus("synthetic", n_chars=30_000)
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ref") / "run"
+    train(preset("tiny", "lrkv"), RUN, corpus, out=folder, progress=False)
+    return folder
+
+
+def test_schedule_is_log_spaced_early_then_every_k_steps():
+    assert snapshot_steps(350, 35) == [0, 1, 2, 4, 8, 16, 32, 35, 70, 105, 140, 175, 210, 245, 280, 315]
+    assert snapshot_steps(12, 5) == [0, 1, 2, 4, 5, 10]
+    assert snapshot_steps(3, 8) == [0, 1, 2]
+    assert snapshot_steps(100, 0) == []
+    with pytest.raises(ValueError, match="snapshot_every"):
+        TrainConfig(snapshot_every=-1)
+
+
+def test_snapshots_hold_attention_weights_of_each_scheduled_step(reference):
+    files = snapshot_files(reference)
+    assert list(files) == snapshot_steps(RUN.steps, RUN.snapshot_every)
+    tensors = load_file(files[0])
+    assert tensors and all(".attn." in name for name in tensors)
+    torch.manual_seed(RUN.seed)  # the initial draw, as train() makes it
+    initial = headlab.model.GPT(preset("tiny", "lrkv"))
+    for name, tensor in tensors.items():
+        assert torch.equal(tensor, initial.state_dict()[name]), name
+    assert not torch.equal(load_file(files[1])["blocks.0.attn.c_q.weight"], tensors["blocks.0.attn.c_q.weight"])
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_killed_run_resumes_to_snapshots_identical_to_an_uninterrupted_run(tmp_path, corpus, reference, monkeypatch):
+    """Killed right after writing the snapshot of step 5 (after the checkpoint of step 4), with a torn
+    temporary left beside it: the resumed run rewrites step 5 identically and no temporary survives."""
+    folder = tmp_path / "run"
+    original = TRAINER.write_snapshot
+
+    def write_then_die(run_dir, model, step, every, write=True):
+        path = original(run_dir, model, step, every, write)
+        if step == 5:
+            (path.parent / ".step-00000010.safetensors.dead.tmp").write_bytes(b"torn")
+            raise _Killed
+        return path
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TRAINER, "write_snapshot", write_then_die)
+        with pytest.raises(_Killed):
+            train(preset("tiny", "lrkv"), RUN, corpus, out=folder, progress=False)
+    assert list(snapshot_files(folder)) == [0, 1, 2, 4, 5]
+    train(preset("tiny", "lrkv"), RUN, corpus, out=folder, resume=True, progress=False)
+    resumed, uninterrupted = snapshot_files(folder), snapshot_files(reference)
+    assert list(resumed) == list(uninterrupted)
+    for step in resumed:  # (bytes may differ: safetensors orders its metadata header freely)
+        again, once = load_file(resumed[step]), load_file(uninterrupted[step])
+        assert again.keys() == once.keys() and all(torch.equal(again[k], once[k]) for k in once), step
+    assert not list((folder / "snapshots").glob(".*"))
+
+
+def test_analyze_snapshots_has_a_step_column_ending_at_the_final_checkpoint(reference):
+    result = analyze_snapshots(reference, circuit="both")
+    assert list(result.summary.columns[:2]) == ["model", "step"]
+    assert sorted(result.summary["step"].unique()) == snapshot_steps(RUN.steps, RUN.snapshot_every) + [RUN.steps]
+    final = result.summary[result.summary["step"] == RUN.steps].drop(columns="step").reset_index(drop=True)
+    direct = analyze(reference, circuit="both").summary
+    assert final.equals(direct)
+    first = result.summary.query("step == 0 and kind == 'uncentered' and circuit == 'qk'")["effective_rank"]
+    last = result.summary.query("step == 12 and kind == 'uncentered' and circuit == 'qk'")["effective_rank"]
+    assert not first.reset_index(drop=True).equals(last.reset_index(drop=True))
+    assert len(result.lrkv_cosine) and "step" in result.lrkv_cosine
+    with pytest.raises(ValueError, match="measure = 'data' is invalid for snapshots"):
+        analyze_snapshots(reference, measure="data")
+
+
+def test_cli_analyze_snapshots_writes_per_step_tables(reference, tmp_path, capsys):
+    out = tmp_path / "analysis"
+    assert main(["analyze", str(reference), "--snapshots", "--out", str(out)]) == 0
+    assert "step" in (out / "summary.csv").read_text().splitlines()[0].split(",")
+
+
+def test_the_explorer_offers_the_training_step_and_the_measure_as_choices(reference):
+    from headlab.analysis import concat
+    from headlab.widgets import Explorer
+
+    per_step = analyze_snapshots(reference)
+    explorer = Explorer({name: getattr(per_step, name) for name in ("similarity", "spectra", "summary")})
+    assert list(explorer.choices["step"].options) == snapshot_steps(RUN.steps, RUN.snapshot_every) + [RUN.steps]
+    explorer.choices["step"].value = RUN.steps
+    assert explorer.figures and "step: 12" in explorer.figures[0].get_suptitle()
+    both = concat([analyze(reference), analyze(reference, measure="data", inputs=_moments(reference))])
+    assert list(Explorer({n: getattr(both, n) for n in ("similarity", "spectra", "summary")}).choices["measure"].options) \
+        == ["frobenius", "data"]
+
+
+def _moments(run_dir):
+    from headlab.inputs import encode_text, input_moments
+
+    return input_moments(run_dir, encode_text(run_dir, "to be or not to be, that is the question " * 20))
+
+
+FSDP_SCRIPT = """
+import atexit, os, sys
+from pathlib import Path
+import torch.distributed as dist
+from headlab import load_corpus, preset, train, train_preset
+# registered first, so it runs last: by then headlab must have left the process group it
+# joined (gloo aborts the process when a live group meets interpreter shutdown). Each rank
+# answers in its own file: two processes printing to one pipe interleave their lines.
+answer = Path(sys.argv[1] + f".rank{os.environ.get('RANK', '0')}.left-group")
+atexit.register(lambda: answer.write_text(str(not dist.is_initialized())))
+config = train_preset("tiny", steps=3, batch_size=4, eval_every=3, eval_batches=1, checkpoint_every=3, log_every=1,
+                      snapshot_every=2, device="cpu", lr=1e-3, parallel=sys.argv[2])
+train(preset("tiny", "lrkv"), config, load_corpus("synthetic", n_chars=30_000), out=sys.argv[1], progress=False)
+"""
+
+
+def test_two_fsdp_processes_gather_whole_snapshots_equal_to_one_process(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(FSDP_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, str(script), str(tmp_path / "one"), "ddp"], env=env, capture_output=True, text=True)
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+                          str(tmp_path / "two"), "fsdp"], env=env, capture_output=True, text=True)
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
+    assert [tmp_path.joinpath(f"two.rank{rank}.left-group").read_text() for rank in (0, 1)] == ["True", "True"]
+    single, sharded = snapshot_files(tmp_path / "one"), snapshot_files(tmp_path / "two")
+    assert list(single) == list(sharded) == [0, 1, 2]
+    for step in single:
+        a, b = load_file(single[step]), load_file(sharded[step])
+        assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6, step

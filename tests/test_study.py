@@ -1,0 +1,110 @@
+"""headlab.study: one way to train, reuse and resume a study's runs, as typed records keyed by
+role; where the notebooks find their runs and where they write."""
+
+from pathlib import Path
+
+import pytest
+
+from headlab.config import comparison_roles
+from headlab.study import NotebookStudy, Study, StudyRun, default_study_folder, project_root, settings_key, slug
+from headlab.train import train_preset
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    study = Study("tiny", STEPS, tmp_path_factory.mktemp("study"))
+    return study, study.train(seeds=2, progress=False, log=lambda message: None)
+
+
+def test_runs_are_typed_records_keyed_by_role(trained):
+    study, runs = trained
+    assert all(isinstance(r, StudyRun) for r in runs)
+    assert [(r.role, r.seed) for r in runs] == [(role, seed) for seed in (0, 1) for role in comparison_roles("tiny")]
+    families = {"mha": "mha", "lrkv-small": "lrkv", "lrkv-large": "lrkv", "mqa": "mqa", "mla": "mla", "gqa": "gqa"}
+    for r in runs:
+        assert r.config == study.roles[r.role] and r.config.attention == families[r.role]
+        assert r.folder == study.run_folder(r.config, r.seed) == study.folder / "runs" / f"{slug(r.label)}-seed{r.seed}"
+        assert r.run.step == STEPS
+    small, large = study.roles["lrkv-small"].kv_rank, study.roles["lrkv-large"].kv_rank
+    assert small < large
+
+
+def test_finished_runs_are_reused_not_retrained(trained):
+    study, runs = trained
+    metrics = {r.folder: (r.folder / "metrics.jsonl").read_bytes() for r in runs}
+    again = study.train(seeds=2, progress=False, log=lambda message: None)
+    assert {r.folder: (r.folder / "metrics.jsonl").read_bytes() for r in again} == metrics
+    for seed in (0, 1):
+        assert study.finished_runs(seed) == [study.run_folder(config, seed) for config in study.variants]
+    assert Study("tiny", STEPS, study.folder / "elsewhere").finished_runs() == []
+
+
+def test_parallel_jobs_train_the_same_runs_in_worker_processes(tmp_path):
+    study = Study("tiny", STEPS, tmp_path)
+    logged = []
+    runs = study.train(seeds=1, progress=False, log=logged.append, jobs=2)
+    assert [r.role for r in runs] == list(comparison_roles("tiny")) and len(logged) == len(runs)
+    assert all(r.run.step == STEPS and r.folder.parent == tmp_path / "runs" for r in runs)
+    # a worker's run is the run a single process trains, up to the last bits of a thread count
+    alone = Study("tiny", STEPS, tmp_path / "alone").train(seeds=1, progress=False, log=lambda message: None)
+    for parallel, single in zip(runs, alone):
+        assert parallel.run.final_val_loss == pytest.approx(single.run.final_val_loss, abs=1e-4)
+    reused = study.train(seeds=1, progress=False, log=lambda message: None)  # finished: loaded, not retrained
+    assert [r.run.final_val_loss for r in reused] == [r.run.final_val_loss for r in runs]
+    with pytest.raises(ValueError, match="jobs = 0 is invalid"):
+        study.train(jobs=0)
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="seeds = 0 is invalid: must be a positive integer"):
+        Study("tiny", STEPS, tmp_path).train(seeds=0)
+    with pytest.raises(ValueError, match="steps = -1 is invalid"):
+        Study("tiny", -1, tmp_path)
+    with pytest.raises(ValueError, match="preset 'huge' is unknown: allowed presets are"):
+        Study("huge", None, tmp_path)
+
+
+def test_project_root_is_found_from_a_subfolder(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "headlab"\n')
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert project_root() == tmp_path
+    monkeypatch.delenv("HEADLAB_STUDY", raising=False)
+    assert default_study_folder() == tmp_path / "runs" / "reproduce"
+    monkeypatch.setenv("HEADLAB_STUDY", str(tmp_path / "mine"))
+    assert default_study_folder() == tmp_path / "mine"
+    other = tmp_path / "other"
+    (other / "pkg").mkdir(parents=True)
+    (other / "pyproject.toml").write_text('[project]\nname = "something-else"\n')
+    assert project_root(other / "pkg") == tmp_path  # another project's pyproject.toml is passed over
+
+
+@pytest.mark.parametrize("small, preset, steps", [(True, "tiny", 60), (False, "cpu-small", None)])
+def test_notebook_study_modes(small, preset, steps, tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "headlab"\n')
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    monkeypatch.delenv("HEADLAB_STUDY", raising=False)
+    mode = "small" if small else "full"
+    chosen = NotebookStudy.choose(small)
+    assert (chosen.preset, chosen.steps) == (preset, steps)
+    assert chosen.outputs == tmp_path / "runs" / "notebooks" / mode
+    # full mode reads the study `make demo` writes; small mode trains its own
+    assert chosen.folder == (tmp_path / "runs" / "notebooks" / "small" / settings_key(preset, steps) if small
+                             else tmp_path / "runs" / "reproduce")
+    elsewhere = NotebookStudy.choose(small, runs="elsewhere")
+    assert elsewhere.folder == Path("elsewhere") and elsewhere.outputs == chosen.outputs
+    assert chosen.train_config().steps == (steps or train_preset(preset).steps)
+    assert chosen.train_config(seed=1).seed == 1
+
+
+def test_reproduce_trains_three_seeds_by_default(capsys):
+    from headlab.cli import build_parser, main
+
+    assert build_parser().parse_args(["reproduce"]).seeds == 3
+    with pytest.raises(SystemExit) as exit_:
+        main(["reproduce", "--preset", "tiny", "--seeds", "0", "--out", "unused"])
+    assert exit_.value.code == 2
+    assert "--seeds: 0 is invalid: must be a positive integer" in capsys.readouterr().err
