@@ -53,6 +53,18 @@ def choice_columns(summary: pd.DataFrame) -> dict[str, list[str]]:
     return {c: v for c, v in values.items() if len(v) > 1}
 
 
+def choice_name(column: str) -> str:
+    """How controls and figure titles name an analysis-choice column."""
+    return CHOICE_NAMES.get(column, column.replace("_", " "))
+
+
+CHOICE_NAMES = {"mla_rope": "MLA RoPE"}
+
+
+def _capitalized(name: str) -> str:
+    return name[:1].upper() + name[1:]
+
+
 def stacked_png(figures: list[Figure]) -> bytes:
     """One PNG of `figures` one below the other (white where they are narrower)."""
     images = []
@@ -91,7 +103,7 @@ class Explorer(widgets.VBox):
                                           description="View", style=fit)
         self.kind = widgets.ToggleButtons(options=KIND_OPTIONS, description="Spectrum", style=fit)
         circuits = list(dict.fromkeys(tables["summary"]["circuit"]))
-        self.choices = {column: widgets.ToggleButtons(options=values, description=column.replace("_", " ").capitalize(),
+        self.choices = {column: widgets.ToggleButtons(options=values, description=_capitalized(choice_name(column)),
                                                       style=fit)
                         for column, values in {"circuit": circuits, **choice_columns(tables["summary"])}.items()}
         self.circuit = self.choices["circuit"]
@@ -155,7 +167,7 @@ class Explorer(widgets.VBox):
             figures = [plots.effective_rank_figure(summary, kind=self.kind.value, highlight_layers=layers, **common)]
         else:
             figures = [plots.similarity_heatmaps(similarity, layer, **common) for layer in layers]
-        shown = [f"{column.replace('_', ' ')}: {value}" for column, value in fixed.items()
+        shown = [f"{choice_name(column)}: {value}" for column, value in fixed.items()
                  if len(self.choices[column].options) > 1]
         for fig in figures if shown else ():  # a saved image names the choices it was drawn with
             fig.suptitle(f"{fig.get_suptitle()} ({', '.join(shown)})")

@@ -174,6 +174,7 @@ def test_every_analysis_choice_column_gets_a_control_that_filters(tables):
     assert choice_columns(rich["summary"]) == {"measure": ["frobenius", "data"], "mla_rope": ["included", "excluded"]}
     explorer = explore(rich)
     assert set(explorer.choices) == {"circuit", "measure", "mla_rope"}
+    assert [explorer.choices[c].description for c in ("circuit", "measure", "mla_rope")] == ["Circuit", "Measure", "MLA RoPE"]
     assert explorer.choices["measure"] in explorer.children and explorer.choices["mla_rope"] in explorer.children
     assert explorer.circuit not in explorer.children  # one circuit: nothing to choose
 
@@ -182,16 +183,16 @@ def test_every_analysis_choice_column_gets_a_control_that_filters(tables):
         return ax.get_lines()[FIGURE_ORDER.index(model)].get_ydata()
 
     fig = drawn(explorer)
-    assert fig.get_suptitle().endswith("(measure: frobenius, mla rope: included)")
+    assert fig.get_suptitle().endswith("(measure: frobenius, MLA RoPE: included)")
     assert len(line_colours(fig.axes[0])) == 6  # one line per method, not one per choice
     frobenius = first_line("Standard MHA")
     explorer.choices["measure"].value = "data"
-    assert drawn(explorer).get_suptitle().endswith("(measure: data, mla rope: included)")
+    assert drawn(explorer).get_suptitle().endswith("(measure: data, MLA RoPE: included)")
     assert first_line("Standard MHA") == pytest.approx(frobenius + 0.5)
     explorer.choices["mla_rope"].value = "excluded"
     assert len(line_colours(drawn(explorer).axes[0])) == 6  # models without the choice stay drawn
     explorer.view.value = "effective rank"
-    assert drawn(explorer).get_suptitle().endswith("(measure: data, mla rope: excluded)")
+    assert drawn(explorer).get_suptitle().endswith("(measure: data, MLA RoPE: excluded)")
 
 
 def test_displayed_explorer_carries_a_png_of_its_figures(explorer):
