@@ -139,12 +139,22 @@ def _setup_distributed(device_type: str) -> _Distributed:
 
 
 def leave_process_group() -> None:
-    """Leave the process group, if one is joined, once every rank has got here: gloo's barrier
-    first waits for all the collectives still queued on this rank, whose worker threads would
-    otherwise abort the process (SIGABRT) when it ends under them."""
+    """Leave the process group, if one is joined, once every rank has got here.
+
+    torch keeps a gloo group that DDP or FSDP used alive to the end of the process, with its
+    worker threads. A worker drops each finished collective after the caller has moved on, and
+    dropping one that holds tensors takes the GIL: at interpreter shutdown that aborts the
+    process (SIGABRT). So the workers are first given the GIL to drop what they hold, then the
+    barrier (which keeps whatever is still in progress until it is dropped itself) finds nothing
+    holding tensors, and they get the GIL once more before Python goes on to shut down."""
     if dist.is_initialized():
+        time.sleep(_WORKER_DRAIN_S)
         dist.barrier()
         dist.destroy_process_group()
+        time.sleep(_WORKER_DRAIN_S)
+
+
+_WORKER_DRAIN_S = 0.1  # the workers need microseconds once scheduled; this is for a busy machine
 
 
 def _resolve_device(config: TrainConfig, local_rank: int) -> torch.device:
