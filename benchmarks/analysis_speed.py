@@ -39,12 +39,12 @@ except ImportError:  # run as a script: benchmarks/ itself is on sys.path
 
 import torch  # noqa: E402
 
-from headlab.analysis import analyze  # noqa: E402
-from headlab.attention import build_attention  # noqa: E402
-from headlab.config import ATTENTION_FAMILIES, preset  # noqa: E402
-from headlab.heads import from_state_dict  # noqa: E402
-from headlab.inputs import input_moments  # noqa: E402
-from headlab.model import GPT  # noqa: E402
+from headlab.analysis.similarity import analyze  # noqa: E402
+from headlab.model.attention import build_attention  # noqa: E402
+from headlab.model.config import ATTENTION_FAMILIES, preset  # noqa: E402
+from headlab.analysis.heads import from_state_dict  # noqa: E402
+from headlab.analysis.inputs import input_moments  # noqa: E402
+from headlab.model.gpt import GPT  # noqa: E402
 
 TARGET_S = {"paper-128m": 2.0, "paper-2.5b": 30.0}
 TARGET_PEAK_MB = 4096

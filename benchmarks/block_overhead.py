@@ -26,9 +26,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from headlab.attention import rope_tables  # noqa: E402
-from headlab.config import ModelConfig, preset  # noqa: E402
-from headlab.model import Block  # noqa: E402
+from headlab.model.attention import rope_tables  # noqa: E402
+from headlab.model.config import ModelConfig, preset  # noqa: E402
+from headlab.model.gpt import Block  # noqa: E402
 
 TARGET = 1.05
 EPS = 1e-6

@@ -10,7 +10,7 @@ Targets (GPU only): Standard MHA reaches >= 40 % MFU, and every variant >= 90 % 
 tokens/s. Exit status 0 when they are met (always 0 with --smoke, where they are only
 printed), 1 otherwise. The corpus is `synthetic` (offline) with byte tokens inside the preset's
 50304-token vocabulary: the compute per step is the paper's, but the losses are not a language
-result. MFU counts 6·N + causal attention FLOPs per token (headlab.plan.training_flops); tokens/s
+result. MFU counts 6·N + causal attention FLOPs per token (headlab.training.plan.training_flops); tokens/s
 is the median of the logged windows after the first one, which holds compilation.
 """
 
@@ -32,12 +32,14 @@ except ImportError:  # run as a script: benchmarks/ itself is on sys.path
 
 import torch  # noqa: E402
 
-from headlab import analysis, decoding, inputs  # noqa: E402
-from headlab.config import comparison_variants  # noqa: E402
-from headlab.data import load_corpus  # noqa: E402
-from headlab.plan import gpu_peak, measure_peak_flops, training_flops  # noqa: E402
-from headlab.study import slug  # noqa: E402
-from headlab.train import train, train_preset  # noqa: E402
+from headlab.analysis import inputs, similarity as analysis  # noqa: E402
+from headlab.model import decoding  # noqa: E402
+from headlab.study.roles import comparison_variants  # noqa: E402
+from headlab.data.corpus import load_corpus  # noqa: E402
+from headlab.training.plan import gpu_peak, measure_peak_flops, training_flops  # noqa: E402
+from headlab.study.study import slug  # noqa: E402
+from headlab.training.config import train_preset  # noqa: E402
+from headlab.training.trainer import train  # noqa: E402
 
 MHA_MFU_TARGET = 0.40
 VARIANT_THROUGHPUT_TARGET = 0.90  # of MHA's tokens/s

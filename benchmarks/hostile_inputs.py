@@ -35,10 +35,10 @@ from safetensors.torch import save_file
 
 import headlab
 from headlab import ModelConfig, TrainConfig, load_corpus, load_run, preset, train, train_preset
-from headlab.analysis import Analysis, analyze
+from headlab.analysis.similarity import Analysis, analyze
 from headlab.cli import main
-from headlab.model import GPT
-from headlab.runs import read_metrics
+from headlab.model.gpt import GPT
+from headlab.training.runs import read_metrics
 
 TINY = train_preset("tiny", steps=8, batch_size=4, eval_every=4, checkpoint_every=2, log_every=1)
 TINY_FLAGS = ["--steps", "8", "--batch-size", "4", "--eval-every", "4", "--checkpoint-every", "2", "--log-every", "1"]
@@ -265,8 +265,8 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
                 break
         record(f"SIGKILL x{attempt} then resume (trial {trial})", same_run(folder, reference_every))
 
-    import headlab.runs
-    real_save_file = headlab.runs.save_file
+    import headlab.training.runs
+    real_save_file = headlab.training.runs.save_file
     for nth in range(1, 5):  # a full disk while writing the nth checkpoint's weights
         calls = {"n": 0}
 
@@ -277,9 +277,9 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
             return real_save_file(*args, **kwargs)
 
         folder = root / f"enospc-{nth}"
-        headlab.runs.save_file = full_disk
+        headlab.training.runs.save_file = full_disk
         outcome = api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=folder, progress=False))
-        headlab.runs.save_file = real_save_file
+        headlab.training.runs.save_file = real_save_file
         if outcome[0] == "clear":
             train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True, progress=False)
             outcome = same_run(folder, reference)

@@ -23,9 +23,10 @@ import numpy as np
 import torch
 from scipy import stats
 
-from headlab.config import PRESETS, preset
-from headlab.data import load_corpus
-from headlab.train import train, train_preset
+from headlab.model.config import PRESETS, preset
+from headlab.data.corpus import load_corpus
+from headlab.training.trainer import train
+from headlab.training.config import train_preset
 
 PRESET = "cpu-small"
 

@@ -1,5 +1,5 @@
 """Minor page faults per `cpu-small` training step, with glibc's default malloc settings and
-after `headlab.train.keep_freed_cpu_memory()` (target: > 1000 by default, at most 5 kept).
+after `headlab.training.trainer.keep_freed_cpu_memory()` (target: > 1000 by default, at most 5 kept).
 
     python benchmarks/page_faults.py
 
@@ -21,8 +21,8 @@ DEFAULT_AT_LEAST, KEPT_AT_MOST = 1000, 5
 SCRIPT = """
 import resource, torch
 from headlab import preset
-from headlab.model import GPT
-from headlab.train import keep_freed_cpu_memory
+from headlab.model.gpt import GPT
+from headlab.training.trainer import keep_freed_cpu_memory
 torch.set_num_threads(1)
 model = GPT(preset("cpu-small", seq_len=128))  # the step size this allocator behaviour was measured at
 idx = torch.randint(0, 256, (16, 128))

@@ -27,10 +27,10 @@ import torch  # noqa: E402
 from scipy.spatial.distance import jensenshannon  # noqa: E402
 
 from headlab import preset  # noqa: E402
-from headlab.analysis import (attention_pattern, attention_similarity, js_distance_matrix,  # noqa: E402
-                              norm_scale_effect, recorded_attention)
-from headlab.inputs import input_moments  # noqa: E402
-from headlab.model import GPT  # noqa: E402
+from headlab.analysis.similarity import (attention_pattern, attention_similarity, js_distance_matrix,  # noqa: E402
+                                        norm_scale_effect, recorded_attention)
+from headlab.analysis.inputs import input_moments  # noqa: E402
+from headlab.model.gpt import GPT  # noqa: E402
 
 
 def scipy_js_distance_matrix(probs: torch.Tensor) -> np.ndarray:

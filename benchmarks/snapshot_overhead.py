@@ -1,4 +1,4 @@
-"""Cost of analysis snapshots (`headlab.snapshots`) on `cpu-small` training.
+"""Cost of analysis snapshots (`headlab.training.snapshots`) on `cpu-small` training.
 
 Timed in one process, interleaved round-robin (common.interleaved): a training step
 (forward + backward + AdamW step on a fixed batch) alone, and the same step followed by the
@@ -25,10 +25,11 @@ except ImportError:  # run as a script: benchmarks/ itself is on sys.path
 
 import torch  # noqa: E402
 
-from headlab.config import comparison_roles, train_preset  # noqa: E402
-from headlab.model import GPT  # noqa: E402
-from headlab.snapshots import snapshot_steps, write_snapshot  # noqa: E402
-from headlab.study import Study  # noqa: E402
+from headlab.study.roles import comparison_roles  # noqa: E402
+from headlab.training.config import train_preset
+from headlab.model.gpt import GPT  # noqa: E402
+from headlab.training.snapshots import snapshot_steps, write_snapshot  # noqa: E402
+from headlab.study.study import Study  # noqa: E402
 
 TARGET = 0.03
 

@@ -21,8 +21,8 @@ except ImportError:  # run as a script: benchmarks/ itself is on sys.path
 
 import torch  # noqa: E402
 
-from headlab.config import comparison_variants  # noqa: E402
-from headlab.model import GPT  # noqa: E402
+from headlab.study.roles import comparison_variants  # noqa: E402
+from headlab.model.gpt import GPT  # noqa: E402
 
 TARGET = 1.10
 

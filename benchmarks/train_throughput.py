@@ -30,10 +30,13 @@ except ImportError:  # run as a script: benchmarks/ itself is on sys.path
 
 import torch  # noqa: E402
 
-from headlab.config import ModelConfig, comparison_variants  # noqa: E402
-from headlab.data import load_corpus, random_windows  # noqa: E402
-from headlab.model import GPT  # noqa: E402
-from headlab.train import keep_freed_cpu_memory, make_optimizers, train_preset  # noqa: E402
+from headlab.model.config import ModelConfig  # noqa: E402
+from headlab.study.roles import comparison_variants
+from headlab.data.corpus import load_corpus  # noqa: E402
+from headlab.data.shards import random_windows
+from headlab.model.gpt import GPT  # noqa: E402
+from headlab.training.trainer import keep_freed_cpu_memory, make_optimizers  # noqa: E402
+from headlab.training.config import train_preset
 
 MFU_TARGET = 0.50
 GPU_MFU_TARGET = 0.35

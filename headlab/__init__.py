@@ -1,13 +1,25 @@
-"""headlab: train small GPTs with MHA / MQA / GQA / MLA / LRKV attention and study their heads."""
+"""headlab: train small GPTs with MHA / MQA / GQA / MLA / LRKV attention and study their heads.
 
-__version__ = "0.1.0"
+The package is layered, and data flows one way (a lower layer never imports a higher one):
 
-from .analysis import Analysis, analyze  # noqa: E402
-from .config import ATTENTION_FAMILIES, PRESETS, ModelConfig, comparison_roles, comparison_variants, preset  # noqa: E402
-from .data import Corpus, load_corpus  # noqa: E402
-from .model import GPT  # noqa: E402
-from .runs import Run, load_run  # noqa: E402
-from .train import TrainConfig, TrainingDiverged, train, train_preset  # noqa: E402
+    model      configs, ops, the five attention families, GPT, decoding caches
+    data       tokenizers, text sources, token shards, corpora
+    training   trainer, run folders, snapshot writer, plan
+    analysis   heads -> spectrum math -> tidy tables (headlab runs and pretrained checkpoints)
+    study      variants by role x seeds, statistics, claims, the study's tables on disk
+    report     plots, widgets and report.md, drawn from tables only
+    cli        `headlab info | train | analyze | reproduce | report`
+"""
+
+from headlab.training.runs import installed_version
+
+__version__ = installed_version()
+
+from headlab.analysis import Analysis, analyze  # noqa: E402
+from headlab.data import Corpus, load_corpus  # noqa: E402
+from headlab.model import ATTENTION_FAMILIES, GPT, PRESETS, ModelConfig, preset  # noqa: E402
+from headlab.study import comparison_roles, comparison_variants  # noqa: E402
+from headlab.training import Run, TrainConfig, TrainingDiverged, load_run, train, train_preset  # noqa: E402
 
 __all__ = [
     "ATTENTION_FAMILIES", "Analysis", "Corpus", "GPT", "ModelConfig", "PRESETS", "Run", "TrainConfig", "TrainingDiverged",

@@ -1,6 +1,6 @@
 import sys
 
-from .cli import main
+from headlab.cli import main
 
 if __name__ == "__main__":  # not when a spawned worker process imports this module as __mp_main__
     sys.exit(main())

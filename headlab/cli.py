@@ -1,4 +1,5 @@
-"""Command line: `headlab info`, `headlab train`, `headlab analyze` and `headlab reproduce` (the main job).
+"""Command line: `headlab info`, `headlab train`, `headlab analyze`, `headlab reproduce` (the main job)
+and `headlab report` (redraw a study's report from its tables).
 
 A mistake in the input (a bad value, a missing file, a run folder in use) prints one line naming
 the problem and exits with status 2; `--debug` (or HEADLAB_DEBUG=1) shows the traceback instead."""
@@ -13,11 +14,23 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ATTENTION_FAMILIES, DTYPES, OPTIMIZERS, PARALLEL, PRESETS, TRAIN_PRESETS, ModelConfig, preset
-from .model import count_parameters
-from .plan import add_plan_arguments
+from headlab.analysis.heads import load_heads
+from headlab.analysis.inputs import encode_text, input_moments
+from headlab.analysis.similarity import analyze, concat
+from headlab.analysis.snapshots import analyze_snapshots
+from headlab.data.corpus import load_corpus
+from headlab.data.tokenizers import tokenizer_vocab_size
+from headlab.model.config import ATTENTION_FAMILIES, PRESETS, ModelConfig, preset
+from headlab.model.gpt import count_parameters
+from headlab.report.plots import method_order
+from headlab.report.writer import write_report
+from headlab.study.study import Study
+from headlab.study.tables import read_study_tables, tabulate_study
+from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, train_preset
+from headlab.training.plan import add_plan_arguments, format_bytes, format_plan, plan_for_args, plan_from_args
+from headlab.training.trainer import keep_freed_cpu_memory, leave_process_group, train
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CONFIG_OVERRIDES = ("n_kv_head", "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "seq_len")
 CONFIG_HELP = {
     "n_kv_head": "GQA: number of K/V heads (must divide the preset's n_head)",
@@ -68,7 +81,7 @@ def _int(text: str) -> int:
 
 # ---- info -------------------------------------------------------------------------------------------
 
-def describe(config: ModelConfig, context: int, dtype: str = "bf16", batch_size: int = 1) -> dict:
+def describe(config: ModelConfig, context: int, dtype: str = "bfloat16", batch_size: int = 1) -> dict:
     """Parameter counts (no weights allocated) and KV-cache sizes of `config`."""
     counts = count_parameters(config)
     per_token = config.kv_cache_values_per_token()
@@ -108,13 +121,6 @@ def _config_from_args(args, attention: str) -> ModelConfig:
     return preset(args.preset, attention, **_overrides(args))
 
 
-def _format_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-
-
 def cmd_info(args) -> int:
     base_attention = _read_model_config(args.config).attention if args.config else "mha"
     families = [args.attention] if args.attention else ([base_attention] if args.config else list(ATTENTION_FAMILIES))
@@ -132,15 +138,13 @@ def cmd_info(args) -> int:
     print("-" * len(header))
     for row in rows:
         print(f"{row['label']:<22}{row['params']:>14,}{row['kv_values_per_token_per_layer']:>24,}"
-              f"{100 * row['kv_fraction_of_mha']:>9.1f}%{_format_bytes(row['kv_cache_bytes']):>12}")
+              f"{100 * row['kv_fraction_of_mha']:>9.1f}%{format_bytes(row['kv_cache_bytes']):>12}")
     return 0
 
 
 # ---- train ------------------------------------------------------------------------------------------
 
 def _train_config_from_args(args):
-    from .config import train_preset
-
     overrides = {name: getattr(args, name) for name in TRAIN_OVERRIDES if getattr(args, name) is not None}
     return train_preset(args.preset, compile=args.compile, **overrides)
 
@@ -152,18 +156,15 @@ def _train_model_config(args, vocab_size: int) -> ModelConfig:
 
 
 def cmd_train(args) -> int:
-    from .data import load_corpus, tokenizer_vocab_size
-    from .train import train
-
     train_config = _train_config_from_args(args)  # checked before a corpus is tokenized
     if args.plan:
-        from .plan import plan_from_args
         print(plan_from_args(args, [_train_model_config(args, tokenizer_vocab_size(args.tokenizer))], train_config))
         return 0
     source_options = {"max_chars": args.max_chars} if args.max_chars is not None else {}
     if args.encoding_errors is not None:
         source_options["encoding_errors"] = args.encoding_errors
     corpus = load_corpus(args.corpus, tokenizer=args.tokenizer, **source_options)
+    keep_freed_cpu_memory()  # a command's process is its own: CPU training steps fault far less
     model_config = _train_model_config(args, corpus.vocab_size)
     run = train(model_config, train_config, corpus, out=args.out, resume=args.resume, progress=not args.no_progress)
 
@@ -176,15 +177,10 @@ def cmd_train(args) -> int:
 # ---- analyze ----------------------------------------------------------------------------------------
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from .analysis import analyze, concat
-    from .heads import load_heads
-    from .plots import method_order
-
     if args.label is not None and len(args.label) != len(args.sources):
         raise ValueError(f"--label was given {len(args.label)} times for {len(args.sources)} sources: give one per SOURCE")
     given = args.label or [None] * len(args.sources)
     if args.snapshots:
-        from .snapshots import analyze_snapshots
         result = concat(analyze_snapshots(source, label, circuit=args.circuit, mla_rope=args.mla_rope,
                                           measure=args.measure) for source, label in zip(args.sources, given))
         print(f"wrote the tables of {result.summary['step'].nunique()} training steps to {result.save(args.out)}")
@@ -210,8 +206,6 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 def _moments(source: str, text_file: Path):
     """Input moments of `source` on the first `inputs.MAX_TOKENS` tokens of `text_file`."""
-    from .inputs import encode_text, input_moments
-
     if not text_file.is_file():
         raise ValueError(f"--text {text_file}: no such file")
     try:
@@ -222,15 +216,15 @@ def _moments(source: str, text_file: Path):
 
 
 def format_effective_ranks(summary) -> str:
-    """Per model and circuit, one line per layer: entropy effective rank uncentred (% of H) and
-    centred (% of H, % of the H − 1 ceiling), then their means over layers."""
+    """Per model and circuit, one line per layer: entropy effective rank uncentered (% of H) and
+    centered (% of H, % of the H − 1 ceiling), then their means over layers."""
     blocks = []
     for (model, circuit, measure), rows in summary.groupby(["model", "circuit", "measure"], sort=False):
         n = int(rows["n_heads"].iloc[0])
         wide = rows.pivot(index="layer", columns="kind",
                           values=["effective_rank", "effective_rank_pct_of_heads", "effective_rank_pct_of_ceiling"])
         wide.loc["mean"] = wide.mean()
-        lines = [f"{model} · {circuit} · {measure} · {n} heads — effective rank (% of H; centred also % of ceiling {n - 1})",
+        lines = [f"{model} · {circuit} · {measure} · {n} heads — effective rank (% of H; centered also % of ceiling {n - 1})",
                  f"{'layer':>5}  {'uncentered':<16}centered"]
         for layer, row in wide.iterrows():
             unc = f"{row['effective_rank', 'uncentered']:.2f} ({row['effective_rank_pct_of_heads', 'uncentered']:.1f}%)"
@@ -246,10 +240,6 @@ def format_effective_ranks(summary) -> str:
 def cmd_reproduce(args) -> int:
     """Train every variant (data-parallel on all ranks under torchrun), then rank 0 alone analyses
     and writes the report while the other ranks leave."""
-    from .report import write_report
-    from .study import Study
-    from .train import leave_process_group
-
     started = time.perf_counter()
     source_options = {"max_chars": args.max_chars} if args.max_chars is not None else {}
     study = Study(args.preset, args.steps, Path(args.out), corpus=args.corpus, tokenizer=args.tokenizer,
@@ -258,7 +248,6 @@ def cmd_reproduce(args) -> int:
                                                                    ("parallel", args.parallel),
                                                                    ("grad_accum", args.grad_accum)) if value is not None})
     if args.plan:  # the whole table even when it does not fit: a study's cost is worth seeing either way
-        from .plan import format_plan, plan_for_args
         plan = plan_for_args(args, study.variants, study.train_config(0), seeds=args.seeds, check=False)
         print(format_plan(plan))
         return 0 if plan.fits else 2
@@ -270,9 +259,16 @@ def cmd_reproduce(args) -> int:
     leave_process_group()  # every run is checkpointed: the ranks part here, and rank 0 writes the report
     if not main_rank:
         return 0
-    report = write_report(runs, study.folder, args.preset, started, corpus=study.load_corpus())
+    report = write_report(tabulate_study(runs, study.load_corpus(), args.preset, study.folder, started), study.folder)
     print(f"report written: {report}")
     print(f"flagship figure: {report.parent / 'figures' / 'spectra_uncentered.png'}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    """Redraw report.md and every figure of a study folder from its tables (no torch work)."""
+    report = write_report(read_study_tables(args.folder), args.folder)
+    print(f"report written: {report}")
     return 0
 
 
@@ -318,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--context", type=positive_int, metavar="TOKENS", help="tokens in the cache (default: seq_len)")
     info.add_argument("--batch-size", type=positive_int, default=1, metavar="N",
                       help="sequences in the cache (default: %(default)s)")
-    info.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_BYTES),
+    info.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES),
                       help="bytes per cached value (default: %(default)s)")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(func=cmd_info)
@@ -416,6 +412,13 @@ def build_parser() -> argparse.ArgumentParser:
                                 "1 under torchrun) (default: %(default)s)")
     add_plan_arguments(reproduce, tokens=False)
     reproduce.set_defaults(func=cmd_reproduce)
+
+    report = sub.add_parser("report", parents=[common], help="redraw a study's report.md and figures from its tables",
+                            description="Redraw report.md and every figure of a study folder (what `headlab "
+                                        "reproduce` wrote) from its tables alone, in seconds: nothing is trained or "
+                                        "analysed again. The tables are checked against study.json first.")
+    report.add_argument("folder", type=Path, metavar="DIR", help="a study folder, e.g. runs/reproduce")
+    report.set_defaults(func=cmd_report)
     return parser
 
 

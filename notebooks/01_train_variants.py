@@ -76,10 +76,12 @@ import pandas as pd
 import torch
 
 import headlab
-from headlab import plots
 from headlab.cli import describe
-from headlab.report import collect_tables, final_losses, loss_table, per_seed_metrics
-from headlab.study import NotebookStudy
+from headlab.report import plots
+from headlab.report.writer import loss_table
+from headlab.study.claims import final_losses, per_seed_metrics
+from headlab.study.study import NotebookStudy
+from headlab.study.tables import FLAGSHIP_MLA_ROPE, study_tables
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead
@@ -94,7 +96,7 @@ print(f"preset {STUDY.preset}, {SEEDS} seed(s), runs in {relpath(STUDY.folder)}"
 # parameters and the decode cache; "KV % of MHA" is what the paper's Table 7 reports.
 
 # %%
-pd.DataFrame([describe(config, context=config.seq_len, dtype="fp32") for config in VARIANTS]).set_index("label")[
+pd.DataFrame([describe(config, context=config.seq_len, dtype="float32") for config in VARIANTS]).set_index("label")[
     ["params", "attention_params_per_layer", "kv_values_per_token_per_layer", "kv_fraction_of_mha", "kv_cache_bytes"]
 ].style.format({"params": "{:,}", "attention_params_per_layer": "{:,}", "kv_fraction_of_mha": "{:.1%}",
                 "kv_cache_bytes": "{:,}"})
@@ -129,7 +131,8 @@ run.metrics_frame().dropna(subset=["val_loss"])[["step", "tokens", "val_loss", "
 
 # %%
 runs = STUDY.train(SEEDS, progress=False)  # a line per variant as it finishes
-tables, training = collect_tables(runs, mla_rope=("included",))  # one analysis setting suffices here
+tables = study_tables(STUDY, SEEDS)  # the study's tidy tables (analysed once, then read from disk)
+training = tables["training"]
 training.head()
 
 # %% [markdown]
@@ -152,7 +155,7 @@ final = final_losses(training)
 plots.loss_vs_cache_figure(final)
 
 # %%
-loss_table(per_seed_metrics(tables, training))
+loss_table(per_seed_metrics(tables["summary"], training), FLAGSHIP_MLA_ROPE)
 
 # %% [markdown]
 # ## What the models write

@@ -19,8 +19,8 @@
 # How alike are the heads of one layer? The paper behind this study (arXiv 2601.11471, §4.3)
 # answers with each head's bilinear form and the spectrum of their similarity matrix.
 #
-# **You will learn** how a layer's heads become an H × H similarity matrix, what its centred and
-# uncentred eigen-spectra and the effective rank measure, how to run `headlab.analysis.analyze` on
+# **You will learn** how a layer's heads become an H × H similarity matrix, what its centered and
+# uncentered eigen-spectra and the effective rank measure, how to run `headlab.analysis.analyze` on
 # one model or all six, what its tidy tables hold, how the weight-space similarity compares with
 # the similarity of the heads' actual attention maps, and how to save the tables for later.
 #
@@ -30,10 +30,10 @@
 # * the QK circuit: A_h = W_Q,h W_K,hᵀ, so that a query x scores a key y as xᵀ A_h y (the OV
 #   circuit, W_V,h W_O,h, is what the head writes back);
 # * cosine similarity G[i, j] = ⟨A_i, A_j⟩_F / (‖A_i‖_F ‖A_j‖_F);
-# * the **uncentred** spectrum: eigenvalues of G (they sum to H); the **centred** one: of J G J with
+# * the **uncentered** spectrum: eigenvalues of G (they sum to H); the **centered** one: of J G J with
 #   J = I − 11ᵀ/H, i.e. a PCA of the heads after removing their common direction;
 # * the **effective rank**: exp of the entropy of the normalised eigenvalues, from 1 (all heads alike)
-#   up to H uncentred, H − 1 centred.
+#   up to H uncentered, H − 1 centered.
 
 # %% [markdown]
 # ## Colab
@@ -66,12 +66,13 @@ RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<
 import pandas as pd
 import torch
 
-from headlab import plots
-from headlab.analysis import Analysis, analyze, attention_similarity, concat
-from headlab.data import load_corpus, random_windows
-from headlab.heads import load_heads
-from headlab.study import NotebookStudy
-from headlab.spectrum import cosine_similarity, frobenius_gram, similarity_spectrum
+from headlab.report import plots
+from headlab.analysis.similarity import Analysis, analyze, attention_similarity, concat
+from headlab.data.corpus import load_corpus
+from headlab.data.shards import random_windows
+from headlab.analysis.heads import load_heads
+from headlab.study.study import NotebookStudy
+from headlab.analysis.spectrum import cosine_similarity, frobenius_gram, similarity_spectrum
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead
@@ -125,7 +126,7 @@ mha.spectra.query("layer == 0 and circuit == 'qk'")
 # %% [markdown]
 # ## All six variants
 # `concat` stacks analyses; the model label keeps them apart. Below, the QK effective rank per
-# layer as a percentage of H (the measure of the paper's Table 3), uncentred and centred.
+# layer as a percentage of H (the measure of the paper's Table 3), uncentered and centered.
 
 # %%
 analysis = concat(analyze(model, label=label, circuit="both") for label, model in models.items())

@@ -21,10 +21,10 @@
 # it and an interactive explorer.
 #
 # **You will learn** how to read a head-similarity spectrum (a steep drop after the first
-# eigenvalue: heads alike; a flat spectrum: heads diverse), why the centred and uncentred spectra
+# eigenvalue: heads alike; a flat spectrum: heads diverse), why the centered and uncentered spectra
 # tell different stories, how effective rank changes with depth for each variant, how our
 # effective ranks compare with the paper's Table 3, and how to explore every layer and method
-# with `headlab.widgets.explore`.
+# with `headlab.report.widgets.explore`.
 
 # %% [markdown]
 # ## Colab
@@ -60,10 +60,12 @@ from os.path import relpath
 
 import torch
 
-from headlab import plots
-from headlab.report import FLAGSHIP_MLA_ROPE, collect_tables, per_seed_metrics, rank_table
-from headlab.study import NotebookStudy
-from headlab.widgets import explore
+from headlab.report import plots
+from headlab.report.widgets import explore
+from headlab.report.writer import rank_table
+from headlab.study.claims import measure_claims, per_seed_metrics, per_seed_ranks, per_step_metrics, training_claims
+from headlab.study.study import NotebookStudy
+from headlab.study.tables import FLAGSHIP_MLA_ROPE, study_tables
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead
@@ -72,16 +74,17 @@ VARIANTS = STUDY.variants
 
 # %% [markdown]
 # ## The runs and their tables
-# `collect_tables` analyses the QK circuit of every run and returns the tidy tables (with a `seed`
-# column) and the validation-loss history. It analyses MLA twice, recorded in the `mla_rope`
-# column: with its decoupled RoPE query/key parts inside A_h ("included") and with the paper's
+# `study_tables` reads the study's tidy tables (with `seed` and `role` columns), the ones `headlab
+# reproduce` writes beside its runs; where there are none yet it trains the runs (or reuses the
+# finished ones) and analyses them once. Every section below only reads these tables. MLA is
+# analysed twice, recorded in the `mla_rope` column: with its decoupled RoPE query/key parts inside A_h ("included") and with the paper's
 # latent-only W_K,h = W_down W_up,h ("excluded"). The figures below use the setting of the report's
 # flagship (`FLAGSHIP_MLA_ROPE`); the explorer at the end switches between the two.
 
 # %%
-runs = STUDY.train(SEEDS, progress=False)
-tables, training = collect_tables(runs)  # both settings of mla_rope: MLA's RoPE parts in A_h or not
-flagship = {name: table[table["mla_rope"] == FLAGSHIP_MLA_ROPE] for name, table in tables.items()}
+tables = study_tables(STUDY, SEEDS)  # both settings of mla_rope: MLA's RoPE parts in A_h or not
+training = tables["training"]
+flagship = {name: tables[name][tables[name]["mla_rope"] == FLAGSHIP_MLA_ROPE] for name in ("spectra", "summary", "similarity")}
 colours = plots.palette(tables["summary"]["model"])  # one colour per method, in every figure
 layers = plots.layer_roles(tables["summary"]["layer"])
 layers
@@ -89,7 +92,7 @@ layers
 # %% [markdown]
 # ## The flagship figure
 # Each panel is one layer; each line one variant's H eigenvalues of the head-similarity matrix G,
-# largest first. Uncentred, the eigenvalues sum to H: a first eigenvalue near H means every head's
+# largest first. Uncentered, the eigenvalues sum to H: a first eigenvalue near H means every head's
 # QK form points the same way, a flat line at 1 means the heads are mutually orthogonal. With
 # `SMALL = True` the models are barely trained and every line stays close to 1; the `cpu-small`
 # runs separate.
@@ -98,12 +101,12 @@ layers
 plots.spectra_figure(flagship["spectra"], kind="uncentered", palette=colours)
 
 # %% [markdown]
-# Centred (a PCA of the heads): the common direction all heads share is removed first, so what is
-# left is how the heads differ from their mean. One eigenvalue is always 0, since the centred matrix
+# Centered (a PCA of the heads): the common direction all heads share is removed first, so what is
+# left is how the heads differ from their mean. One eigenvalue is always 0, since the centered matrix
 # has rank at most H − 1. Where sharing keys (MQA, GQA) makes heads alike mainly along that common
-# direction, centring narrows their gap to MHA: the paper reads MQA's rise from 72.6 % (uncentred)
-# to 78.4 % (centred) of H as "query compensation", though removing a dominant mean direction
-# raises the centred rank of any method whose heads share one.
+# direction, centering narrows their gap to MHA: the paper reads MQA's rise from 72.6 % (uncentered)
+# to 78.4 % (centered) of H as "query compensation", though removing a dominant mean direction
+# raises the centered rank of any method whose heads share one.
 
 # %%
 plots.spectra_figure(flagship["spectra"], kind="centered", palette=colours)
@@ -117,7 +120,7 @@ plots.cumulative_variance_figure(flagship["spectra"], kind="centered", palette=c
 
 # %% [markdown]
 # Effective rank per layer summarises each spectrum in one number: from 1 (all heads alike) up to
-# the dashed ceiling (H uncentred, H − 1 centred).
+# the dashed ceiling (H uncentered, H − 1 centered).
 
 # %%
 plots.effective_rank_figure(flagship["summary"], kind="uncentered", palette=colours)
@@ -128,11 +131,11 @@ plots.effective_rank_figure(flagship["summary"], kind="centered", palette=colour
 # %% [markdown]
 # ## Beside the paper
 # The mean effective rank over layers as % of H, in the form of the paper's Table 3, with the
-# paper's 128M figures beside ours. The paper's centred values (82–83 % for six heads) sit at the
+# paper's 128M figures beside ours. The paper's centered values (82–83 % for six heads) sit at the
 # ceiling H − 1 = 83.3 %, so differences there are small by construction.
 
 # %%
-rank_table(tables, per_seed_metrics(tables, training))
+rank_table(tables["summary"], per_seed_metrics(tables["summary"], training))
 
 # %% [markdown]
 # ## Inside one layer
@@ -140,27 +143,24 @@ rank_table(tables, per_seed_metrics(tables, training))
 # heads with unrelated QK forms; a block of high values is a group of heads that score alike.
 
 # %%
-similarity = flagship["similarity"].query("seed == 0")
+similarity = flagship["similarity"].query("seed == 0").drop(columns="seed")
 plots.similarity_heatmaps(similarity, layer=layers.get("Middle", layers["Late"]), palette=colours)
 
 # %% [markdown]
 # ## Through training
 # The study's runs keep light analysis snapshots as they train (the attention weights only, at steps
-# 0, 1, 2, 4, … and then ten evenly spaced ones: `TrainConfig.snapshot_every`, `headlab.snapshots`).
-# `through_training.snapshot_summary` analyses every snapshot of every run; the figure follows the
+# 0, 1, 2, 4, … and then ten evenly spaced ones: `TrainConfig.snapshot_every`). The study's
+# `snapshot_summary` table holds the analysis of every snapshot of every run; the figure follows the
 # effective rank from the initial draw to the last step (symmetric-log step axis). The sentences
 # answer, by the report's rule (paired by seed, an ordering only beyond seed noise), when MQA's
-# centring gap ("query compensation") appears and whether LRKV's diversity tracks MHA's.
+# centering gap ("query compensation") appears and whether LRKV's diversity tracks MHA's.
 
 # %%
-from headlab import measures, through_training
-from headlab.analysis import measure_agreement
-
-snapshots = through_training.snapshot_summary(runs, FLAGSHIP_MLA_ROPE)
+snapshots = tables["snapshot_summary"]
 plots.rank_through_training_figure(snapshots, kind="centered", palette=colours)
 
 # %%
-through_training.claims(through_training.per_step_metrics(snapshots))
+training_claims(per_step_metrics(snapshots))
 
 # %% [markdown]
 # ## Do the measures agree?
@@ -172,25 +172,26 @@ through_training.claims(through_training.per_step_metrics(snapshots))
 # MHA holds up in the other views.
 
 # %%
-views = measures.measure_table(runs, STUDY.load_corpus(), FLAGSHIP_MLA_ROPE)
-print(f"Σ estimated on {views.moment_tokens:,} validation tokens in {views.moment_seconds:.1f} s")
-plots.measures_figure(views.summary, kind="centered", palette=colours)
+views = tables["measures"]
+print(f"Σ estimated on {tables.meta['moment_tokens']:,} validation tokens in {tables.meta['moment_seconds']:.1f} s")
+plots.measures_figure(views, kind="centered", palette=colours)
 
 # %%
-measure_agreement(views.summary, pair_pattern_with="qk")
+tables["measure_agreement"]
 
 # %%
-measures.claims(measures.per_seed_ranks(views.summary))
+measure_claims(per_seed_ranks(views))
 
 # %% [markdown]
 # ## Explore
-# Toggle methods, pick any layer (or early, middle and late together), switch between centred and
-# uncentred spectra, and change the view: spectra, heatmaps, effective rank, cumulative variance or
+# Toggle methods, pick any layer (or early, middle and late together), switch between centered and
+# uncentered spectra, and change the view: spectra, heatmaps, effective rank, cumulative variance or
 # loss curves. Every change redraws. The explorer draws its first view as soon as it is created, so
 # a run without a browser (CI) renders it too; `explorer.figures` holds the figures last drawn.
 
 # %%
-explorer = explore({**tables, "similarity": tables["similarity"].query("seed == 0")}, training=training)
+explorer = explore({**tables.tables, "similarity": tables["similarity"].query("seed == 0").drop(columns="seed")},
+                   training=training)
 explorer
 
 # %% [markdown]

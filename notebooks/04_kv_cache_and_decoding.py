@@ -61,7 +61,8 @@ import pandas as pd
 import torch
 
 import headlab
-from headlab import decoding, plots
+from headlab.model import decoding
+from headlab.report import plots
 from headlab.cli import describe
 
 torch.set_num_threads(1)  # single-threaded timings (see above)
@@ -95,7 +96,7 @@ decoding.cache_bytes_table(MODELS, CONTEXT).round(1)
 
 # %%
 PAPER_VARIANTS = headlab.comparison_variants("paper-128m")
-paper = pd.DataFrame([describe(config, context=2048, dtype="bf16") for config in PAPER_VARIANTS]).set_index("label")
+paper = pd.DataFrame([describe(config, context=2048, dtype="bfloat16") for config in PAPER_VARIANTS]).set_index("label")
 paper[["params", "kv_values_per_token_per_layer", "kv_fraction_of_mha", "kv_cache_bytes"]].style.format(
     {"params": "{:,}", "kv_fraction_of_mha": "{:.1%}", "kv_cache_bytes": "{:,}"})
 

@@ -64,10 +64,10 @@ from os.path import relpath
 from pathlib import Path
 
 
-from headlab import plots
-from headlab.analysis import analyze, concat
-from headlab.heads import load_heads
-from headlab.study import NotebookStudy
+from headlab.report import plots
+from headlab.analysis.similarity import analyze, concat
+from headlab.analysis.heads import load_heads
+from headlab.study.study import NotebookStudy
 
 if CHECKPOINT is None:
     try:
@@ -107,7 +107,7 @@ bert = analyze(CHECKPOINT, label=LABEL, circuit="both")
 bert.summary.pivot_table(index=["circuit", "kind"], columns="layer", values="effective_rank_pct_of_ceiling").round(1)
 
 # %% [markdown]
-# Percentages of the ceiling (12 uncentred, 11 centred). Pretrained heads are far from redundant:
+# Percentages of the ceiling (12 uncentered, 11 centered). Pretrained heads are far from redundant:
 # their QK forms are nearly orthogonal in weight space (mean off-diagonal cosine below):
 
 # %%
@@ -116,7 +116,7 @@ bert.summary.query("kind == 'uncentered'").pivot_table(index="circuit", columns=
 
 # %% [markdown]
 # ## Spectra in the early, middle and late layer
-# The flagship figure's layout with one model. With 12 heads, an uncentred spectrum that stays
+# The flagship figure's layout with one model. With 12 heads, an uncentered spectrum that stays
 # near 1 for all 12 indices means 12 distinct QK forms; a large first eigenvalue would mean the
 # heads share a common direction.
 
@@ -133,7 +133,7 @@ plots.spectra_figure(bert.spectra, kind="centered")
 plots.spectra_figure(bert.spectra, kind="uncentered", circuit="ov")
 
 # %% [markdown]
-# Effective rank per layer, centred, against the ceiling H − 1 = 11 (the dashed line):
+# Effective rank per layer, centered, against the ceiling H − 1 = 11 (the dashed line):
 
 # %%
 plots.effective_rank_figure(bert.summary, kind="centered")

@@ -12,21 +12,25 @@ import torch
 from conftest import tiny_model
 from safetensors.torch import save_file
 
-from headlab.analysis import (COLUMNS, Analysis, analyze, attention_similarity, concat, js_distance_matrix,
-                              norm_scale_effect, recorded_attention)
+from headlab.analysis.similarity import COLUMNS, Analysis, analyze, attention_similarity, concat, js_distance_matrix, norm_scale_effect, recorded_attention
 from headlab.cli import main as cli_main
+from headlab.training.runs import save_checkpoint
 
 FAMILIES = ["mha", "gqa", "mqa", "lrkv", "mla"]
 
 
 def _write_run(folder, model, bare: bool = False, dtype=None):
-    """A headlab run folder as the trainer writes it: config.json with a "model" key (or a bare
-    ModelConfig dict) and model.safetensors holding the state dict."""
+    """A headlab run folder as the trainer writes it (config.json with a "model" key and a current
+    checkpoint), or with `bare` a ModelConfig dict beside model.safetensors (a model's own folder)."""
     folder.mkdir(parents=True, exist_ok=True)
     config = model.config.to_dict()
-    (folder / "config.json").write_text(json.dumps(config if bare else {"format": "headlab", "model": config}))
-    save_file({k: v.to(dtype or v.dtype).contiguous() for k, v in model.state_dict().items()},
-              str(folder / "model.safetensors"))
+    weights = {k: v.to(dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
+    if bare:
+        (folder / "config.json").write_text(json.dumps(config))
+        save_file(weights, str(folder / "model.safetensors"))
+    else:
+        (folder / "config.json").write_text(json.dumps({"format": "headlab", "model": config}))
+        save_checkpoint(folder, weights, [], torch.Generator(), step=0)
     return folder
 
 
@@ -97,10 +101,10 @@ def test_run_folder_and_safetensors_file_match_the_model(tmp_path):
     expected = analyze(model, circuit="both")
     for folder in (_write_run(tmp_path / "run", model), _write_run(tmp_path / "bare", model, bare=True)):
         pd.testing.assert_frame_equal(analyze(folder, circuit="both").similarity, expected.similarity)
-    pd.testing.assert_frame_equal(analyze(tmp_path / "run" / "model.safetensors").summary,
+    pd.testing.assert_frame_equal(analyze(tmp_path / "bare" / "model.safetensors").summary,
                                   analyze(model).summary)
     # bf16 checkpoints are read through torch (numpy has no bfloat16)
-    bf16 = _write_run(tmp_path / "bf16", model, dtype=torch.bfloat16)
+    bf16 = _write_run(tmp_path / "bf16", model, bare=True, dtype=torch.bfloat16)
     pd.testing.assert_frame_equal(analyze(bf16).similarity, analyze(model.to(torch.bfloat16)).similarity)
 
 
@@ -172,14 +176,22 @@ def test_invalid_arguments_are_named():
 
 # ---- behaviour space ---------------------------------------------------------------------------
 
-def test_recorded_attention_restores_the_kernel():
-    from headlab.attention import grouped
-
-    original = grouped.attend
-    with pytest.raises(RuntimeError):
-        with recorded_attention():
-            raise RuntimeError
-    assert grouped.attend is original
+@pytest.mark.parametrize("attention", FAMILIES)
+def test_recorded_attention_hooks_one_model_and_leave_no_hook_behind(attention, tokens):
+    """The hook point sees every layer's call of the recorded model only, and is removed on exit
+    (also when the block raises), so the model computes exactly as before."""
+    model, other = tiny_model(attention), tiny_model(attention)
+    before = model(tokens)[0]
+    with recorded_attention(model) as calls:
+        other(tokens)
+        assert calls == []  # another model's forward is not recorded
+        model(tokens)
+    assert len(calls) == model.config.n_layer
+    with pytest.raises(RuntimeError), recorded_attention(model) as more:
+        raise RuntimeError
+    model(tokens)
+    assert more == [] and all(not m._forward_pre_hooks for m in model.modules())
+    torch.testing.assert_close(model(tokens)[0], before, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("attention", FAMILIES)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from headlab import ATTENTION_FAMILIES
-from headlab.attention import attention_backend
+from headlab.model.attention import attention_backend
 from conftest import DECODE_CASES, tiny_model
 
 

@@ -5,15 +5,16 @@ import numpy as np
 import pytest
 
 from headlab import data
-from headlab.bpe import BPETokenizer, split_at_character, utf8_texts
-from headlab.data import load_corpus
+from headlab.data import sources
+from headlab.data.bpe import BPETokenizer, split_at_character, utf8_texts
+from headlab.data.corpus import load_corpus
 
 TEXTS = ["To be, or not to be: that is the question.\n", "Wherefore art thou Roméo? — Ü 你好\n"] * 50
 
 
 @pytest.fixture
 def isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 

@@ -131,9 +131,9 @@ def test_notebook_03_runs_and_every_explorer_control_redraws(lab, tmp_path):
             label = explorer.locator(".widget-checkbox").nth(n).inner_text()
             changes(f"method {label} off", checkboxes.nth(n).uncheck)
             changes(f"method {label} on", checkboxes.nth(n).check)
-        changes("spectrum centred", lambda: kind.get_by_role("button", name="centred (PCA)", exact=True).click())
-        page.screenshot(path=str(SCREENSHOTS / "02_centred.png"), full_page=True)
-        changes("spectrum uncentred", lambda: kind.get_by_role("button", name="uncentred", exact=True).click())
+        changes("spectrum centered", lambda: kind.get_by_role("button", name="centered (PCA)", exact=True).click())
+        page.screenshot(path=str(SCREENSHOTS / "02_centered.png"), full_page=True)
+        changes("spectrum uncentered", lambda: kind.get_by_role("button", name="uncentered", exact=True).click())
         options = layers.locator("option").all_inner_texts()
         for option in options[1:] + options[:1]:
             changes(f"layers {option}", lambda option=option: layers.select_option(label=option))
@@ -146,9 +146,9 @@ def test_notebook_03_runs_and_every_explorer_control_redraws(lab, tmp_path):
             changes(f"view {name}", lambda name=name: view.get_by_role("button", name=name, exact=True).click())
             page.screenshot(path=str(SCREENSHOTS / f"03_view_{name.replace(' ', '_')}.png"), full_page=True)
             if name == "heatmaps":
-                assert kind.get_by_role("button", name="centred (PCA)", exact=True).is_disabled()
+                assert kind.get_by_role("button", name="centered (PCA)", exact=True).is_disabled()
             if name == "loss curves":
-                assert layers.is_disabled() and kind.get_by_role("button", name="uncentred", exact=True).is_disabled()
+                assert layers.is_disabled() and kind.get_by_role("button", name="uncentered", exact=True).is_disabled()
         browser.close()
     assert len(clicks) >= 12 + 2 + len(options) + 5, clicks
     assert not console_errors, "browser console errors:\n" + "\n".join(console_errors)

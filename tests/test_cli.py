@@ -21,7 +21,7 @@ def test_info_reproduces_the_papers_lrkv_cache_fractions(name, rank, fraction, c
 
 
 def test_info_table_lists_all_five_families_with_bytes(capsys):
-    assert main(["info", "--preset", "paper-128m", "--context", "2048", "--dtype", "bf16"]) == 0
+    assert main(["info", "--preset", "paper-128m", "--context", "2048", "--dtype", "bfloat16"]) == 0
     out = capsys.readouterr().out
     for label in ("Standard MHA", "MQA", "GQA (3 KV heads)", "MLA (d_c=128)", "LRKV (r=46)"):
         assert label in out
@@ -30,7 +30,7 @@ def test_info_table_lists_all_five_families_with_bytes(capsys):
 
 def test_describe_counts_parameters_of_a_real_model_and_bytes_from_the_formula():
     config = preset("tiny", "mla", q_latent_dim=8)
-    row = describe(config, context=10, dtype="fp32", batch_size=3)
+    row = describe(config, context=10, dtype="float32", batch_size=3)
     assert row["params"] == sum(p.numel() for p in GPT(config).parameters())
     assert row["kv_cache_bytes"] == (12 + 4) * config.n_layer * 10 * 3 * 4
 

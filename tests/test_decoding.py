@@ -1,4 +1,4 @@
-"""headlab.decoding: cache bytes against the formula, cached generation, step timings and the
+"""headlab.model.decoding: cache bytes against the formula, cached generation, step timings and the
 LRKV key-rebuild bill, on tiny models."""
 
 import pytest
@@ -6,9 +6,9 @@ import torch
 
 from test_cache_sizes import _formula
 
-from headlab import decoding
-from headlab.config import comparison_variants
-from headlab.model import GPT
+from headlab.model import decoding
+from headlab.study.roles import comparison_variants
+from headlab.model.gpt import GPT
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +48,53 @@ def test_cached_and_uncached_generation_choose_the_same_tokens(models, monkeypat
     assert list(table["same tokens"]) == [label != mqa for label in models]
 
 
-def test_step_latency_is_tidy(models):
+def test_cache_bytes_are_the_bytes_decoding_actually_holds(models):
+    """The table's cache is the one `generate` decodes with: after a prefill and a decode step the
+    tensors it holds are exactly the table's bytes; a cache holding more is reported, not hidden."""
+    table = decoding.cache_bytes_table(models, context=48)
+    for label, model in models.items():
+        cache = model.new_cache(1, 48)
+        with torch.no_grad():
+            model(torch.zeros(1, 47, dtype=torch.long), cache=cache)
+            model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+        assert cache.pos == 48
+        assert sum(t.numel() * t.element_size() for t in cache.tensors()) == table.loc[label, "cache tensors (bytes)"]
+    mqa = next(label for label in models if label.startswith("MQA"))
+    original = models[mqa].new_cache
+
+    def padded(*args, **kwargs):  # a cache with one spare layer's worth of buffers
+        cache = original(*args, **kwargs)
+        cache.layers.append(cache.layers[0])
+        return cache
+
+    models[mqa].new_cache = padded
+    try:
+        assert list(decoding.cache_bytes_table(models, context=48)["agree"]) == [
+            label != mqa for label in decoding.cache_bytes_table(models, context=48).index]
+    finally:
+        del models[mqa].new_cache
+
+
+def test_step_latency_times_one_step_at_each_stated_context(models, monkeypatch):
+    """Each timed statement decodes one token on a cache already holding `context` tokens and
+    rewinds it, so every repetition sees the same cache."""
+    seen = []
+
+    class Recorder:
+        def __init__(self, statement, globals):
+            self.statement, self.globals = statement, globals
+
+        def blocked_autorange(self, min_run_time):
+            cache = self.globals["cache"]
+            before = cache.pos
+            exec(self.statement, self.globals)
+            seen.append((before, cache.pos))
+            return type("Measurement", (), {"median": 0.001})()
+
+    monkeypatch.setattr(decoding, "Timer", Recorder)
     latency = decoding.step_latency(models, [16, 64], min_run_time=0.01)
-    assert list(latency.columns) == ["model", "context", "ms"]
     assert list(zip(latency["model"], latency["context"])) == [(m, c) for c in (16, 64) for m in models]
+    assert seen == [(c, c) for c in (16, 64) for _ in models] and (latency["ms"] == 1.0).all()
 
 
 def test_lrkv_key_rebuild_bill_follows_its_closed_form():

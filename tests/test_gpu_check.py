@@ -8,13 +8,14 @@ from pathlib import Path
 import pandas as pd
 
 from headlab import data
-from headlab.runs import has_checkpoint
+from headlab.data import sources
+from headlab.training.runs import has_checkpoint
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
 
 def test_gpu_check_smoke_runs_every_stage(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     gpu_check = importlib.util.module_from_spec(spec)

@@ -1,4 +1,4 @@
-"""headlab.heads: the per-head factors reproduce each model's own computation.
+"""headlab.analysis.heads: the per-head factors reproduce each model's own computation.
 
 Faithfulness (headlab families): xᵀ A_h y must equal the pre-softmax score q_h(x)·k_h(y) that the
 attention module itself hands to its softmax kernel, for every head and every pair of positions.
@@ -26,9 +26,9 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from headlab.analysis import recorded_attention
-from headlab.heads import LRKVWeights, MLAWeights, load_heads
-from headlab.spectrum import frobenius_gram
+from headlab.analysis.similarity import recorded_attention
+from headlab.analysis.heads import LRKVWeights, MLAWeights, load_heads
+from headlab.analysis.spectrum import frobenius_gram
 
 T = 6
 FAMILIES = [("mha", {}), ("gqa", {}), ("mqa", {}), ("lrkv", {}), ("mla", {}), ("mla", {"q_latent_dim": 6})]
@@ -72,7 +72,7 @@ def _identity_rope(attn, t: int):
 def test_qk_form_equals_the_models_own_scores(attention, overrides):
     model, attn = _headlab_attention(attention, **overrides)
     x = torch.randn(1, T, model.config.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad(), recorded_attention() as calls:
+    with torch.no_grad(), recorded_attention(model) as calls:
         attn(x, *_identity_rope(attn, T))
     (q, k, _), = calls
     k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)  # KV group g serves heads g·H/G …

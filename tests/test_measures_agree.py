@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 from scipy.spatial.distance import jensenshannon
 
-from headlab import plots
-from headlab.analysis import measure_agreement
-from headlab.measures import behaviour_summary, claims as measure_claims, clipped_spectrum
-from headlab.spectrum import similarity_spectrum
-from headlab.through_training import claims as training_claims, compensation_onset, per_step_metrics
+from headlab.report import plots
+from headlab.analysis.similarity import measure_agreement
+from headlab.analysis.measures import behaviour_summary, clipped_spectrum
+from headlab.analysis.spectrum import similarity_spectrum
+from headlab.study.claims import compensation_onset, measure_claims, per_step_metrics, training_claims
 
 ROLES = {"mha": "Standard MHA", "mqa": "MQA", "lrkv-small": "LRKV (r=4)"}
 
@@ -23,7 +23,7 @@ def _js_similarity(rng, heads=6, positions=20, keys=9) -> np.ndarray:
     return 1 - distance
 
 
-def test_behaviour_similarity_centred_is_psd_and_negative_eigenvalues_are_clipped_and_reported():
+def test_behaviour_similarity_centered_is_psd_and_negative_eigenvalues_are_clipped_and_reported():
     rng = np.random.default_rng(0)
     for _ in range(20):  # the mean JS distance is conditionally negative definite: J S J ⪰ 0
         s = _js_similarity(rng)
@@ -88,7 +88,7 @@ def _ranks(weights_gap: float, behaviour_gap: float, noise: float, seeds: int = 
 
 def test_measure_claims_say_where_the_weight_ordering_holds_up_in_behaviour():
     holds = measure_claims(_ranks(weights_gap=-10.0, behaviour_gap=-8.0, noise=0.5))
-    mqa = [s for s in holds if s.startswith("MQA, uncentred")]
+    mqa = [s for s in holds if s.startswith("MQA, uncentered")]
     assert len(mqa) == 1 and "weights lower by 9.8 ± " in mqa[0]
     assert "behaviour (attention maps): lower by 7.8 ± " in mqa[0] and mqa[0].endswith("holds up.")
     reversed_ = measure_claims(_ranks(weights_gap=-10.0, behaviour_gap=6.0, noise=0.5))
@@ -97,15 +97,15 @@ def test_measure_claims_say_where_the_weight_ordering_holds_up_in_behaviour():
     assert any("behaviour (attention maps): within seed noise" in s and "not confirmed" in s for s in noisy)
     nothing = measure_claims(_ranks(weights_gap=0.0, behaviour_gap=-8.0, noise=3.0))
     assert not any(s.startswith("MQA, ") for s in nothing)  # no weight-space ordering, nothing to test
-    assert nothing[-1].startswith("No weight-space ordering") and "MQA (uncentred)" in nothing[-1]
+    assert nothing[-1].startswith("No weight-space ordering") and "MQA (uncentered)" in nothing[-1]
     assert measure_claims(_ranks(-10.0, -8.0, 0.5, seeds=1)) == [
         "One seed: no orderings claimed, so no weight-space conclusion is tested."]
 
 
 def _snapshot_summary(onset: int | None, lrkv_departs: int | None, seeds: int = 3, mqa_noise: float = 0.0) -> pd.DataFrame:
-    """Summary rows over steps: MQA's centred rank rises by 6 points over MHA's from `onset` on;
-    LRKV's uncentred rank drops by 8 from `lrkv_departs` on; ±0.3 seed noise, and ±`mqa_noise`
-    on MQA's centred rank (a positive mean gap, within seed noise)."""
+    """Summary rows over steps: MQA's centered rank rises by 6 points over MHA's from `onset` on;
+    LRKV's uncentered rank drops by 8 from `lrkv_departs` on; ±0.3 seed noise, and ±`mqa_noise`
+    on MQA's centered rank (a positive mean gap, within seed noise)."""
     rows = []
     for seed in range(seeds):
         for step in (0, 1, 2, 4, 8, 10, 20):
@@ -129,14 +129,14 @@ def test_through_training_claims_state_the_onset_and_tracking_only_beyond_seed_n
     step, d = compensation_onset(metrics)
     assert step == 8 and d.mean == pytest.approx(6.0)
     sentences = training_claims(metrics)
-    assert any(s.startswith("Query compensation: MQA's centring gap first exceeds MHA's beyond seed noise at step 8 "
+    assert any(s.startswith("Query compensation: MQA's centering gap first exceeds MHA's beyond seed noise at step 8 "
                             "(by 6.00 ± ") and "at 3 of the 3 snapshot steps" in s for s in sentences)
     assert "LRKV (r=4) tracks Standard MHA from the start" in " ".join(sentences)
 
     never = training_claims(per_step_metrics(_snapshot_summary(onset=None, lrkv_departs=4, mqa_noise=2.0)))
-    assert any(s.startswith("Query compensation: MQA's centring gap is not distinguishable from MHA's beyond seed "
+    assert any(s.startswith("Query compensation: MQA's centering gap is not distinguishable from MHA's beyond seed "
                             "noise at any of the 7 snapshot steps") for s in never)
-    assert any(s.startswith("LRKV (r=4) departs from Standard MHA beyond seed noise first at step 4 (uncentred "
+    assert any(s.startswith("LRKV (r=4) departs from Standard MHA beyond seed noise first at step 4 (uncentered "
                             "effective rank -8.00 ± ") for s in never)
     assert not any("tracks" in s for s in never)
     assert training_claims(per_step_metrics(_snapshot_summary(8, 4, seeds=1))) == [
@@ -170,7 +170,7 @@ def test_every_forward_measurement_runs_where_the_model_lives(measurement):
     import torch
     from conftest import tiny_model
 
-    from headlab import analysis, inputs
+    from headlab.analysis import inputs, similarity as analysis
 
     model = tiny_model("mha").to("meta")
     seen = []

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from headlab import study
+from headlab.study import study
 
 ROOT = Path(__file__).resolve().parent.parent
 

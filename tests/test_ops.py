@@ -1,11 +1,11 @@
-"""The hand-written backward passes of headlab.ops against autograd of the plain formulas."""
+"""The hand-written backward passes of headlab.model.ops against autograd of the plain formulas."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from conftest import tiny_model
-from headlab.ops import RMSNorm, relu_squared, rms_norm, rotate_and_normalize, rotate_pairs
+from headlab.model.ops import RMSNorm, relu_squared, rms_norm, rotate_and_normalize, rotate_pairs
 
 
 def _values_and_grads(fn, inputs, grad_out):

@@ -6,11 +6,10 @@ import pytest
 
 from headlab import preset
 from headlab.cli import main
-from headlab.config import comparison_variants
-from headlab.model import count_parameters
-from headlab.plan import (GiB, Devices, PlanError, activation_bytes, format_plan, gpu_peak, measure_peak_flops,
-                          memory_per_device, optimizer_state_bytes, parse_devices, study_plan, training_flops)
-from headlab.train import train_preset
+from headlab.study.roles import comparison_variants
+from headlab.model.gpt import count_parameters
+from headlab.training.plan import GiB, Devices, PlanError, activation_bytes, format_plan, gpu_peak, measure_peak_flops, memory_per_device, optimizer_state_bytes, parse_devices, study_plan, training_flops
+from headlab.training.config import train_preset
 
 
 def test_flops_are_6ND_plus_a_documented_causal_attention_term():

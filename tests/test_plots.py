@@ -1,4 +1,4 @@
-"""headlab.plots on small synthetic tables (random PSD similarity matrices; no analysis run)."""
+"""headlab.report.plots on small synthetic tables (random PSD similarity matrices; no analysis run)."""
 
 import os
 
@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from headlab import plots  # noqa: E402
+from headlab.report import plots  # noqa: E402
 
 # The six demo variants, deliberately out of figure order, and their redundancy: the share of
 # each head's bilinear form that is common to all heads of a layer.
@@ -47,7 +47,7 @@ def synthetic_tables(methods=METHODS, n_layers=4, n_heads=6, seeds=None, width=3
     matrix (PSD, unit diagonal), spectra of G and of J G J. `seeds` adds a seed column."""
     rng = np.random.default_rng(rng_seed)
     similarity, spectra, summary = [], [], []
-    centring = np.eye(n_heads) - 1 / n_heads
+    centering = np.eye(n_heads) - 1 / n_heads
     for seed in seeds if seeds is not None else [None]:
         for model, shared in methods.items():
             for layer in range(n_layers):
@@ -58,7 +58,7 @@ def synthetic_tables(methods=METHODS, n_layers=4, n_heads=6, seeds=None, width=3
                 i, j = np.indices(gram.shape)
                 similarity.append(pd.DataFrame({"model": model, "layer": layer, "circuit": "qk",
                                                 "head_i": i.ravel(), "head_j": j.ravel(), "value": gram.ravel()}))
-                for kind, matrix in (("uncentered", gram), ("centered", centring @ gram @ centring)):
+                for kind, matrix in (("uncentered", gram), ("centered", centering @ gram @ centering)):
                     rows, row = _spectrum_rows(model, layer, kind, matrix)
                     spectra.append(rows)
                     summary.append(row)
@@ -138,7 +138,7 @@ def test_layer_roles_and_titles():
 
 # ---- the flagship spectra figure --------------------------------------------------------------
 
-@pytest.mark.parametrize("kind, word", [("centered", "centred"), ("uncentered", "uncentred")])
+@pytest.mark.parametrize("kind, word", [("centered", "centered"), ("uncentered", "uncentered")])
 def test_spectra_figure_panels_labels_legend(tables, kind, word):
     fig = plots.spectra_figure(tables["spectra"], kind=kind)
     assert isinstance(fig, Figure)
@@ -152,7 +152,7 @@ def test_spectra_figure_panels_labels_legend(tables, kind, word):
     for ax in fig.axes:
         assert ax.get_ylim()[0] == 0  # eigenvalues from 0, as in the seed figure
         notes = [text.get_text() for text in ax.texts]
-        assert notes == (["last eigenvalue = 0\nby construction (centring)"] if kind == "centered" else [])
+        assert notes == (["last eigenvalue = 0\nby construction (centering)"] if kind == "centered" else [])
         assert line_colours(ax) == TAB10  # one line per method, in order, in its colour
         assert all(tick == int(tick) for tick in ax.get_xticks())
         (first_line, *_) = ax.get_lines()
@@ -336,3 +336,11 @@ def test_decode_latency_figure():
     assert line_colours(ax) == TAB10
     mqa = ax.get_lines()[FIGURE_ORDER.index("MQA")]
     assert list(mqa.get_ydata()) == pytest.approx([1 + 0.6 * t / 100 for t in contexts])
+
+
+def test_save_figure_creates_its_folder(tmp_path):
+    figure = Figure()
+    figure.add_subplot().plot([0, 1])
+    path = plots.save_figure(figure, tmp_path / "a" / "b", "empty")
+    assert path == tmp_path / "a" / "b" / "empty.png" and path.stat().st_size > 0
+    assert (tmp_path / "a" / "b" / "empty.svg").stat().st_size > 0

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from headlab.analysis import Analysis, analyze
+from headlab.analysis.similarity import Analysis, analyze
 from headlab.cli import main as cli_main
 
 try:

@@ -31,14 +31,9 @@ from transformers.models.llama.configuration_llama import LlamaConfig  # noqa: E
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding  # noqa: E402
 
 import headlab  # noqa: E402
-from headlab.attention import (  # noqa: E402
-    GroupedQueryAttention,
-    KVCache,
-    MultiHeadLatentAttention,
-    attention_backend,
-    rope_tables,
-)
-from headlab.attention.mla import NORM_EPS  # noqa: E402
+from headlab.model.attention import (GroupedQueryAttention, KVCache, MultiHeadLatentAttention,  # noqa: E402
+                                     attention_backend, rope_tables)
+from headlab.model.attention.mla import NORM_EPS  # noqa: E402
 
 TOL = 1e-5
 BATCH, SEQ = 2, 12
@@ -155,26 +150,6 @@ def _port_gqa(ours: GroupedQueryAttention, hf: LlamaAttention) -> None:
             getattr(hf, dst).weight.copy_(getattr(ours, src).weight)
 
 
-@pytest.mark.parametrize("impl, backend", IMPL_BACKENDS)
-@pytest.mark.parametrize("case", list(GQA_CASES))
-def test_gqa_matches_llama_attention(case, impl, backend):
-    cfg, ours, hf, rotary = _gqa_pair(case, impl)
-    x, cos, sin = _inputs(cfg)
-    _check_hf_rope_matches(rotary, cos, sin)
-    ref = _hf_forward(hf, rotary, x, impl)
-    with attention_backend(backend):
-        _assert_close(_headlab_forward(ours, x, cos, sin), ref)
-
-
-@pytest.mark.parametrize("chunking", list(CHUNKINGS))
-@pytest.mark.parametrize("case", list(GQA_CASES))
-def test_gqa_cache_matches_llama_attention(case, chunking):
-    cfg, ours, hf, rotary = _gqa_pair(case, "eager")
-    x, cos, sin = _inputs(cfg)
-    ref = _hf_forward(hf, rotary, x, "eager")
-    _assert_close(_headlab_forward(ours, x, cos, sin, CHUNKINGS[chunking]), ref)
-
-
 def test_gqa_comparison_catches_misports():
     """The check is sharp: an unported HF module, a non-causal HF run, or an interleaved-RoPE
     port of q/k all land far outside the tolerance."""
@@ -268,10 +243,20 @@ def _port_mla(ours: MultiHeadLatentAttention, hf: DeepseekV3Attention, permute: 
         hf.o_proj.weight.copy_(ours.wo.weight)
 
 
+# Every family against its Hugging Face reference: (pair builder, case) for the forward pass, and
+# the same with the decode cache (for MLA both caches), each case by its own id.
+def _pair(family: str, case: str, impl: str):
+    return {"gqa": _gqa_pair, "mla": _mla_pair}[family](case, impl)
+
+
+CASES = [("gqa", case) for case in GQA_CASES] + [("mla", case) for case in MLA_CASES]
+CACHES = [(family, case, absorb) for family, case in CASES for absorb in ((None,) if family == "gqa" else (True, False))]
+
+
 @pytest.mark.parametrize("impl, backend", IMPL_BACKENDS)
-@pytest.mark.parametrize("case", list(MLA_CASES))
-def test_mla_matches_deepseek_v3_attention(case, impl, backend):
-    cfg, ours, hf, rotary = _mla_pair(case, impl)
+@pytest.mark.parametrize("family, case", CASES, ids=[case for _, case in CASES])
+def test_attention_matches_its_hugging_face_reference(family, case, impl, backend):
+    cfg, ours, hf, rotary = _pair(family, case, impl)
     x, cos, sin = _inputs(cfg)
     _check_hf_rope_matches(rotary, cos, sin)
     ref = _hf_forward(hf, rotary, x, impl)
@@ -280,13 +265,14 @@ def test_mla_matches_deepseek_v3_attention(case, impl, backend):
 
 
 @pytest.mark.parametrize("chunking", list(CHUNKINGS))
-@pytest.mark.parametrize("mla_absorb", [True, False], ids=["absorbed", "naive"])
-@pytest.mark.parametrize("case", list(MLA_CASES))
-def test_mla_cache_matches_deepseek_v3_attention(case, mla_absorb, chunking):
-    cfg, ours, hf, rotary = _mla_pair(case, "eager")
+@pytest.mark.parametrize("family, case, mla_absorb", CACHES,
+                         ids=[case + {None: "", True: "-absorbed", False: "-naive"}[a] for _, case, a in CACHES])
+def test_cached_attention_matches_its_hugging_face_reference(family, case, mla_absorb, chunking):
+    cfg, ours, hf, rotary = _pair(family, case, "eager")
     x, cos, sin = _inputs(cfg)
     ref = _hf_forward(hf, rotary, x, "eager")
-    _assert_close(_headlab_forward(ours, x, cos, sin, CHUNKINGS[chunking], mla_absorb), ref)
+    extra = () if mla_absorb is None else (mla_absorb,)
+    _assert_close(_headlab_forward(ours, x, cos, sin, CHUNKINGS[chunking], *extra), ref)
 
 
 def test_mla_comparison_catches_misports():

@@ -23,12 +23,12 @@ import torch
 from safetensors.torch import save_file
 
 import headlab
-import headlab.runs
+import headlab.training.runs
 from headlab import ModelConfig, TrainConfig, TrainingDiverged, load_corpus, load_run, preset, train, train_preset
-from headlab.analysis import Analysis, analyze
+from headlab.analysis.similarity import Analysis, analyze
 from headlab.cli import main
-from headlab.model import GPT
-from headlab.runs import read_metrics
+from headlab.model.gpt import GPT
+from headlab.training.runs import read_metrics, save_checkpoint
 
 TINY = train_preset("tiny", steps=12, batch_size=4, eval_every=4, eval_batches=1, checkpoint_every=4, log_every=1)
 VOLATILE = ("tokens_per_s", "elapsed_s")  # wall-clock fields of a metrics record
@@ -83,9 +83,9 @@ def _full_disk(*_, **__):
 # ---- 1. a checkpoint is one unit --------------------------------------------------------------
 
 def test_1_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp_path, corpus, reference, monkeypatch):
-    import headlab.runs
+    import headlab.training.runs
 
-    real, calls = headlab.runs.save_file, {"n": 0}
+    real, calls = headlab.training.runs.save_file, {"n": 0}
 
     def weights_fail_second_time(*args, **kwargs):  # state.pt of step 8 is written, its weights are not
         calls["n"] += 1
@@ -94,7 +94,7 @@ def test_1_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp
         return real(*args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(headlab.runs, "save_file", weights_fail_second_time)
+        patch.setattr(headlab.training.runs, "save_file", weights_fail_second_time)
         with pytest.raises(Exception, match="No space left on device"):
             train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
     train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
@@ -104,10 +104,10 @@ def test_1_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp
 # ---- 2. killed before the first checkpoint ------------------------------------------------------
 
 def test_2_a_run_cut_short_inside_its_first_checkpoint_resumes_from_step_0(tmp_path, corpus, reference, monkeypatch):
-    import headlab.runs
+    import headlab.training.runs
 
     with monkeypatch.context() as patch:
-        patch.setattr(headlab.runs, "save_file", _full_disk)  # state.pt may be written, the weights never
+        patch.setattr(headlab.training.runs, "save_file", _full_disk)  # state.pt may be written, the weights never
         with pytest.raises(Exception, match="No space left on device"):
             train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
     train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
@@ -270,7 +270,7 @@ def _write_run(folder: Path, model: GPT, **config_changes) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     config = {**model.config.to_dict(), **config_changes}
     (folder / "config.json").write_text(json.dumps({"format": "headlab", "model": config}))
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+    save_checkpoint(folder, {k: v.contiguous() for k, v in model.state_dict().items()}, [], torch.Generator(), step=0)
     return folder
 
 
@@ -322,9 +322,9 @@ def test_9_a_truncated_analysis_table_is_refused(tmp_path):
 
 
 def test_9_analysing_very_many_heads_warns_about_size(monkeypatch):
-    import headlab.analysis
+    import headlab.analysis.similarity
 
-    monkeypatch.setattr(headlab.analysis, "LARGE_SIMILARITY_ROWS", 16)
+    monkeypatch.setattr(headlab.analysis.similarity, "LARGE_SIMILARITY_ROWS", 16)
     with pytest.warns(UserWarning, match=r"2 layers of 4 heads give a similarity table of 32 rows"):
         analyze(GPT(preset("tiny", "mha")))
 
@@ -446,7 +446,7 @@ EVERY_STEP = TINY.replace(checkpoint_every=1)
 def test_random_kills_at_any_instant_resume_to_identical_weights(tmp_path, corpus):
     """SIGKILL a checkpoint-every-step run at random instants, checkpoint writes slowed so most
     kills land inside one, and resume each time: the result equals an uninterrupted run."""
-    import headlab.runs
+    import headlab.training.runs
 
     reference = train(preset("tiny", "gqa"), EVERY_STEP, corpus, out=tmp_path / "ref", progress=False)
     folder, rng = tmp_path / "run", random.Random(0)
@@ -455,7 +455,7 @@ def test_random_kills_at_any_instant_resume_to_identical_weights(tmp_path, corpu
     real_fsync = headlab.io.fsync_path
 
     def slow_trainer():  # every fsync of a checkpoint write (files, folders, checkpoint.json) takes 10 ms more
-        headlab.runs.fsync_path = headlab.io.fsync_path = lambda path: (time.sleep(0.01), real_fsync(path))[1]
+        headlab.training.runs.fsync_path = headlab.io.fsync_path = lambda path: (time.sleep(0.01), real_fsync(path))[1]
         train(preset("tiny", "gqa"), EVERY_STEP, corpus, out=folder, resume=True, progress=False)
 
     def has_leftovers() -> bool:
@@ -491,7 +491,7 @@ def test_a_run_without_a_progress_bar_never_takes_tqdms_lock(tmp_path, corpus, m
     def no_tqdm(*args, **kwargs):
         raise AssertionError("a run with progress=False created a tqdm bar")
 
-    monkeypatch.setattr(sys.modules["headlab.train"], "tqdm", no_tqdm)  # headlab.train is also the function
+    monkeypatch.setattr(sys.modules["headlab.training.trainer"], "tqdm", no_tqdm)
     train(preset("tiny", "gqa"), TINY.replace(steps=2), corpus, out=tmp_path / "run", progress=False)
     with pytest.raises(AssertionError, match="created a tqdm bar"):
         train(preset("tiny", "gqa"), TINY.replace(steps=2), corpus, out=tmp_path / "shown", progress=True)
@@ -501,7 +501,7 @@ def test_a_full_disk_at_each_write_of_a_checkpoint_leaves_a_resumable_run(tmp_pa
     """ENOSPC (simulated) at the 1st, 2nd, ... write operation of the second checkpoint, each
     after half the bytes: every time the run resumes to the uninterrupted result."""
     import headlab.io
-    import headlab.runs
+    import headlab.training.runs
 
     def failing(real, counter, fail_at, partial_path_arg=None):
         def call(*args, **kwargs):
@@ -523,16 +523,16 @@ def test_a_full_disk_at_each_write_of_a_checkpoint_leaves_a_resumable_run(tmp_pa
     while True:
         folder = tmp_path / f"fail-{fail_at}"
         counter = {"n": -10_000}  # counting starts once the first checkpoint is complete
-        real_save_checkpoint = headlab.runs.save_checkpoint
+        real_save_checkpoint = headlab.training.runs.save_checkpoint
 
         def count_from_second(*args, **kwargs):
             real_save_checkpoint(*args, **kwargs)
             counter["n"] = max(counter["n"], 0)
 
         with monkeypatch.context() as patch:
-            patch.setattr(sys.modules["headlab.train"], "save_checkpoint", count_from_second)
+            patch.setattr(sys.modules["headlab.training.trainer"], "save_checkpoint", count_from_second)
             patch.setattr(torch, "save", failing(torch.save, counter, fail_at, partial_path_arg=1))
-            patch.setattr(headlab.runs, "save_file", failing(headlab.runs.save_file, counter, fail_at, partial_path_arg=1))
+            patch.setattr(headlab.training.runs, "save_file", failing(headlab.training.runs.save_file, counter, fail_at, partial_path_arg=1))
             patch.setattr(os, "replace", failing(os.replace, counter, fail_at))
             patch.setattr(os, "rename", failing(os.rename, counter, fail_at))
             try:
@@ -574,19 +574,3 @@ def test_run_files_are_readable_by_others(tmp_path, corpus):
             assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path
     assert math.isfinite(load_run(tmp_path / "run").final_val_loss)
 
-
-def test_a_run_folder_of_the_layout_before_checkpoint_json_resumes_and_is_converted(tmp_path, corpus, reference, monkeypatch):
-    with monkeypatch.context() as patch:
-        _interrupt_at_step(patch, 6)
-        with pytest.raises(_Interrupt):
-            train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
-    folder = tmp_path / "run"
-    step_folder = folder / json.loads((folder / "checkpoint.json").read_text())["folder"]
-    for name in ("model.safetensors", "state.pt"):  # model.safetensors and state.pt beside config.json
-        (step_folder / name).rename(folder / name)
-    step_folder.rmdir()
-    (folder / "checkpoint.json").unlink()
-    assert load_run(folder).step == 4 and headlab.runs.has_checkpoint(folder)
-    train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True, progress=False)
-    _assert_same_run(folder, reference)
-    assert not (folder / "model.safetensors").exists() and not (folder / "state.pt").exists()

@@ -9,10 +9,15 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from headlab import report
-from headlab.config import comparison_roles
-from headlab.report import FIGURES, PAPER, claims, per_seed_metrics, rank_table, write_report
-from headlab.study import Study
+import headlab.analysis.similarity
+import headlab.study.tables
+from headlab.cli import main
+from headlab.report.writer import FIGURES, rank_table, write_report
+from headlab.study.claims import claims, per_seed_metrics, rule_text
+from headlab.study.paper import PAPER
+from headlab.study.roles import comparison_roles
+from headlab.study.study import Study
+from headlab.study.tables import read_study_tables, rope_ratio_table, tabulate_study
 
 STEPS = 12
 ROLES = comparison_roles("tiny")
@@ -23,7 +28,7 @@ def study(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     study = Study("tiny", STEPS, out)
     runs = study.train(seeds=2, progress=False, log=lambda message: None)
-    return out, runs, write_report(runs, out, "tiny", corpus=study.load_corpus())
+    return out, runs, write_report(tabulate_study(runs, study.load_corpus(), "tiny", out), out)
 
 
 def _report_row(text: str, section: str, name: str) -> list[str]:
@@ -78,10 +83,10 @@ def test_report_quotes_this_runs_numbers_as_mean_and_sd(study):
 def test_paper_numbers_attach_to_the_variant_of_their_role(study):
     """Each row carries the paper's numbers for its own role, whatever the order of the rows."""
     out, runs, _ = study
-    tables = {name: pd.read_csv(out / f"{name}.csv") for name in ("summary",)}
-    metrics = per_seed_metrics(tables, pd.read_csv(out / "training.csv"))
+    tables = read_study_tables(out)
+    metrics = per_seed_metrics(tables["summary"], tables["training"])
     shuffled = metrics.sample(frac=1.0, random_state=0)
-    table = rank_table(tables, shuffled)
+    table = rank_table(tables["summary"], shuffled)
     assert set(PAPER) == set(ROLES)
     published = {"Standard MHA": (95.4, 82.4), "LRKV (r=16)": (88.8, 81.5), "LRKV (r=64)": (96.2, 83.0),
                  "MQA": (72.6, 78.4), "MLA (d_c=128)": (83.9, 78.5), "GQA (3 groups)": (90.5, 79.6)}
@@ -95,7 +100,7 @@ def test_paper_numbers_attach_to_the_variant_of_their_role(study):
             assert paper == ("LRKV (r=16)" if smaller else "LRKV (r=64)")
         else:
             assert paper == paper_of_family[config.attention]
-        assert (row["paper uncentred"], row["paper centred"]) == published[paper]
+        assert (row["paper uncentered"], row["paper centered"]) == published[paper]
     assert list(table["role"]) == [*ROLES, "mla"]  # figure order, then MLA at the other setting
 
 
@@ -103,8 +108,8 @@ def test_paper_numbers_attach_to_the_variant_of_their_role(study):
 
 def synthetic_metrics(seeds: int, loss_gap: float, loss_noise: float, rank_gap: float = 0.0) -> pd.DataFrame:
     """Per-seed metrics of the six roles: MQA's loss = MHA's + loss_gap + alternating ±loss_noise,
-    GQA's uncentred rank = MHA's − rank_gap; every other difference is alternating noise of 0.5
-    points (within seed noise); centring adds 10 points to every run."""
+    GQA's uncentered rank = MHA's − rank_gap; every other difference is alternating noise of 0.5
+    points (within seed noise); centering adds 10 points to every run."""
     rows = []
     for seed in range(seeds):
         sign = 1 if seed % 2 else -1
@@ -114,7 +119,7 @@ def synthetic_metrics(seeds: int, loss_gap: float, loss_noise: float, rank_gap: 
             rank = base_rank - (rank_gap if role == "gqa" else 0.0) + (0.0 if role == "mha" else sign * 0.5)
             for mla_rope in ("included", "excluded"):
                 rows.append({"role": role, "model": config.label, "mla_rope": mla_rope, "seed": seed,
-                             "val_loss": loss, "loss_unit": "nats/byte", "uncentred": rank, "centred": rank + 10.0})
+                             "val_loss": loss, "loss_unit": "nats/byte", "uncentered": rank, "centered": rank + 10.0})
     return pd.DataFrame(rows)
 
 
@@ -128,9 +133,9 @@ def test_an_ordering_appears_when_its_interval_excludes_zero():
     half = _half_width([0.1 - 0.002, 0.1 + 0.002, 0.1 - 0.002])
     mean = np.mean([0.1 - 0.002, 0.1 + 0.002, 0.1 - 0.002])
     assert f"MQA: validation loss higher than Standard MHA by {mean:.3f} ± {half:.3f} nats/byte." in sentences
-    gqa = "GQA (2 KV heads): uncentred effective rank lower than Standard MHA by 4."
+    gqa = "GQA (2 KV heads): uncentered effective rank lower than Standard MHA by 4."
     assert any(s.startswith(gqa) for s in sentences)
-    rise = "MQA: centring raises the effective rank by 10.00 ± 0.00 points of % of H (the paper: 72.6% → 78.4%)."
+    rise = "MQA: centering raises the effective rank by 10.00 ± 0.00 points of % of H (the paper: 72.6% → 78.4%)."
     assert rise in sentences
 
 
@@ -140,21 +145,21 @@ def test_an_ordering_vanishes_within_seed_noise():
     assert any(s.startswith("MQA: validation loss within seed noise of Standard MHA (-0.009 ± ") for s in sentences)
     assert not any("effective rank higher" in s or "effective rank lower" in s for s in sentences)
     for role in ("lrkv-small", "lrkv-large", "mqa", "gqa"):  # 0.5-point alternating noise only
-        assert any(s.startswith(f"{ROLES[role].label}: uncentred effective rank within seed noise") for s in sentences)
+        assert any(s.startswith(f"{ROLES[role].label}: uncentered effective rank within seed noise") for s in sentences)
     mla = ROLES["mla"].label
-    assert any(s.startswith(f"{mla}, RoPE part excluded (the paper's definition): centred effective rank within seed")
+    assert any(s.startswith(f"{mla}, RoPE part excluded (the paper's definition): centered effective rank within seed")
                for s in sentences)
 
 
 def test_one_seed_claims_no_ordering():
     assert claims(synthetic_metrics(seeds=1, loss_gap=0.5, loss_noise=0.0, rank_gap=20.0)) == [
         "One seed: no orderings claimed."]
-    assert "no ordering" in report.rule_text(1, 1)
+    assert "no ordering" in rule_text(1, 1)
 
 
 def test_the_rule_states_how_many_orderings_chance_alone_would_give():
     sentences = claims(synthetic_metrics(seeds=3, loss_gap=0.1, loss_noise=0.002, rank_gap=4.0))
-    text = report.rule_text(3, len(sentences))
+    text = rule_text(3, len(sentences))
     assert f"The {len(sentences)} comparisons below" in text
     assert f"about {0.05 * len(sentences):.1f} of them would still come out as orderings" in text
 
@@ -163,18 +168,18 @@ def test_rope_to_latent_ratio_measures_the_rope_part(study):
     import torch
     from conftest import tiny_model
 
-    from headlab.study import StudyRun
+    from headlab.study.study import StudyRun
 
     _, runs, _ = study
-    ratios = report.rope_to_latent_ratio(runs)
-    assert list(ratios.index) == [0, 1] and (ratios > 0).all()
+    ratios = rope_ratio_table(runs)
+    assert list(ratios["seed"]) == [0, 1] and (ratios["rope_to_latent"] > 0).all()
     model = tiny_model("mla")
     config = model.config
     with torch.no_grad():
         for block in model.blocks:
             block.attn.wkv_a.weight[config.kv_latent_dim:] = 0  # the shared RoPE key
     no_rope = StudyRun("mla", config, 0, runs[0].folder, type(runs[0].run)(model, config, None, 0))
-    assert report.rope_to_latent_ratio([no_rope]).tolist() == [pytest.approx(0.0, abs=1e-12)]
+    assert rope_ratio_table([no_rope])["rope_to_latent"].tolist() == [pytest.approx(0.0, abs=1e-12)]
 
 
 def test_report_has_the_through_training_and_measures_sections_with_their_figures(study):
@@ -190,3 +195,64 @@ def test_report_has_the_through_training_and_measures_sections_with_their_figure
     measures = pd.read_csv(out / "measures.csv")
     assert set(measures["measure"]) == {"frobenius", "data", "jensen_shannon"} and set(measures["seed"]) == {0, 1}
     assert "Query compensation" in text or "One seed" in text
+
+
+def test_headlab_report_redraws_the_same_report_from_the_tables_alone(study, monkeypatch, capsys):
+    """`headlab report DIR` reads the study's tables and nothing else: with the run folders moved
+    away and analysis made to fail, it rewrites report.md identically and redraws every figure."""
+    out, _, path = study
+    written = path.read_text()
+    path.unlink()
+    (out / "figures" / "spectra_uncentered.png").unlink()
+
+    def no_analysis(*args, **kwargs):
+        raise AssertionError("the report re-analysed a model")
+
+    for module in (headlab.analysis.similarity, headlab.study.tables):
+        monkeypatch.setattr(module, "analyze", no_analysis)
+    monkeypatch.setattr(headlab.study.tables, "analyze_study", no_analysis)
+    (out / "runs").rename(out / "runs-away")
+    try:
+        assert main(["report", str(out)]) == 0
+    finally:
+        (out / "runs-away").rename(out / "runs")
+    assert path.read_text() == written
+    assert (out / "figures" / "spectra_uncentered.png").stat().st_size > 1000
+
+
+def test_headlab_report_refuses_edited_tables_naming_the_file(study, capsys):
+    out, _, _ = study
+    summary = out / "summary.csv"
+    original = summary.read_bytes()
+    try:
+        summary.write_bytes(original.replace(b"Standard MHA", b"Standard MHB", 1))
+        assert main(["report", str(out)]) == 2
+        assert "summary.csv does not match" in capsys.readouterr().err
+    finally:
+        summary.write_bytes(original)
+    assert set(read_study_tables(out).tables) >= {"summary", "spectra", "training", "measures", "snapshot_summary"}
+
+
+def test_a_report_cut_short_leaves_the_previous_one_whole(study, monkeypatch):
+    """report.md is replaced atomically: a write that dies half-way (a full disk) leaves the
+    previous report byte for byte, and no temporary file behind."""
+    import dataclasses
+    import pathlib
+
+    out, _, path = study
+    before = path.read_bytes()
+    tables = read_study_tables(out)
+    renamed = dataclasses.replace(tables, meta={**tables.meta, "preset": "another"})  # a different report
+    real_write_text = pathlib.Path.write_text
+
+    def dies_half_way(self, text, *args, **kwargs):
+        if self.name.endswith("report.md") or self.name.startswith(".report.md"):
+            real_write_text(self, text[:len(text) // 2], *args, **kwargs)
+            raise OSError(28, "No space left on device", str(self))
+        return real_write_text(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", dies_half_way)
+    with pytest.raises(OSError):
+        write_report(renamed, out)
+    assert path.read_bytes() == before
+    assert not [p for p in out.iterdir() if p.name.startswith(".report.md")]

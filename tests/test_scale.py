@@ -16,12 +16,15 @@ import pandas as pd
 import pytest
 import torch
 
-from headlab import GPT, plots
+from headlab import GPT
+from headlab.report import plots
 from headlab.cli import main
-from headlab.config import comparison_roles, train_preset
-from headlab.report import FLAGSHIP_MLA_ROPE, write_report
-from headlab.runs import has_checkpoint
-from headlab.study import Study
+from headlab.study.roles import comparison_roles
+from headlab.training.config import train_preset
+from headlab.study.tables import FLAGSHIP_MLA_ROPE, tabulate_study
+from headlab.report.writer import write_report
+from headlab.training.runs import has_checkpoint
+from headlab.study.study import Study
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,7 +65,7 @@ def test_the_paper_128m_shape_runs_end_to_end_on_a_cpu(tmp_path, isolated_cache)
     assert study.train_config().dtype == "bfloat16"
     try:
         runs = study.train(seeds=1, progress=False, log=lambda message: None)
-        report = write_report(runs, study.folder, study.preset, corpus=study.load_corpus())
+        report = write_report(tabulate_study(runs, study.load_corpus(), study.preset, study.folder), study.folder)
         assert [r.role for r in runs] == ["mha", "mla"]
         for r in runs:
             assert (r.config.n_layer, r.config.n_head, r.config.head_dim, r.config.d_model) == (12, 6, 128, 768)

@@ -8,11 +8,12 @@ from safetensors.torch import load_file
 
 import headlab.model
 from headlab import TrainConfig, load_corpus, preset, train, train_preset
-from headlab.analysis import analyze
+from headlab.analysis.similarity import analyze
 from headlab.cli import main
-from headlab.snapshots import analyze_snapshots, snapshot_files, snapshot_steps
+from headlab.analysis.snapshots import analyze_snapshots
+from headlab.training.snapshots import snapshot_files, snapshot_steps
 
-TRAINER = importlib.import_module("headlab.train")  # the module (headlab.train is also the function)
+TRAINER = importlib.import_module("headlab.training.trainer")
 RUN = train_preset("tiny", steps=12, batch_size=4, eval_every=6, eval_batches=1, checkpoint_every=4, log_every=4,
                    snapshot_every=5)
 
@@ -103,8 +104,8 @@ def test_cli_analyze_snapshots_writes_per_step_tables(reference, tmp_path, capsy
 
 
 def test_the_explorer_offers_the_training_step_and_the_measure_as_choices(reference):
-    from headlab.analysis import concat
-    from headlab.widgets import Explorer
+    from headlab.analysis.similarity import concat
+    from headlab.report.widgets import Explorer
 
     per_step = analyze_snapshots(reference)
     explorer = Explorer({name: getattr(per_step, name) for name in ("similarity", "spectra", "summary")})
@@ -117,7 +118,7 @@ def test_the_explorer_offers_the_training_step_and_the_measure_as_choices(refere
 
 
 def _moments(run_dir):
-    from headlab.inputs import encode_text, input_moments
+    from headlab.analysis.inputs import encode_text, input_moments
 
     return input_moments(run_dir, encode_text(run_dir, "to be or not to be, that is the question " * 20))
 

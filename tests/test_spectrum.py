@@ -1,4 +1,4 @@
-"""headlab.spectrum: closed forms, gauge invariance, brute force against explicit d × d forms,
+"""headlab.analysis.spectrum: closed forms, gauge invariance, brute force against explicit d × d forms,
 and the documented answers for degenerate inputs."""
 
 from __future__ import annotations
@@ -6,17 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from headlab.spectrum import (
-    Factors,
-    cosine_similarity,
-    double_center,
-    eigenspectrum,
-    entropy_effective_rank,
-    frobenius_gram,
-    n_components,
-    participation_ratio,
-    similarity_spectrum,
-)
+from headlab.analysis.spectrum import Factors, cosine_similarity, double_center, eigenspectrum, entropy_effective_rank, frobenius_gram, n_components, participation_ratio, similarity_spectrum
 
 H, D, E = 6, 40, 5
 
@@ -56,7 +46,7 @@ def test_identical_heads_closed_form():
     assert unc.n_components_90 == 1
     assert unc.effective_rank_pct_of_heads == pytest.approx(100 / H)
 
-    # Centring removes the only direction: the documented answer is an all-zero spectrum.
+    # Centering removes the only direction: the documented answer is an all-zero spectrum.
     cen = similarity_spectrum(g, "centered")
     assert not cen.eigenvalues.any()
     assert not cen.variance_ratio.any() and not cen.cumulative.any()

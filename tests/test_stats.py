@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from headlab.stats import chance_orderings, paired_difference, spread
+from headlab.study.stats import chance_orderings, paired_difference, spread
 
 
 def test_an_ordering_is_decided_exactly_when_the_paired_t_test_rejects():

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from headlab.config import comparison_roles
-from headlab.study import NotebookStudy, Study, StudyRun, default_study_folder, project_root, settings_key, slug
-from headlab.train import train_preset
+from headlab.study.roles import comparison_roles
+from headlab.study.study import NotebookStudy, Study, StudyRun, default_study_folder, project_root, settings_key, slug
+from headlab.training.config import train_preset
 
 STEPS = 4
 

@@ -11,8 +11,9 @@ import torch
 
 import headlab
 from headlab import ATTENTION_FAMILIES, TrainConfig, TrainingDiverged, load_corpus, load_run, preset, train, train_preset
-from headlab.model import GPT
-from headlab.runs import current_checkpoint, read_metrics
+from headlab.model.gpt import GPT
+from headlab.training.trainer import make_optimizers
+from headlab.training.runs import current_checkpoint, read_metrics
 
 TINY_TRAIN = train_preset("tiny")
 
@@ -83,22 +84,6 @@ def test_interrupted_run_resumes_to_the_uninterrupted_loss_curve(tmp_path, synth
         assert torch.equal(p, resumed.model.state_dict()[name])
 
 
-def test_checkpoints_with_index_keyed_optimizer_states_still_resume_exactly(tmp_path, synthetic, monkeypatch):
-    """Checkpoints written before optimizer states were keyed by parameter name."""
-    config = preset("tiny", "mqa")
-    reference = train(config, TINY_TRAIN, synthetic, progress=False)
-    with monkeypatch.context() as patch:
-        _fail_at_step(patch, 27)
-        patch.setattr(sys.modules["headlab.train"], "gather_training_state", lambda model, optimizers: (
-            {k: v.detach().clone() for k, v in model.state_dict().items()}, [o.state_dict() for o in optimizers]))
-        with pytest.raises(_Interrupt):
-            train(config, TINY_TRAIN, synthetic, out=tmp_path / "run", progress=False)
-    state = torch.load(current_checkpoint(tmp_path / "run").state, weights_only=True)
-    assert isinstance(next(iter(state["optimizers"][0]["state"])), int)
-    resumed = train(config, TINY_TRAIN, synthetic, out=tmp_path / "run", resume=True, progress=False)
-    assert all(torch.equal(v, resumed.model.state_dict()[k]) for k, v in reference.model.state_dict().items())
-
-
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, synthetic, monkeypatch):
     _fail_at_step(monkeypatch, 25, make_nan=True)
     with pytest.raises(TrainingDiverged, match="loss is nan at step 25"):
@@ -125,8 +110,8 @@ def test_truncated_weights_are_refused_naming_the_file(finished_run):
     path.write_bytes(path.read_bytes()[:-1000])
     with pytest.raises(ValueError, match=r"model\.safetensors is \d+ bytes, but .*checkpoint\.json records \d+ bytes"):
         load_run(finished_run)
-    (finished_run / "checkpoint.json").unlink()  # a folder of the layout before checkpoint.json
-    path.rename(finished_run / "model.safetensors")
+    (finished_run / "checkpoint.json").write_text(  # the damage is not caught by the recorded sizes
+        json.dumps({**json.loads((finished_run / "checkpoint.json").read_text()), "sizes": {}}))
     with pytest.raises(ValueError, match=r"model\.safetensors is not a readable safetensors file"):
         load_run(finished_run)
 
@@ -155,8 +140,9 @@ def test_foreign_pickles_are_never_unpickled(finished_run, synthetic):
 
 def test_foreign_safetensors_and_configs_are_refused(finished_run, tmp_path):
     from safetensors.torch import save_file
-    (finished_run / "checkpoint.json").unlink()  # a folder of the layout before checkpoint.json
-    save_file({"x": torch.zeros(2)}, str(finished_run / "model.safetensors"))
+    (finished_run / "checkpoint.json").write_text(  # a foreign file of the recorded size is not caught by size
+        json.dumps({**json.loads((finished_run / "checkpoint.json").read_text()), "sizes": {}}))
+    save_file({"x": torch.zeros(2)}, str(current_checkpoint(finished_run).weights))
     with pytest.raises(ValueError, match=r"model\.safetensors was not written by headlab"):
         load_run(finished_run)
     (finished_run / "config.json").write_text('{"hello": 1}')
@@ -231,6 +217,18 @@ def test_every_parameter_group_follows_its_configured_learning_rate_through_the_
 
 
 def test_muon_split_trains_and_routes_lrkv_3d_factors_to_adamw(synthetic):
+    """Muon takes exactly the blocks' 2-D weights; LRKV's 3-D B tensors, norms, the embedding and
+    the head go to AdamW; every parameter is updated by exactly one optimizer; and it trains."""
+    model = GPT(preset("tiny", "lrkv"))
+    muon, adamw = make_optimizers(model, TINY_TRAIN.replace(optimizer="muon"))
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    names = {id(p): n for n, p in model.named_parameters()}
+    in_muon = {names[id(p)] for group in muon.param_groups for p in group["params"]}
+    in_adamw = {names[id(p)] for group in adamw.param_groups for p in group["params"]}
+    assert in_muon.isdisjoint(in_adamw) and in_muon | in_adamw == set(names.values())
+    assert in_muon == {n for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2}
+    factors = {n for n in names.values() if n.endswith((".b_k", ".b_v"))}
+    assert len(factors) == 2 * model.config.n_layer and factors <= in_adamw
     run = train(preset("tiny", "lrkv"), TINY_TRAIN.replace(optimizer="muon"), synthetic, progress=False)
     losses = [r["train_loss"] for r in run.metrics if "train_loss" in r]
     assert losses[-1] < losses[0] - 1.0
@@ -269,7 +267,7 @@ FSDP_ARGS = ["train", "--preset", "tiny", "--attention", "lrkv", "--corpus", "sy
 EXIT_AT_FORWARD = """
 import os, sys
 from headlab.cli import main
-from headlab.model import GPT
+from headlab.model.gpt import GPT
 original, calls = GPT.forward, [0]
 def forward(self, *args, **kwargs):
     if self.training:
@@ -329,10 +327,10 @@ def test_checkpoints_resume_across_world_sizes_to_the_uninterrupted_run(tmp_path
 
 def test_a_run_on_a_trained_bpe_keeps_its_tokenizer_and_analysis_reads_it(tmp_path, monkeypatch):
     import shutil
-    from headlab import data
-    from headlab.inputs import encode_text
+    from headlab.analysis.inputs import encode_text
+    from headlab.data import sources
 
-    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
     corpus = load_corpus("synthetic", tokenizer="bpe:300")
     train(preset("tiny", "mqa", vocab_size=300), TINY_TRAIN.replace(steps=2), corpus, out=tmp_path / "run", progress=False)
     assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (corpus.folder / "tokenizer.json").read_bytes()

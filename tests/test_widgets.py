@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 from test_plots import (FIGURE_ORDER, TAB10, legend_labels, line_colours, synthetic_tables,  # noqa: E402
                         synthetic_training)
 
-from headlab.widgets import NO_METHOD, choice_columns, explore  # noqa: E402
+from headlab.report.widgets import NO_METHOD, choice_columns, explore  # noqa: E402
 
 THREE_PANELS = ["Early Layer (L=0)", "Middle Layer (L=2)", "Late Layer (L=3)"]
 
@@ -42,7 +42,7 @@ def drawn(explorer):
 
 def test_draws_the_flagship_figure_on_creation(explorer):
     fig = drawn(explorer)
-    assert fig.get_suptitle() == "Eigenvalue spectra of head similarity matrices (uncentred) — 1 seed"
+    assert fig.get_suptitle() == "Eigenvalue spectra of head similarity matrices (uncentered) — 1 seed"
     assert [ax.get_title() for ax in fig.axes] == THREE_PANELS
     assert legend_labels(fig) == FIGURE_ORDER
     assert explorer.children[-1] is explorer.output
@@ -58,9 +58,9 @@ def test_every_control_redraws(explorer):
         return fig
 
     explorer.kind.value = "centered"
-    assert "(centred" in redrawn().get_suptitle()
+    assert "(centered" in redrawn().get_suptitle()
     explorer.kind.value = "uncentered"
-    assert "(uncentred)" in redrawn().get_suptitle()
+    assert "(uncentered)" in redrawn().get_suptitle()
 
     explorer.layers.value = (1,)
     assert [ax.get_title() for ax in redrawn().axes] == ["Layer (L=1)"]
@@ -79,7 +79,7 @@ def test_every_control_redraws(explorer):
 
     explorer.view.value = "effective rank"
     fig = redrawn()
-    assert fig.get_suptitle() == "Effective rank per layer (uncentred) — 1 seed"
+    assert fig.get_suptitle() == "Effective rank per layer (uncentered) — 1 seed"
     assert "layer 2" in legend_labels(fig)
     explorer.view.value = "cumulative variance"
     assert redrawn().get_suptitle().startswith("Cumulative variance")

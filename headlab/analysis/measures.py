@@ -1,0 +1,84 @@
+"""Do the measures agree? Each layer's effective rank under three views of head similarity:
+
+    weights       measure "frobenius": cos⟨A_i, A_j⟩_F of the QK forms (the paper's, Eq. 11)
+    data          measure "data": cos⟨A_i, A_j⟩_Σ with Σ the second moments of the layer's
+                  inputs on validation windows (`headlab.analysis.inputs`)
+    behaviour     measure "jensen_shannon": S = 1 − D, D the mean Jensen–Shannon distance of the
+                  heads' attention maps on validation windows (`analysis.attention_similarity`)
+
+    summary = measure_views(model, label, moment_tokens, behaviour_tokens)   # one model, three views
+    measure_agreement(summary, pair_pattern_with="qk")                      # Spearman between measures
+
+Behaviour's effective rank. S is not a Gram matrix, so it need not be positive semi-definite.
+Its centered matrix is: √JSD is a Hilbertian metric (Fuglede & Topsøe 2004), so each per-position
+distance matrix is conditionally negative definite, and so are their mean D and its centering:
+J S J = −J D J ⪰ 0. The uncentered S = 11ᵀ − D can have negative eigenvalues. Treatment (both
+kinds alike): negative eigenvalues are clipped to 0 before the variance ratios, as classical
+multidimensional scaling does, and the clipped share Σ|λ₋| / Σ|λ| is reported in the
+`negative_mass` column (0 for the weight views), so a reader sees how much was dropped.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headlab.analysis.inputs import input_moments
+from headlab.analysis.similarity import BEHAVIOUR, NOT_APPLICABLE, PATTERN, analyze, attention_similarity
+from headlab.analysis.spectrum import KINDS, Spectrum, double_center, mean_offdiagonal
+
+VIEWS = {"frobenius": "weights", "data": "data-aware weights", BEHAVIOUR: "behaviour (attention maps)"}
+SUMMARY = ["model", "layer", "circuit", "measure", "mla_rope", "kind", "n_heads", "effective_rank",
+           "effective_rank_pct_of_heads", "negative_mass", "mean_offdiag_similarity"]
+
+
+def clipped_spectrum(similarity: np.ndarray, kind: str) -> tuple[Spectrum, float]:
+    """The `kind` spectrum of a symmetric similarity that may not be PSD, with its negative
+    eigenvalues clipped to 0, and the clipped share Σ|λ₋| / Σ|λ| (0 when nothing was clipped)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind = {kind!r} is invalid: allowed values are {', '.join(KINDS)}")
+    s = np.asarray(similarity, dtype=np.float64)
+    if s.ndim != 2 or s.shape[0] != s.shape[1] or not np.allclose(s, s.T, atol=1e-9):
+        raise ValueError(f"similarity must be a symmetric square matrix; got shape {s.shape}")
+    matrix = double_center(s) if kind == "centered" else s
+    values = np.linalg.eigvalsh((matrix + matrix.T) / 2)[::-1]
+    total = np.abs(values).sum()
+    negative = float(-values[values < 0].sum() / total) if total > 0 else 0.0
+    return Spectrum(kind, np.clip(values, 0.0, None)), negative
+
+
+def behaviour_summary(similarity: pd.DataFrame) -> pd.DataFrame:
+    """Summary rows (columns `SUMMARY`) of an `attention_similarity` table, per model and layer,
+    by `clipped_spectrum`."""
+    rows = []
+    for (model, layer), group in similarity.groupby(["model", "layer"], sort=False):
+        n = int(group["head_i"].max()) + 1
+        matrix = np.zeros((n, n))
+        matrix[group["head_i"].to_numpy(), group["head_j"].to_numpy()] = group["value"].to_numpy()
+        for kind in KINDS:
+            spectrum, negative = clipped_spectrum(matrix, kind)
+            rows.append({"model": model, "layer": layer, "circuit": PATTERN, "measure": BEHAVIOUR,
+                         "mla_rope": NOT_APPLICABLE, "kind": kind, "n_heads": n,
+                         "effective_rank": spectrum.effective_rank,
+                         "effective_rank_pct_of_heads": spectrum.effective_rank_pct_of_heads,
+                         "negative_mass": negative, "mean_offdiag_similarity": mean_offdiagonal(matrix)})
+    return pd.DataFrame(rows, columns=SUMMARY)
+
+
+def measure_views(model, label: str, moment_tokens: torch.Tensor, behaviour_tokens: torch.Tensor,
+                  mla_rope: str = "included", text: str = "") -> tuple[pd.DataFrame, float, int]:
+    """One model's QK effective rank under the three views: weights and data-aware weights (at
+    `mla_rope`; Σ from `moment_tokens`, described as `text`) and behaviour (attention maps on
+    `behaviour_tokens`). Returns the summary rows (columns `SUMMARY`), the seconds spent estimating
+    Σ and the number of tokens it was estimated on."""
+    start = time.perf_counter()
+    moments = input_moments(model, moment_tokens, text=text)
+    seconds = time.perf_counter() - start
+    weights = [analyze(model, label, mla_rope=mla_rope).summary,
+               analyze(model, label, mla_rope=mla_rope, measure="data", inputs=moments).summary]
+    behaviour = behaviour_summary(attention_similarity(model, behaviour_tokens, label))
+    summary = pd.concat([w.assign(negative_mass=0.0)[SUMMARY] for w in weights] + [behaviour], ignore_index=True)
+    return summary, seconds, moments.n_tokens

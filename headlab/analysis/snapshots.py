@@ -1,0 +1,47 @@
+"""The head analysis of every snapshot of a run (`headlab.training.snapshots`), step by step.
+
+    analyze_snapshots("runs/x")             # an Analysis whose tables carry a `step` column
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from headlab.analysis.heads import TensorStore, from_state_dict
+from headlab.analysis.similarity import COLUMNS, Analysis, analyze, stack_tables
+from headlab.model.config import ModelConfig
+from headlab.training.runs import current_checkpoint, read_config, read_weights
+from headlab.training.snapshots import snapshot_files
+
+
+def analyze_snapshots(run_dir: str | Path, label: str | None = None, **options) -> Analysis:
+    """`analyze()` of every snapshot of the run in `run_dir` and of its current checkpoint, as
+    one Analysis whose tables gain a `step` column (after `model`). `options` are analyze()'s
+    (circuit, layers, mla_rope); measure must stay "frobenius" (snapshots hold attention weights only)."""
+    if options.get("measure", "frobenius") != "frobenius" or options.get("inputs") is not None:
+        raise ValueError(f"measure = {options.get('measure')!r} is invalid for snapshots: they keep attention "
+                         "weights only, so only measure 'frobenius' applies")
+    run_dir = Path(run_dir)
+    config = ModelConfig.from_dict(read_config(run_dir)["model"])
+    files = snapshot_files(run_dir)
+    checkpoint = current_checkpoint(run_dir, files=("model.safetensors",))
+    if checkpoint is not None:
+        step = int(read_weights(checkpoint.weights)[1].get("step", 0))
+        files.setdefault(step, checkpoint.weights)
+    if not files:
+        raise ValueError(f"{run_dir} has no snapshots and no checkpoint: train it with snapshot_every > 0")
+    label = label or config.label
+    analyses = []
+    for step, path in sorted(files.items()):
+        heads = from_state_dict(config, TensorStore.from_safetensors([path]), label, where=str(path))
+        analyses.append(_with_step(analyze(heads, **options), step))
+    return Analysis(**{name: stack_tables([getattr(a, name) for a in analyses]) for name in COLUMNS})
+
+
+def _with_step(analysis: Analysis, step: int) -> Analysis:
+    tables = {}
+    for name in COLUMNS:
+        table = getattr(analysis, name).copy()
+        table.insert(1, "step", step)
+        tables[name] = table
+    return Analysis(**tables)

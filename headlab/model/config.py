@@ -1,0 +1,218 @@
+"""Model configuration: a validated dataclass, JSON round-trip, and named presets.
+
+Every attention knob lives in the config at all times (a preset is valid for every family),
+and `attention` picks which knobs are used:
+
+    mha   n_head K/V heads                      cache 2·H·d_h          values / token / layer
+    gqa   n_kv_head K/V heads, shared by groups  cache 2·g·d_h
+    mqa   one K/V head                           cache 2·d_h
+    lrkv  shared K/V + per-head rank-r residual  cache 2·(d_h + H·r)    (paper Eq. 8)
+    mla   d_c latent + d_R shared RoPE key       cache d_c + d_R        (absorbed decode)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+
+ATTENTION_FAMILIES = ("mha", "mqa", "gqa", "mla", "lrkv")
+MLP_TYPES = ("relu2", "gelu", "swiglu")
+
+
+def invalid_field(name: str, value, allowed: str, owner: str = "ModelConfig") -> ValueError:
+    return ValueError(f"{owner}.{name} = {value!r} is invalid: {allowed}")
+
+
+def check_field_types(config) -> None:
+    """Every field holds its annotated type (an int is a float; a bool is not a number), and
+    every float is finite: NaN or inf would only surface later as a NaN loss."""
+    owner = type(config).__name__
+    for f in fields(config):
+        value = getattr(config, f.name)
+        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}[f.type]
+        if isinstance(value, bool) and f.type != "bool" or not isinstance(value, expected):
+            raise invalid_field(f.name, value, f"expected a value of type {f.type}", owner)
+        if f.type == "float" and not math.isfinite(value):
+            raise invalid_field(f.name, value, "must be a finite number", owner)
+
+
+def config_from_dict(cls, data):
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__} must be given as a JSON object of fields, not a {type(data).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no field(s) {unknown}; allowed fields are {sorted(known)}")
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A GPT-style decoder and its attention family.
+
+    `head_dim` is independent of `d_model` (attention width is n_head·head_dim). For MLA,
+    `head_dim` is the per-head no-RoPE query/key width and the value width, `rope_head_dim`
+    (d_R) the decoupled RoPE width, `kv_latent_dim` (d_c) the shared latent and
+    `q_latent_dim` (d_c') the optional query latent (0 = queries not compressed).
+
+    `qk_norm` is a parameter-free RMSNorm of each head's query and key after RoPE. MLA cannot
+    normalise its per-head key c·W^UK_h (absorbed decode never forms it), so there it
+    normalises what absorption allows: each head's no-RoPE query, its RoPE query and the shared
+    RoPE key (the latent has its own RMSNorm either way). DeepSeek's layout is qk_norm=False,
+    and `preset()` keeps it for MLA: on cpu-small the partial norm trains worse (see
+    benchmarks/results/mla_ablation.md).
+    """
+
+    vocab_size: int = 256
+    seq_len: int = 128
+    n_layer: int = 4
+    n_head: int = 6
+    d_model: int = 128
+    head_dim: int = 32
+    attention: str = "mha"
+    n_kv_head: int = 3
+    kv_rank: int = 8
+    kv_latent_dim: int = 32
+    rope_head_dim: int = 16
+    q_latent_dim: int = 0
+    qk_norm: bool = True
+    rope_base: float = 10000.0
+    mlp: str = "relu2"
+    mlp_ratio: int = 4
+
+    def __post_init__(self):
+        check_field_types(self)
+        for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "mlp_ratio"):
+            if getattr(self, name) < 1:
+                raise invalid_field(name, getattr(self, name), "must be a positive integer")
+        if self.attention not in ATTENTION_FAMILIES:
+            raise invalid_field("attention", self.attention, f"allowed values are {', '.join(ATTENTION_FAMILIES)}")
+        if self.mlp not in MLP_TYPES:
+            raise invalid_field("mlp", self.mlp, f"allowed values are {', '.join(MLP_TYPES)}")
+        if self.head_dim < 2 or self.head_dim % 2:
+            raise invalid_field("head_dim", self.head_dim, "must be a positive even integer (RoPE rotates pairs)")
+        if not (1 <= self.n_kv_head <= self.n_head) or self.n_head % self.n_kv_head:
+            raise invalid_field(
+                "n_kv_head", self.n_kv_head,
+                f"must divide n_head = {self.n_head} (allowed: {_divisors(self.n_head)})",
+            )
+        if not 1 <= self.kv_rank <= self.head_dim:
+            raise invalid_field("kv_rank", self.kv_rank, f"LRKV rank r must be in 1..head_dim = 1..{self.head_dim}")
+        if self.kv_latent_dim < 1:
+            raise invalid_field("kv_latent_dim", self.kv_latent_dim, "MLA latent d_c must be a positive integer")
+        if self.rope_head_dim < 2 or self.rope_head_dim % 2:
+            raise invalid_field("rope_head_dim", self.rope_head_dim, "MLA RoPE width d_R must be a positive even integer")
+        if self.q_latent_dim < 0:
+            raise invalid_field("q_latent_dim", self.q_latent_dim, "must be 0 (no query compression) or positive")
+        if self.rope_base <= 0:
+            raise invalid_field("rope_base", self.rope_base, "must be positive")
+
+    # ---- derived quantities -------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        """Number of distinct K/V heads for the MHA/GQA/MQA module."""
+        return {"mha": self.n_head, "mqa": 1}.get(self.attention, self.n_kv_head)
+
+    @property
+    def label(self) -> str:
+        """Display name of this variant, e.g. 'LRKV (r=16)'."""
+        return {
+            "mha": "Standard MHA",
+            "mqa": "MQA",
+            "gqa": f"GQA ({self.n_kv_head} KV heads)",
+            "mla": f"MLA (d_c={self.kv_latent_dim})",
+            "lrkv": f"LRKV (r={self.kv_rank})",
+        }[self.attention]
+
+    def kv_cache_values_per_token(self, mla_absorb: bool = True) -> int:
+        """Values cached per token per layer at decode time (the paper's Eq. 8 for LRKV).
+
+        MLA's figure includes the decoupled RoPE key (d_c + d_R); the paper's tables count
+        d_c alone. `mla_absorb=False` gives the naive MLA cache of decompressed keys/values.
+        """
+        h, dh = self.n_head, self.head_dim
+        if self.attention in ("mha", "mqa", "gqa"):
+            return 2 * self.kv_heads * dh
+        if self.attention == "lrkv":
+            return 2 * (dh + h * self.kv_rank)
+        if mla_absorb:
+            return self.kv_latent_dim + self.rope_head_dim
+        return h * (dh + self.rope_head_dim) + h * dh
+
+    def kv_cache_bytes(self, tokens: int, bytes_per_value: int, batch_size: int = 1, mla_absorb: bool = True) -> int:
+        """Decode cache size: values/token/layer · n_layer · tokens · batch · bytes per value."""
+        return self.kv_cache_values_per_token(mla_absorb) * self.n_layer * tokens * batch_size * bytes_per_value
+
+    def kv_cache_fraction_of_mha(self) -> float:
+        """Decode cache relative to MHA with the same heads: 2·H·d_h values per token per layer."""
+        return self.kv_cache_values_per_token() / (2 * self.n_head * self.head_dim)
+
+    def replace(self, **changes) -> "ModelConfig":
+        return config_from_dict(ModelConfig, {**self.to_dict(), **changes})
+
+    # ---- serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        return config_from_dict(cls, data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ModelConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"a ModelConfig must be JSON: {error}") from error
+        return cls.from_dict(data)
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+# Each preset is a base config holding every family's knobs; `preset()` picks the family.
+# Paper presets follow Tables 5 and 7 of arXiv 2601.11471 (d_h = 128, context 2048, vocab
+# 50304, FFN 4x). MLA's decoupled RoPE width is not given by the paper; d_R = d_h/2 follows
+# DeepSeek-V2. The 2.5B model has 36 layers: Table 5 says 18, but the paper's own figures
+# (layers 0..35), its 648 MB cache figure and the "2.5B" parameter count all need 36.
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(
+        vocab_size=256, seq_len=32, n_layer=2, n_head=4, d_model=32, head_dim=8,
+        n_kv_head=2, kv_rank=3, kv_latent_dim=12, rope_head_dim=4,
+    ),
+    # 64-byte context: half the tokens of 128 and under half the step time, so `make demo`
+    # trains three seeds of the six variants in its budget; losses stay under 2.0 nats/byte.
+    "cpu-small": ModelConfig(seq_len=64),
+    "paper-128m": ModelConfig(
+        vocab_size=50304, seq_len=2048, n_layer=12, n_head=6, d_model=768, head_dim=128,
+        n_kv_head=3, kv_rank=46, kv_latent_dim=128, rope_head_dim=64,
+    ),
+    "paper-1.2b": ModelConfig(
+        vocab_size=50304, seq_len=2048, n_layer=24, n_head=12, d_model=1536, head_dim=128,
+        n_kv_head=4, kv_rank=51, kv_latent_dim=256, rope_head_dim=64,
+    ),
+    "paper-2.5b": ModelConfig(
+        vocab_size=50304, seq_len=2048, n_layer=36, n_head=18, d_model=2304, head_dim=128,
+        n_kv_head=6, kv_rank=55, kv_latent_dim=384, rope_head_dim=64,
+    ),
+    "paper-6.3b": ModelConfig(
+        vocab_size=50304, seq_len=2048, n_layer=32, n_head=32, d_model=4096, head_dim=128,
+        n_kv_head=2, kv_rank=54, kv_latent_dim=1024, rope_head_dim=64,
+    ),
+}
+
+
+def preset(name: str, attention: str = "mha", **overrides) -> ModelConfig:
+    """The named preset with `attention` as its family; MLA keeps DeepSeek's layout, QK-norm
+    off (see qk_norm)."""
+    if name not in PRESETS:
+        raise ValueError(f"preset {name!r} is unknown: allowed presets are {', '.join(PRESETS)}")
+    if attention == "mla":
+        overrides.setdefault("qk_norm", False)
+    return PRESETS[name].replace(attention=attention, **overrides)

@@ -1,0 +1,174 @@
+"""A GPT-style decoder: pre-norm RMSNorm blocks, RoPE, an untied output head, and any of the
+five attention families behind one interface (`forward(x, cos, sin, cache)`)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from headlab.model.attention import KVCache, LowRankKVAttention, build_attention, rope_tables
+from headlab.model.config import ModelConfig
+from headlab.model.ops import RMSNorm, relu_squared
+
+NORM_EPS = 1e-6
+INIT_STD = 0.02
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module):
+    """`model` in eval mode for the block, then back in the mode it was in (also on an error)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+class MLP(nn.Module):
+    """relu2: W2·relu(W1 x)² (nanochat); gelu: W2·gelu(W1 x); swiglu: W2·(silu(W1 x) ⊙ W3 x)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        hidden = config.mlp_ratio * config.d_model
+        self.kind = config.mlp
+        self.c_fc = nn.Linear(config.d_model, hidden, bias=False)
+        if self.kind == "swiglu":
+            self.c_gate = nn.Linear(config.d_model, hidden, bias=False)
+        self.c_proj = nn.Linear(hidden, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.c_fc(x)
+        if self.kind == "relu2":
+            h = relu_squared(h)
+        elif self.kind == "gelu":
+            h = F.gelu(h)
+        else:
+            h = F.silu(self.c_gate(x)) * h
+        return self.c_proj(h)
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.norm_attn = RMSNorm(config.d_model, eps=NORM_EPS)
+        self.attn = build_attention(config)
+        self.norm_mlp = RMSNorm(config.d_model, eps=NORM_EPS)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, cache=None):
+        x = x + self.attn(self.norm_attn(x), cos, sin, cache)
+        return x + self.mlp(self.norm_mlp(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm_f = RMSNorm(config.d_model, eps=NORM_EPS)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        cos, sin = rope_tables(config.seq_len, self.blocks[0].attn.rope_dim(), config.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """N(0, 0.02²) everywhere; residual-stream outputs scaled by 1/√(2·n_layer) (GPT-2);
+        norms at 1; LRKV residuals at 0.1·‖W_shared‖_F (paper §3)."""
+        residual_std = INIT_STD / (2 * self.config.n_layer) ** 0.5
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                nn.init.ones_(p)
+            else:
+                is_output = name.endswith(("attn.c_proj.weight", "attn.wo.weight", "mlp.c_proj.weight"))
+                nn.init.normal_(p, std=residual_std if is_output else INIT_STD)
+        for block in self.blocks:
+            if isinstance(block.attn, LowRankKVAttention):
+                block.attn.init_residuals(std=INIT_STD)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
+        """Logits (B, T, vocab) for tokens idx (B, T), and the mean cross-entropy if `targets`
+        are given (-1 = ignored). With a cache, idx continues the cached sequence."""
+        start = cache.pos if cache is not None else 0
+        if start + idx.size(1) > self.config.seq_len:
+            raise ValueError(
+                f"sequence of {start + idx.size(1)} tokens exceeds ModelConfig.seq_len = {self.config.seq_len}")
+        x = self.wte(idx)
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.rope_cos, self.rope_sin, cache.layers[i] if cache is not None else None)
+        if cache is not None:
+            cache.advance(idx.size(1))
+        logits = self.lm_head(self.norm_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def new_cache(self, batch_size: int, max_len: int | None = None, mla_absorb: bool = True,
+                  dtype: torch.dtype | None = None) -> KVCache:
+        """An empty decode cache for up to `max_len` tokens (default: seq_len). For MLA,
+        `mla_absorb` picks the latent cache (True) or the decompressed one (False)."""
+        max_len = self.config.seq_len if max_len is None else min(max_len, self.config.seq_len)
+        specs = [block.attn.cache_spec(mla_absorb) for block in self.blocks]
+        param = self.lm_head.weight
+        return KVCache(specs, batch_size, max_len, device=param.device, dtype=dtype or param.dtype)
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, use_cache: bool = True, mla_absorb: bool = True,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Append `max_new_tokens` sampled tokens to idx (B, T). temperature 0 is greedy.
+
+        With the cache, a prompt longer than seq_len is cropped to its last seq_len tokens;
+        when the cache fills up it is rebuilt from the last seq_len/2 tokens.
+        """
+        seq_len = self.config.seq_len
+        cache = None
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits, _ = self(idx[:, -seq_len:])
+            elif cache is None or cache.pos == cache.max_len:
+                window = seq_len if cache is None else seq_len // 2
+                context = idx[:, -window:]
+                cache = self.new_cache(idx.size(0), context.size(1) + max_new_tokens, mla_absorb)
+                logits, _ = self(context, cache=cache)
+            else:
+                logits, _ = self(idx[:, -1:], cache=cache)
+            idx = torch.cat((idx, self._sample(logits[:, -1], temperature, top_k, generator)), dim=1)
+        return idx
+
+    @staticmethod
+    def _sample(logits, temperature, top_k, generator) -> torch.Tensor:
+        if temperature == 0:
+            return logits.argmax(dim=-1, keepdim=True)
+        logits = logits / temperature
+        if top_k is not None:
+            kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, -float("inf"))
+        return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
+
+    def param_counts(self) -> dict[str, int]:
+        """Parameters by part: embedding, attention, mlp, norms, head; their total; and
+        non_embedding, the total without embedding and output head (the blocks' weights)."""
+        counts = {"embedding": 0, "attention": 0, "mlp": 0, "norms": 0, "head": 0}
+        for name, p in self.named_parameters():
+            part = ("embedding" if name.startswith("wte") else "head" if name.startswith("lm_head")
+                    else "attention" if ".attn." in name
+                    else "mlp" if ".mlp." in name else "norms")
+            counts[part] += p.numel()
+        counts["total"] = sum(counts.values())
+        counts["non_embedding"] = counts["total"] - counts["embedding"] - counts["head"]
+        return counts
+
+
+def count_parameters(config: ModelConfig) -> dict[str, int]:
+    """`GPT(config).param_counts()` with the model built on the meta device: no weights are
+    allocated, so even the 6.3B preset costs no memory."""
+    with torch.device("meta"):
+        return GPT(config).param_counts()

@@ -1,0 +1,203 @@
+"""`explore()`: ipywidgets controls over the `headlab.report.plots` figures of an analysis.
+
+    from headlab.report.widgets import explore
+    explore(analysis)                      # an Analysis, or {"similarity": ..., "spectra": ..., "summary": ...}
+    explore(analysis, training=training)   # adds a "loss curves" view (model, tokens, val_loss)
+
+The controls choose the methods (a checkbox each, beside the method's colour), the view, uncentered
+or centered spectra, the layers (one, or early, middle and late together) and one value of every
+analysis choice the tables vary over: every text column of the summary table besides `model` and
+`kind` (`circuit`, and e.g. `measure` or `mla_rope` when an analysis option added them) with more
+than one value, and the training `step` of per-step tables (`headlab.analysis.snapshots.analyze_snapshots`). Controls that do nothing in the current view are disabled. Every change redraws
+the chosen plots into the explorer's Output; the explorer draws once when it is created (on the
+uncentered spectra, the flagship figure), so a headless run (nbmake, nbconvert) shows a figure.
+
+It uses only standard ipywidgets and plain matplotlib figures, so it works in Jupyter, JupyterLab,
+VS Code and Colab. Displayed, it also carries a PNG of its figures beside the widget view, which
+is what a saved notebook shows where no kernel runs (GitHub, nbviewer). The figures last drawn
+are kept in `explorer.figures` for saving.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Mapping
+
+import ipywidgets as widgets
+import matplotlib.image
+import numpy as np
+import pandas as pd
+from IPython.display import clear_output, display
+from matplotlib.figure import Figure
+
+from headlab.report import plots
+
+TABLES = ("similarity", "spectra", "summary")
+SUMMARY_COLUMNS = ("model", "layer", "circuit")  # what the explorer reads itself to build its controls
+NOT_CHOICES = ("model", "role", "kind")  # text columns of the summary with controls of their own (a role names a model)
+VIEWS = ("spectra", "heatmaps", "effective rank", "cumulative variance")
+LOSS_VIEW = "loss curves"
+KIND_OPTIONS = (("uncentered", "uncentered"), ("centered (PCA)", "centered"))
+USES_KIND = ("spectra", "effective rank", "cumulative variance")  # views the Spectrum control changes
+NO_METHOD = "Select at least one method."
+
+
+def choice_columns(summary: pd.DataFrame) -> dict[str, list[str]]:
+    """The analysis choices a summary table varies over: each text column besides `model` and
+    `kind` with more than one value, and its values in order of appearance. Rows without a value
+    (a choice that applies to some models only) are drawn whatever the choice. The training
+    `step` of per-step tables (`headlab.training.snapshots`) is a choice too, though it is a number."""
+    text = [c for c in summary.columns
+            if c == "step" or c not in NOT_CHOICES and not pd.api.types.is_numeric_dtype(summary[c])]
+    values = {c: list(dict.fromkeys(summary[c].dropna())) for c in text}
+    return {c: v for c, v in values.items() if len(v) > 1}
+
+
+def choice_name(column: str) -> str:
+    """How controls and figure titles name an analysis-choice column."""
+    return CHOICE_NAMES.get(column, column.replace("_", " "))
+
+
+CHOICE_NAMES = {"mla_rope": "MLA RoPE"}
+
+
+def _capitalized(name: str) -> str:
+    return name[:1].upper() + name[1:]
+
+
+def stacked_png(figures: list[Figure]) -> bytes:
+    """One PNG of `figures` one below the other (white where they are narrower)."""
+    images = []
+    for fig in figures:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", bbox_inches="tight", facecolor="white")
+        buffer.seek(0)
+        images.append(matplotlib.image.imread(buffer, format="png")[..., :3])
+    width = max(image.shape[1] for image in images)
+    padded = [np.pad(image, ((0, 0), (0, width - image.shape[1]), (0, 0)), constant_values=1.0) for image in images]
+    buffer = io.BytesIO()
+    matplotlib.image.imsave(buffer, np.concatenate(padded), format="png")
+    return buffer.getvalue()
+
+
+class Explorer(widgets.VBox):
+    """The widget `explore` returns: its controls are attributes, so code (and tests) can set them."""
+
+    def __init__(self, tables: Mapping[str, pd.DataFrame], training: pd.DataFrame | None = None):
+        super().__init__()
+        self.tables = tables
+        self.training = training
+        labels = list(tables["summary"]["model"]) + ([] if training is None else list(training["model"]))
+        self.palette = plots.palette(labels)  # from every method, so a method's colour never moves
+        layers = sorted(int(layer) for layer in tables["summary"]["layer"].unique())
+        roles = plots.layer_roles(layers)
+        three = tuple(dict.fromkeys(roles.values()))
+        wide = widgets.Layout(width="auto")
+        fit = {"button_width": "auto"}  # ToggleButtons are a fixed width, too narrow for the longer labels
+
+        self.methods = {m: widgets.Checkbox(value=True, description=m, indent=False, layout=wide)
+                        for m in self.palette}
+        swatches = {m: widgets.HTML(f'<span style="color:{colour};font-size:1.4em">&#9632;</span>')
+                    for m, colour in self.palette.items()}
+        self.view = widgets.ToggleButtons(options=VIEWS + ((LOSS_VIEW,) if training is not None else ()),
+                                          description="View", style=fit)
+        self.kind = widgets.ToggleButtons(options=KIND_OPTIONS, description="Spectrum", style=fit)
+        circuits = list(dict.fromkeys(tables["summary"]["circuit"]))
+        self.choices = {column: widgets.ToggleButtons(options=values, description=_capitalized(choice_name(column)),
+                                                      style=fit)
+                        for column, values in {"circuit": circuits, **choice_columns(tables["summary"])}.items()}
+        self.circuit = self.choices["circuit"]
+        combined = [(f"early, middle, late (L={', '.join(map(str, three))})", three)] if len(three) > 1 else []
+        self.layers = widgets.Dropdown(
+            options=combined + [(plots.layer_title(layer, layers), (layer,)) for layer in layers], description="Layers")
+        self.layer_buttons = {role: widgets.Button(description=f"{role} (L={layer})", layout=wide)
+                              for role, layer in roles.items()}
+        for button, layer in zip(self.layer_buttons.values(), roles.values()):
+            button.on_click(lambda _, layer=layer: setattr(self.layers, "value", (layer,)))
+        self.output = widgets.Output()
+        self.figures: list[Figure] = []
+
+        for control in (*self.methods.values(), self.view, self.kind, *self.choices.values(), self.layers):
+            control.observe(self.render, names="value")
+        wrap = widgets.Layout(flex_flow="row wrap")
+        method_boxes = [widgets.HBox([swatches[m], box]) for m, box in self.methods.items()]
+        shown_choices = [control for control in self.choices.values() if len(control.options) > 1]
+        self.children = [widgets.HBox([widgets.Label("Methods"), *method_boxes], layout=wrap),
+                         self.view, self.kind, *shown_choices,
+                         widgets.HBox([self.layers, *self.layer_buttons.values()], layout=wrap),
+                         self.output]
+        self.render()
+
+    def render(self, change=None) -> None:
+        """Enable the controls the current view uses and redraw it into the Output (called by every control)."""
+        view = self.view.value
+        self.kind.disabled = view not in USES_KIND
+        for control in (self.layers, *self.layer_buttons.values(), *self.choices.values()):
+            control.disabled = view == LOSS_VIEW
+        chosen = [m for m, box in self.methods.items() if box.value]
+        with self.output:
+            clear_output(wait=True)
+            self.figures = self._draw(chosen) if chosen else []
+            for fig in self.figures:
+                display(fig)
+            if not chosen:
+                print(NO_METHOD)
+
+    def _draw(self, chosen: list[str]) -> list[Figure]:
+        """The figures of the current view for the `chosen` methods."""
+        if self.view.value == LOSS_VIEW:
+            return [plots.loss_curves_figure(self.training[self.training["model"].isin(chosen)], palette=self.palette)]
+        fixed = {column: control.value for column, control in self.choices.items() if column != "circuit"}
+
+        def rows(table: pd.DataFrame) -> pd.DataFrame:
+            keep = table["model"].isin(chosen)
+            for column, value in fixed.items():
+                if column in table.columns:
+                    keep &= (table[column] == value) | table[column].isna()
+            return table[keep]
+
+        view, layers = self.view.value, list(self.layers.value)
+        spectra, summary, similarity = (rows(self.tables[name]) for name in ("spectra", "summary", "similarity"))
+        common = {"circuit": self.circuit.value, "palette": self.palette}
+        if view == "spectra":
+            figures = [plots.spectra_figure(spectra, kind=self.kind.value, layers=layers, **common)]
+        elif view == "cumulative variance":
+            figures = [plots.cumulative_variance_figure(spectra, kind=self.kind.value, layers=layers, **common)]
+        elif view == "effective rank":
+            figures = [plots.effective_rank_figure(summary, kind=self.kind.value, highlight_layers=layers, **common)]
+        else:
+            figures = [plots.similarity_heatmaps(similarity, layer, **common) for layer in layers]
+        shown = [f"{choice_name(column)}: {value}" for column, value in fixed.items()
+                 if len(self.choices[column].options) > 1]
+        for fig in figures if shown else ():  # a saved image names the choices it was drawn with
+            fig.suptitle(f"{fig.get_suptitle()} ({', '.join(shown)})")
+        return figures
+
+    def _repr_mimebundle_(self, **kwargs):
+        """The widget view, a short text, and a PNG of the current figures for frontends without
+        a kernel or widget support (a saved notebook on GitHub or nbviewer)."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = f"headlab explorer: {self.view.value} of {sum(b.value for b in self.methods.values())} methods"
+        if self.figures:
+            bundle["image/png"] = stacked_png(self.figures)
+        return bundle
+
+
+def explore(analysis, training: pd.DataFrame | None = None) -> Explorer:
+    """Interactive view of an analysis: `analysis` is a `headlab.analysis.Analysis` (or anything
+    with .similarity, .spectra and .summary DataFrames) or a dict of those three tables;
+    `training` (model, tokens, val_loss) adds a validation-loss view. Display the result (the
+    last expression of a cell) to use it."""
+    if isinstance(analysis, Mapping):
+        missing = [name for name in TABLES if name not in analysis]
+        tables = analysis
+    else:
+        missing = [name for name in TABLES if not hasattr(analysis, name)]
+        tables = {name: getattr(analysis, name) for name in TABLES if hasattr(analysis, name)}
+    if missing:
+        raise ValueError(f"explore() needs the tables {', '.join(TABLES)}; missing {', '.join(missing)}")
+    for name, table, columns in (("summary", tables["summary"], SUMMARY_COLUMNS), ("training", training, ("model",))):
+        absent = [] if table is None else [c for c in columns if c not in table.columns]
+        if absent:
+            raise ValueError(f"the {name} table is missing column(s) {', '.join(absent)}")
+    return Explorer({name: tables[name] for name in TABLES}, training)

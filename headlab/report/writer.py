@@ -1,0 +1,306 @@
+"""The report of a study, drawn from its tables alone (`headlab.study.tables`): report.md beside
+the figures, our numbers (mean ± sd over seeds) next to the paper's, and prose generated from the
+statistics by a stated rule (`headlab.study.claims`).
+
+    write_report(read_study_tables("runs/reproduce"), "runs/reproduce")   # what `headlab report` does
+
+Output (beside the study's tables):
+    figures/*.png, *.svg      the flagship spectra figure and the supporting figures
+    report.md                 written atomically
+
+MLA's decoupled RoPE parts: every run is analysed both ways (`mla_rope` column); the flagship
+figure and every other figure use the study's flagship setting, and the tables show MLA both ways.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from headlab.analysis.measures import VIEWS
+from headlab.analysis.similarity import BEHAVIOUR
+from headlab.analysis.spectrum import KINDS
+from headlab.io import atomic_write_text
+from headlab.report import plots
+from headlab.study.claims import (claims, difference_to_mha, final_losses, measure_claims, per_seed_metrics,
+                                  per_seed_ranks, per_step_metrics, rule_text, training_claims, values, variant_name,
+                                  variant_rows)
+from headlab.study.paper import PAPER
+from headlab.study.stats import spread
+from headlab.study.study import loss_unit
+from headlab.study.tables import StudyTables
+
+FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "effective_rank_uncentered",
+           "effective_rank_centered", "similarity_heatmaps", "loss_curves", "loss_vs_cache")
+
+
+# ---- tables in the paper's form -----------------------------------------------------------------
+
+def layer_range(summary: pd.DataFrame, model: str, mla_rope: str, kind: str) -> tuple[float, float]:
+    """Min and max over layers of the seed-mean effective rank (% of H) of one model."""
+    rows = summary[(summary["circuit"] == "qk") & (summary["model"] == model) & (summary["mla_rope"] == mla_rope)
+                   & (summary["kind"] == kind)]
+    by_layer = rows.groupby("layer")["effective_rank_pct_of_heads"].mean()
+    return float(by_layer.min()), float(by_layer.max())
+
+
+def rank_table(summary: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
+    """The paper's Table 3 form: mean ± sd over seeds of the layer-mean effective rank (% of H),
+    with the range over layers of the seed means, beside the paper's value for the same role."""
+    rows = []
+    for role, model, mla_rope in variant_rows(metrics):
+        row = {"role": role, "ours": variant_name(role, model, mla_rope)}
+        for kind in KINDS:
+            low, high = layer_range(summary, model, mla_rope, kind)
+            row[f"{kind} % of H"] = f"{spread(values(metrics, role, mla_rope, kind)).format(1)} [{low:.1f}–{high:.1f}]"
+        paper = PAPER[role]
+        rows.append({**row, "paper (128M)": paper.label, "paper uncentered": paper.uncentered,
+                     "paper centered": paper.centered})
+    return pd.DataFrame(rows)
+
+
+def cache_table(cache: pd.DataFrame) -> pd.DataFrame:
+    """The paper's Tables 7 and 8 form: KV values per token and layer, % of MHA, the paper's %."""
+    return pd.DataFrame([{"role": row.role, "ours": row.model, "KV values/token/layer": row.kv_values_per_token,
+                          "% of MHA": row.kv_cache_pct, "paper (128M)": PAPER[row.role].label,
+                          "paper % of MHA": PAPER[row.role].kv_cache_pct} for row in cache.itertuples()])
+
+
+def loss_table(metrics: pd.DataFrame, flagship_mla_rope: str) -> pd.DataFrame:
+    """The paper's Tables 1 and 8 form: final validation loss mean ± sd over seeds, the paired
+    difference to MHA ± the 95% t half-width, beside the paper's cross-entropy and its difference.
+    Unless the loss is per byte already, bits per byte follow it."""
+    unit = metrics["loss_unit"].iloc[0]
+    rows = []
+    for role, model, mla_rope in variant_rows(metrics):
+        if mla_rope != flagship_mla_rope:
+            continue  # the loss does not depend on the analysis
+        losses = values(metrics, role, mla_rope, "val_loss")
+        paper = PAPER[role]
+        bits = {} if unit == loss_unit("byte") else {
+            "val bits/byte": spread(values(metrics, role, mla_rope, "val_bpb")).format(3)}
+        rows.append({"role": role, "ours": model, f"val loss ({unit})": spread(losses).format(3), **bits,
+                     "vs MHA (paired)": "—" if role == "mha" else
+                     difference_to_mha(metrics, role, mla_rope, "val_loss").format(3),
+                     "seeds": len(losses), "paper (128M)": paper.label, "paper CE": paper.loss,
+                     "paper vs MHA": paper.loss - PAPER["mha"].loss})
+    return pd.DataFrame(rows)
+
+
+def markdown_table(frame: pd.DataFrame, decimals: int) -> str:
+    """A markdown table; floats to `decimals` places, differences ('vs' columns) signed."""
+    def cell(column: str, value) -> str:
+        if not isinstance(value, float):
+            return str(value)
+        return f"{value:{'+' if 'vs' in column else ''}.{decimals}f}"
+
+    header = "| " + " | ".join(frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    rows = ["| " + " | ".join(cell(c, v) for c, v in zip(frame.columns, row)) + " |"
+            for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *rows])
+
+
+# ---- figures ---------------------------------------------------------------------------------------
+
+def draw_figures(tables: StudyTables, folder: Path) -> list[Path]:
+    """Every figure of the report's main part, at the flagship `mla_rope`, as PNG and SVG; returns
+    the PNG paths."""
+    flagship = tables.meta["flagship_mla_rope"]
+    chosen = {name: tables[name][tables[name]["mla_rope"] == flagship] for name in ("spectra", "summary", "similarity")}
+    spectra, summary, similarity = chosen["spectra"], chosen["summary"], chosen["similarity"]
+    training = tables["training"]
+    colours = plots.palette(summary["model"].unique())
+    shown = list(plots.layer_roles(summary["layer"]).values())
+    middle = shown[len(shown) // 2]  # the middle layer, or the late one of a 2-layer model
+    final = final_losses(training)
+    figures = {
+        "spectra_uncentered": plots.spectra_figure(spectra, kind="uncentered", palette=colours),
+        "spectra_centered": plots.spectra_figure(spectra, kind="centered", palette=colours),
+        "cumulative_variance": plots.cumulative_variance_figure(spectra, kind="centered", palette=colours),
+        "effective_rank_uncentered": plots.effective_rank_figure(summary, kind="uncentered", palette=colours),
+        "effective_rank_centered": plots.effective_rank_figure(summary, kind="centered", palette=colours),
+        "similarity_heatmaps": plots.similarity_heatmaps(
+            similarity[similarity["seed"] == similarity["seed"].min()].drop(columns="seed"), layer=middle,
+            palette=colours),
+        "loss_curves": plots.loss_curves_figure(training, palette=colours),
+        "loss_vs_cache": plots.loss_vs_cache_figure(final[["model", "seed", "kv_cache_pct", "val_loss", "loss_unit"]],
+                                                    palette=colours),
+    }
+    return [plots.save_figure(figure, folder, name) for name, figure in figures.items()]
+
+
+# ---- sections ----------------------------------------------------------------------------------------
+
+def training_section(tables: StudyTables, folder: Path) -> list[str]:
+    """'Effective rank through training': two figures and the claims of `training_claims`."""
+    summary = tables["snapshot_summary"]
+    colours = plots.palette(summary["model"].unique())
+    figures = [plots.save_figure(plots.rank_through_training_figure(summary, kind=kind, palette=colours),
+                                 folder, f"effective_rank_through_training_{kind}") for kind in KINDS]
+    metrics = per_step_metrics(summary)
+    steps = sorted(metrics["step"].unique())
+    return [
+        "## Effective rank through training",
+        "",
+        f"QK effective rank at the {len(steps)} snapshot steps every run has ({', '.join(map(str, steps))}; "
+        "log-spaced early, then evenly spaced, the last being the final checkpoint), early, middle and late layer, "
+        f"mean over seeds with a min–max band; MLA at `mla_rope = \"{tables.meta['flagship_mla_rope']}\"`. The "
+        "statements use the layer mean and the rule above (paired by seed, an ordering only where the 95% "
+        "t-interval excludes zero).",
+        "",
+        *[f"![{path.stem}](figures/{path.name})" for path in figures],
+        "",
+        *[f"- {s}" for s in training_claims(metrics)],
+        "",
+    ]
+
+
+def measures_section(tables: StudyTables, folder: Path) -> list[str]:
+    """'Do the measures agree?': the three views' ranks, their agreement and `measure_claims`."""
+    summary, agreement = tables["measures"], tables["measure_agreement"]
+    colours = plots.palette(summary["model"].unique())
+    for kind in KINDS:
+        plots.save_figure(plots.measures_figure(summary, kind=kind, palette=colours), folder, f"measures_{kind}")
+    ranks = per_seed_ranks(summary)
+    overview = (ranks.groupby(["model", "measure", "kind"], sort=False)["rank"]
+                .apply(lambda v: spread(v.to_numpy()).format(1)).unstack("measure").reset_index()
+                .rename(columns=VIEWS))
+    clipped = summary.loc[summary["measure"] == BEHAVIOUR, "negative_mass"]
+    shown = agreement.assign(pair=agreement["measure_a"] + " vs " + agreement["measure_b"])[
+        ["model", "kind", "pair", "n_points", "spearman"]]
+    meta = tables.meta
+    return [
+        "## Do the measures agree?",
+        "",
+        "Each layer's QK effective rank (% of H) under three views: the weights (Frobenius, the paper's), the "
+        "data-aware weights (inner product weighted by the second moments Σ of each layer's inputs on "
+        f"{meta['moment_tokens']:,} validation tokens; estimating Σ took {meta['moment_seconds']:.1f} s for all "
+        f"{meta['n_runs']} runs), and behaviour (1 − mean Jensen–Shannon distance of the heads' attention maps on "
+        "validation windows). The behaviour similarity is not a Gram matrix: its centered form is positive "
+        "semi-definite (the JS distance is Hilbertian), its uncentered form need not be; negative eigenvalues are "
+        f"clipped to 0, which dropped at most {100 * clipped.max():.2f}% of the absolute eigenvalue mass "
+        "(`negative_mass` in measures.csv). Mean ± sd over seeds of the layer mean:",
+        "",
+        markdown_table(overview, 1),
+        "",
+        "![measures](figures/measures_uncentered.png)",
+        "",
+        "![measures](figures/measures_centered.png)",
+        "",
+        "Spearman rank correlation between measures across layers and seeds (attention maps paired with the QK "
+        "circuit, whose softmax they are):",
+        "",
+        markdown_table(shown, 2),
+        "",
+        "Where the weight-space conclusion holds up: for each variant whose weight-space effective rank differs "
+        "from Standard MHA's beyond seed noise, the same paired comparison under the other two views.",
+        "",
+        *[f"- {s}" for s in measure_claims(ranks)],
+        "",
+    ]
+
+
+# ---- report.md ------------------------------------------------------------------------------------
+
+def write_report(tables: StudyTables, out: str | Path) -> Path:
+    """Draw the figures and write report.md into `out` from a study's tables (nothing is trained or
+    analysed here); returns the report's path."""
+    out = Path(out)
+    figures_folder = out / "figures"
+    figure_paths = draw_figures(tables, figures_folder)
+    meta, summary = tables.meta, tables["summary"]
+    metrics = per_seed_metrics(summary, tables["training"])
+    sentences = claims(metrics)
+    n_seeds = metrics["seed"].nunique()
+    unit, flagship = meta["loss_unit"], meta["flagship_mla_rope"]
+    layers = sorted(summary["layer"].unique())
+    elapsed = "" if meta["minutes"] is None else f" ({meta['minutes']:.1f} min)"
+    held_out = "Shakespeare" if meta["corpus"] == "shakespeare" else f"`{meta['corpus']}`"
+    if (meta["corpus"], meta["tokenizer"]) == ("shakespeare", "byte"):
+        ours = "Our models are tiny byte-level models trained for minutes on Shakespeare"
+    else:
+        ours = (f"Our models were trained on {int(tables['training']['tokens'].max()):,} tokens of "
+                f"{meta['corpus_description']} each")
+    rope_ratio = spread(tables["rope_ratio"]["rope_to_latent"].to_numpy())
+    norm_effect = tables["norm_effect"]
+    n_head = meta["n_head"]
+    lines = [
+        "# Head spectra under KV sharing: reproduction report",
+        "",
+        f"Preset `{meta['preset']}` ({meta['n_layer']} layers, {n_head} heads, d_model {meta['d_model']}, d_h "
+        f"{meta['head_dim']}), **{n_seeds} seed(s)** per variant, {meta['corpus_description']}. Every number in the "
+        f"'ours' columns was computed in this study{elapsed} and is read from its tables (`headlab report` redraws "
+        "this page from them); columns marked 'paper' quote arXiv 2601.11471 v3 at 128M (6 heads), matched to our "
+        "variants by role, not by position. Numbers are mean ± standard deviation over seeds; brackets give the "
+        "range over layers of the seed means.",
+        "",
+        "![Eigenvalue spectra of head similarity matrices](figures/spectra_uncentered.png)",
+        "",
+        f"The flagship figure shows the uncentered spectra (eigenvalues sum to H, none is zero by construction), "
+        f"mean over {n_seeds} seed(s){' with a min–max band' if n_seeds > 1 else ''}. For MLA it uses "
+        f"`mla_rope = \"{flagship}\"`: the whole pre-softmax score form, as for every other family. "
+        "MLA's decoupled RoPE query/key parts are part of every head's score, and the key part is shared by all "
+        "heads, as in MQA; in these runs the RoPE part of a head's QK form is "
+        f"{rope_ratio.format(2)} times its latent part in Frobenius norm (mean over layers and heads), so leaving "
+        f"it out would describe MLA's heads by the {'smaller' if rope_ratio.mean > 1 else 'larger'} part of their "
+        "scores only. The paper's Table 4 defines MLA's key as W_down W_up,h (latent only), so the tables show MLA "
+        "both ways.",
+        "",
+        "## Effective rank (the paper's Table 3)",
+        "",
+        f"Mean over layers {layers[0]}-{layers[-1]} of the entropy effective rank of the QK circuit, % of H. The "
+        "paper's GQA row was estimated by its authors, not measured.",
+        "",
+        markdown_table(rank_table(summary, metrics).drop(columns="role"), 1),
+        "",
+        "## KV cache per token (the paper's Tables 7 and 8)",
+        "",
+        "The paper's MLA figure counts the latent d_c only; ours also counts the decoupled RoPE key d_R.",
+        "",
+        markdown_table(cache_table(tables["cache"]).drop(columns="role"), 1),
+        "",
+        "## Validation loss (the paper's Tables 1 and 8)",
+        "",
+        f"Ours: {unit} on the held-out 10% of {held_out}"
+        + ("" if unit == loss_unit("byte") else f" (and bits per byte, at {meta['bytes_per_token']:.2f} bytes per token)")
+        + ", with the paired difference to MHA ± the 95% "
+        "t half-width. Paper: test cross-entropy per GPT-2 token on FineWeb-Edu at 128M, from its rank ablation "
+        "(Table 8), which has both LRKV ranks. Only the differences to MHA are comparable.",
+        "",
+        markdown_table(loss_table(metrics, flagship).drop(columns="role"), 3),
+        "",
+        "## How this compares",
+        "",
+        rule_text(n_seeds, len(sentences)),
+        "",
+        *[f"- {s}" for s in sentences],
+        "",
+        f"{ours}, the paper's are "
+        "128M-parameter models trained on 100B FineWeb-Edu tokens: compare orderings and gaps, not absolute "
+        f"values. Centered effective rank cannot exceed H − 1, i.e. {100 * (n_head - 1) / n_head:.1f}% "
+        f"of H for {n_head} heads. Removing the dominant mean direction is expected to raise the centered rank "
+        "of any method whose heads share keys, so a rise under centering is weak evidence of a learned mechanism.",
+        "",
+        *training_section(tables, figures_folder),
+        *measures_section(tables, figures_folder),
+        "## What A_h leaves out: QK-norm's 1/rms",
+        "",
+        "headlab's QK-norm divides each head's query and key by their own rms, a scale per head and per token "
+        "that A_h treats as 1. The largest change over layers of the effective rank (points of % of H) from the "
+        "seed-0 runs on validation text (`headlab.analysis.similarity.norm_scale_effect`): scaling each head's A_h "
+        "by its median 1/rms moves nothing, since a constant per head cancels in the cosine similarity; the "
+        "per-token part, measured on the similarity of the heads' scores over token pairs with and without 1/rms, "
+        "is what the weight-space analysis leaves out.",
+        "",
+        markdown_table(norm_effect, 2) if len(norm_effect) else "No variant with QK-norm in this study.",
+        "",
+        "## Figures",
+        "",
+        *[f"![{p.stem}](figures/{p.name})" for p in figure_paths],
+        "",
+    ]
+    path = out / "report.md"
+    atomic_write_text(path, "\n".join(lines))
+    return path

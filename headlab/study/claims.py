@@ -1,0 +1,251 @@
+"""The sentences a report states, generated from a study's tables by one rule (`headlab.study.stats`):
+a variant's runs are paired with Standard MHA's run of the same seed, and an ordering is stated,
+as difference ± half-width, only when the 95% t-interval of the per-seed differences excludes
+zero; otherwise the two are "within seed noise". With one seed no ordering is claimed.
+
+    metrics = per_seed_metrics(tables["summary"], tables["training"])
+    claims(metrics)                                   # the comparison with Standard MHA
+    measure_claims(per_seed_ranks(tables["measures"]))      # do the other views agree?
+    training_claims(per_step_metrics(tables["snapshot_summary"]))   # through training
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from headlab.analysis.measures import VIEWS
+from headlab.analysis.similarity import BEHAVIOUR
+from headlab.study.paper import PAPER
+from headlab.study.roles import ROLES
+from headlab.study.stats import Difference, chance_orderings, paired_difference, paired_to_baseline
+from headlab.study.tables import FLAGSHIP_MLA_ROPE
+
+KINDS = ("uncentered", "centered")
+METRICS = {  # per-seed column -> (what it is, unit (None: the metrics' loss_unit), decimals)
+    "val_loss": ("validation loss", None, 3),
+    "uncentered": ("uncentered effective rank", "points of % of H", 2),
+    "centered": ("centered effective rank", "points of % of H", 2),
+}
+
+
+# ---- per-seed metrics -------------------------------------------------------------------------
+
+def final_losses(training: pd.DataFrame) -> pd.DataFrame:
+    """The last validation record of every (model, seed) run in a training table."""
+    return training.sort_values("step").groupby(["model", "seed"]).tail(1)
+
+
+def per_seed_metrics(summary: pd.DataFrame, training: pd.DataFrame) -> pd.DataFrame:
+    """One row per (role, model, mla_rope, seed): final validation loss (in its loss_unit, and in
+    bits per byte) and the QK effective rank (% of H) averaged over layers, per kind."""
+    qk = summary[summary["circuit"] == "qk"]
+    ranks = (qk.pivot_table(index=["role", "model", "mla_rope", "seed"], columns="kind",
+                            values="effective_rank_pct_of_heads", aggfunc="mean").reset_index())
+    losses = final_losses(training)[["role", "seed", "val_loss", "val_bpb", "loss_unit"]]
+    return ranks.merge(losses, on=["role", "seed"], validate="many_to_one")[
+        ["role", "model", "mla_rope", "seed", "val_loss", "val_bpb", "loss_unit", *KINDS]]
+
+
+def variant_rows(metrics: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(role, model, mla_rope) of the rows the tables and claims show: every variant at the
+    flagship setting in the roles' order, then MLA at each other setting."""
+    flagship = metrics[metrics["mla_rope"] == FLAGSHIP_MLA_ROPE]
+    rows = sorted(set(zip(flagship["role"], flagship["model"], flagship["mla_rope"])), key=lambda r: ROLES.index(r[0]))
+    others = metrics[(metrics["role"] == "mla") & (metrics["mla_rope"] != FLAGSHIP_MLA_ROPE)]
+    return rows + sorted(set(zip(others["role"], others["model"], others["mla_rope"])))
+
+
+def variant_name(role: str, model: str, mla_rope: str) -> str:
+    """A variant's name in tables and prose; MLA's says what enters A_h."""
+    if role != "mla":
+        return model
+    return f"{model}, RoPE part {mla_rope}" + (" (the paper's definition)" if mla_rope == "excluded" else "")
+
+
+def setting(metrics: pd.DataFrame, mla_rope: str) -> pd.DataFrame:
+    """The rows of one `mla_rope` setting (every family but MLA has the same numbers at both)."""
+    return metrics[metrics["mla_rope"] == mla_rope]
+
+
+def values(metrics: pd.DataFrame, role: str, mla_rope: str, column: str) -> pd.Series:
+    """A metric of one variant by seed."""
+    rows = metrics[(metrics["role"] == role) & (metrics["mla_rope"] == mla_rope)]
+    return rows.set_index("seed")[column].sort_index()
+
+
+def difference_to_mha(metrics: pd.DataFrame, role: str, mla_rope: str, column: str) -> Difference:
+    """Paired per-seed difference variant − Standard MHA of one metric at one `mla_rope` setting."""
+    return paired_to_baseline(setting(metrics, mla_rope), role, column)
+
+
+# ---- the comparison with Standard MHA ---------------------------------------------------------
+
+def claims(metrics: pd.DataFrame) -> list[str]:
+    """One sentence per variant and metric: an ordering against Standard MHA only where the paired
+    95% t-interval excludes zero, "within seed noise" otherwise; and a sentence on what centering
+    does to each variant's rank, by the same rule. With one seed, the single sentence "One seed: no
+    orderings claimed."."""
+    if metrics["seed"].nunique() < 2:
+        return ["One seed: no orderings claimed."]
+    sentences = []
+    for column, (what, unit, decimals) in METRICS.items():
+        unit = unit or metrics["loss_unit"].iloc[0]
+        for role, model, mla_rope in variant_rows(metrics):
+            if role == "mha" or (column == "val_loss" and mla_rope != FLAGSHIP_MLA_ROPE):
+                continue
+            sentences.append(sentence(f"{variant_name(role, model, mla_rope)}: {what}",
+                                      difference_to_mha(metrics, role, mla_rope, column),
+                                      ("higher than", "lower than", "within seed noise of Standard MHA"), "Standard MHA",
+                                      unit, decimals))
+    for role, model, mla_rope in variant_rows(metrics):
+        rise = paired_difference(values(metrics, role, mla_rope, "centered").to_numpy(),
+                                 values(metrics, role, mla_rope, "uncentered").to_numpy())
+        paper = PAPER[role]
+        sentences.append(sentence(f"{variant_name(role, model, mla_rope)}: centering", rise,
+                                  ("raises", "lowers", "leaves the effective rank within seed noise"), "the effective rank",
+                                  "points of % of H", 2, f"the paper: {paper.uncentered:.1f}% → {paper.centered:.1f}%"))
+    return sentences
+
+
+def sentence(subject: str, d: Difference, verbs: tuple[str, str, str], what: str, unit: str, decimals: int,
+             note: str = "") -> str:
+    """One claim by the rule: '<subject> <up|down> <what> by |d̄| ± h <unit> (<note>).' when the
+    interval excludes zero, else '<subject> <undecided> (d̄ ± h <unit>; <note>).'."""
+    up, down, undecided = verbs
+    if d.decided:
+        tail = f" ({note})" if note else ""
+        return (f"{subject} {up if d.mean > 0 else down} {what} by {abs(d.mean):.{decimals}f} ± "
+                f"{d.half_width:.{decimals}f} {unit}{tail}.")
+    return f"{subject} {undecided} ({d.format(decimals)} {unit}{'; ' + note if note else ''})."
+
+
+def rule_text(n_seeds: int, n_comparisons: int) -> str:
+    """The rule the comparison prose follows, as the report states it, with how many of its
+    `n_comparisons` orderings chance alone would produce."""
+    if n_seeds < 2:
+        return ("With one seed there is no estimate of seed noise, so this report states no ordering between "
+                "variants; train more seeds (`--seeds 3`) for comparisons.")
+    return (f"Each comparison pairs a variant's run with Standard MHA's run of the same seed (same data order and "
+            f"initial draw) and takes the {n_seeds} per-seed differences d_i. An ordering is stated only when the "
+            f"95% t-interval d̄ ± t(0.975, {n_seeds - 1}) · s_d / √{n_seeds} excludes zero, and is then given as "
+            "difference ± half-width; otherwise the two are called within seed noise. No other ordering is claimed. "
+            f"The {n_comparisons} comparisons below are each tested at 95% with no correction for their number: were "
+            f"there no true difference behind any of them (a variant against Standard MHA, or centered against "
+            f"uncentered), about {chance_orderings(n_comparisons):.1f} of them would still come out as orderings, so an "
+            "ordering whose interval barely excludes zero is a lead to re-test with more seeds, not a finding.")
+
+
+# ---- do the measures agree? --------------------------------------------------------------------
+
+def per_seed_ranks(measures: pd.DataFrame) -> pd.DataFrame:
+    """Layer-mean effective rank (% of H) per role, model, measure, kind and seed."""
+    return (measures.groupby(["role", "model", "measure", "kind", "seed"], sort=False)["effective_rank_pct_of_heads"]
+            .mean().rename("rank").reset_index())
+
+
+def _ordering(d: Difference) -> str:
+    if not d.decided:
+        return f"within seed noise ({d.format(1)})"
+    return f"{'higher' if d.mean > 0 else 'lower'} by {abs(d.mean):.1f} ± {d.half_width:.1f}"
+
+
+def measure_claims(ranks: pd.DataFrame) -> list[str]:
+    """Per variant and kind with a weight-space ordering against Standard MHA (the paper's kind of
+    conclusion), whether the data-aware and behaviour views show the same ordering beyond seed noise
+    ("holds up"), the opposite one ("reversed"), or none ("not confirmed"). Variants without a
+    weight-space ordering are listed once."""
+    if ranks["seed"].nunique() < 2:
+        return ["One seed: no orderings claimed, so no weight-space conclusion is tested."]
+    sentences, undecided = [], []
+    models = dict(zip(ranks["role"], ranks["model"]))
+
+    def difference(role: str, measure: str, kind: str) -> Difference:
+        return paired_to_baseline(ranks[(ranks["measure"] == measure) & (ranks["kind"] == kind)], role, "rank")
+
+    for role in dict.fromkeys(ranks["role"]):
+        if role == "mha":
+            continue
+        for kind in KINDS:
+            weights = difference(role, "frobenius", kind)
+            if not weights.decided:
+                undecided.append(f"{models[role]} ({kind})")
+                continue
+            parts = []
+            for measure in ("data", BEHAVIOUR):
+                d = difference(role, measure, kind)
+                verdict = ("holds up" if d.decided and np.sign(d.mean) == np.sign(weights.mean)
+                           else "reversed" if d.decided else "not confirmed")
+                parts.append(f"{VIEWS[measure]}: {_ordering(d)}, {verdict}")
+            sentences.append(f"{models[role]}, {kind} (points of % of H against Standard MHA): weights "
+                             f"{_ordering(weights)}; {'; '.join(parts)}.")
+    if undecided:
+        sentences.append("No weight-space ordering against Standard MHA to test (within seed noise): "
+                         + ", ".join(undecided) + ".")
+    return sentences
+
+
+# ---- through training ------------------------------------------------------------------------
+
+def per_step_metrics(snapshot_summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per (role, model, seed, step) at the steps every run has: layer-mean QK effective
+    rank (% of H) per kind, and gap = centered − uncentered."""
+    qk = snapshot_summary[snapshot_summary["circuit"] == "qk"]
+    runs = qk.groupby(["model", "seed"])["step"].apply(set)
+    common = sorted(set.intersection(*runs)) if len(runs) else []
+    wide = (qk[qk["step"].isin(common)]
+            .pivot_table(index=["role", "model", "seed", "step"], columns="kind",
+                         values="effective_rank_pct_of_heads", aggfunc="mean").reset_index())
+    return wide.assign(gap=wide["centered"] - wide["uncentered"])
+
+
+def at_step(metrics: pd.DataFrame, role: str, step: int, column: str) -> Difference:
+    """Paired difference `role` − Standard MHA of `column` at one snapshot step."""
+    return paired_to_baseline(metrics[metrics["step"] == step], role, column)
+
+
+def compensation_onset(metrics: pd.DataFrame) -> tuple[int | None, Difference | None]:
+    """The first step where MQA's centering gap exceeds MHA's beyond seed noise, with that step's
+    paired difference; (None, None) if there is no such step."""
+    for step in sorted(metrics["step"].unique()):
+        d = at_step(metrics, "mqa", step, "gap")
+        if d.decided and d.mean > 0:
+            return int(step), d
+    return None, None
+
+
+def training_claims(metrics: pd.DataFrame) -> list[str]:
+    """Query compensation (MQA's centering gap against MHA's, and its onset) and whether each LRKV
+    tracks MHA from the start."""
+    if metrics["seed"].nunique() < 2:
+        return ["One seed: no onset and no ordering through training claimed."]
+    steps = sorted(metrics["step"].unique())
+    roles = set(metrics["role"])
+    sentences = []
+    if {"mqa", "mha"} <= roles:
+        step, d = compensation_onset(metrics)
+        final = at_step(metrics, "mqa", steps[-1], "gap")
+        if step is None:
+            sentences.append(f"Query compensation: MQA's centering gap is not distinguishable from MHA's beyond seed "
+                             f"noise at any of the {len(steps)} snapshot steps (at step {steps[-1]}: "
+                             f"{final.format(2)} points of % of H).")
+        else:
+            held = sum(at_step(metrics, "mqa", s, "gap").decided for s in steps if s >= step)
+            sentences.append(f"Query compensation: MQA's centering gap first exceeds MHA's beyond seed noise at step "
+                             f"{step} (by {d.mean:.2f} ± {d.half_width:.2f} points of % of H) and does so at {held} "
+                             f"of the {len([s for s in steps if s >= step])} snapshot steps from there on (at step "
+                             f"{steps[-1]}: {final.format(2)}).")
+    for role in sorted(r for r in roles if r.startswith("lrkv")):
+        model = metrics.loc[metrics["role"] == role, "model"].iloc[0]
+        apart = [(s, kind, at_step(metrics, role, s, kind)) for s in steps for kind in KINDS]
+        apart = [(s, kind, d) for s, kind, d in apart if d.decided]
+        if not apart:
+            sentences.append(f"{model} tracks Standard MHA from the start: its uncentered and centered effective "
+                             f"ranks are within seed noise of MHA's at every one of the {len(steps)} snapshot steps.")
+        else:
+            s, kind, d = apart[0]
+            sentences.append(f"{model} departs from Standard MHA beyond seed noise first at step {s} ({kind} "
+                             f"effective rank {d.format(2)} points of % of H), and at {len(apart)} of the "
+                             f"{2 * len(steps)} (step, kind) comparisons in all (were it no different, chance alone "
+                             f"would give about {chance_orderings(2 * len(steps)):.1f}).")
+    return sentences

@@ -1,0 +1,27 @@
+"""The six comparison variants of the flagship figure, keyed by role."""
+
+from __future__ import annotations
+
+from headlab.model.config import ModelConfig, preset
+
+ROLES = ("mha", "lrkv-small", "lrkv-large", "mqa", "mla", "gqa")  # the flagship figure's order
+
+
+def comparison_roles(name: str = "cpu-small") -> dict[str, ModelConfig]:
+    """Role -> config of the six variants of the flagship figure, in its order. A role names what a
+    variant stands for in the paper's tables, so a paper number is looked up by role, never by
+    position: mha, lrkv-small, lrkv-large, mqa, mla, gqa. LRKV's two ranks are d_h/8 and d_h/2 (the paper's r=16 and r=64 at d_h=128)."""
+    head_dim = preset(name).head_dim  # preset() refuses an unknown name, listing the allowed ones
+    return {
+        "mha": preset(name, "mha"),
+        "lrkv-small": preset(name, "lrkv", kv_rank=max(1, head_dim // 8)),
+        "lrkv-large": preset(name, "lrkv", kv_rank=head_dim // 2),
+        "mqa": preset(name, "mqa"),
+        "mla": preset(name, "mla"),
+        "gqa": preset(name, "gqa"),
+    }
+
+
+def comparison_variants(name: str = "cpu-small") -> list[ModelConfig]:
+    """The configs of `comparison_roles`, in the flagship figure's order."""
+    return list(comparison_roles(name).values())

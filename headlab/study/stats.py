@@ -1,0 +1,107 @@
+"""Statistics over seeds: the pure numbers behind every ± and every ordering a report prints.
+
+    summary      mean x̄ = Σ x_i / n,  sample standard deviation s = √(Σ (x_i − x̄)² / (n − 1))
+    paired       d_i = a_i − b_i for the runs a and b of the same seed i (same data order, same
+                 initial draw of the random generator), d̄ and s_d as above
+    interval     d̄ ± t_{1−α/2, n−1} · s_d / √n   (Student's t, α = 1 − confidence)
+
+The rule a report states and follows: a is called higher (or lower) than b only when the
+interval of the paired differences excludes zero; otherwise a and b are "within seed noise".
+With one seed there is no interval (s_d needs n ≥ 2) and no ordering is claimed.
+
+    chance       n · (1 − c) orderings expected by chance among n comparisons of variants that
+                 truly do not differ (no correction for the number of comparisons is made, so a
+                 report states this count beside its orderings)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Mean and sample standard deviation of n values (sd is NaN for n = 1)."""
+
+    mean: float
+    sd: float
+    n: int
+
+    def format(self, decimals: int) -> str:
+        """'1.234 ± 0.012', or '1.234' for a single value."""
+        if self.n < 2:
+            return f"{self.mean:.{decimals}f}"
+        return f"{self.mean:.{decimals}f} ± {self.sd:.{decimals}f}"
+
+
+def spread(values: Sequence[float]) -> Spread:
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        raise ValueError("spread of no values")
+    sd = float(values.std(ddof=1)) if values.size > 1 else math.nan
+    return Spread(float(values.mean()), sd, int(values.size))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The paired difference a − b over n seeds and the half-width of its t-interval."""
+
+    mean: float
+    half_width: float  # NaN for one seed
+    n: int
+    confidence: float
+
+    @property
+    def decided(self) -> bool:
+        """Whether the interval d̄ ± half_width excludes zero (never with one seed)."""
+        return self.n >= 2 and abs(self.mean) > self.half_width
+
+    def format(self, decimals: int) -> str:
+        """'+0.031 ± 0.012', or '+0.031' for a single seed."""
+        if self.n < 2:
+            return f"{self.mean:+.{decimals}f}"
+        return f"{self.mean:+.{decimals}f} ± {self.half_width:.{decimals}f}"
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE) -> Difference:
+    """d_i = a_i − b_i (a and b listed in the same seed order): d̄ ± t_{(1+c)/2, n−1} s_d / √n."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
+        raise ValueError(f"paired values must be two equally long lists, got {a.shape} and {b.shape}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence = {confidence!r} is invalid: it must lie in (0, 1)")
+    d = a - b
+    if d.size < 2:
+        return Difference(float(d.mean()), math.nan, 1, confidence)
+    half = float(scipy_stats.t.ppf((1 + confidence) / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
+    return Difference(float(d.mean()), half, int(d.size), confidence)
+
+
+def chance_orderings(n_comparisons: int, confidence: float = CONFIDENCE) -> float:
+    """n (1 − c): how many of n comparisons would be stated as orderings if no variant truly
+    differed, since each interval then excludes zero with probability 1 − c."""
+    if n_comparisons < 0:
+        raise ValueError(f"n_comparisons = {n_comparisons!r} is invalid: it must be ≥ 0")
+    return n_comparisons * (1 - confidence)
+
+
+def paired_to_baseline(table: pd.DataFrame, role: str, column: str, baseline: str = "mha") -> Difference:
+    """The paired difference `role` − `baseline` of `column` in a table with one row per (role,
+    seed): the one comparison every ordering in a report rests on. Only seeds both roles have
+    are paired; the caller filters the table to one setting (layer mean, kind, step, ...) first."""
+    ours = table[table["role"] == role].set_index("seed")[column]
+    base = table[table["role"] == baseline].set_index("seed")[column]
+    if ours.index.has_duplicates or base.index.has_duplicates:
+        raise ValueError(f"paired_to_baseline needs one row per role and seed; {role!r} or {baseline!r} has several")
+    seeds = ours.index.intersection(base.index).sort_values()
+    if seeds.empty:
+        raise ValueError(f"no seed has both {role!r} and {baseline!r} in column {column!r}")
+    return paired_difference(ours[seeds].to_numpy(), base[seeds].to_numpy())

@@ -1,0 +1,257 @@
+"""A study: the six comparison variants, keyed by role, times seeds, as run folders that are
+trained, reused or resumed in one way, for `headlab reproduce` and the notebooks alike.
+
+    study = Study("cpu-small", steps=None, folder=Path("runs/reproduce"))
+    runs = study.train(seeds=3)            # list[StudyRun]: role, config, seed, folder, run
+    runs[0].role, runs[0].label            # "mha", "Standard MHA"
+
+    # the paper's scale: FineWeb-Edu, GPT-2 tokens, a budget of tokens per run
+    Study("paper-128m", None, Path("runs/paper"), corpus="hf:HuggingFaceFW/fineweb-edu:sample-10BT",
+          tokenizer="gpt2", tokens=2_000_000_000)
+
+Layout: <folder>/runs/<variant slug>-seed<k>/ (a run folder: see `headlab.training.runs`). A finished run is loaded, an interrupted one resumed; a seed's data order and
+initial weights depend on the seed alone, so the runs of one seed form a paired comparison.
+
+Roles (`headlab.study.roles.comparison_roles`) are what the paper's numbers are keyed by: mha,
+lrkv-small, lrkv-large, mqa, mla, gqa. Analysis and prose live in `headlab.report`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+
+from headlab.data.corpus import load_corpus
+from headlab.data.shards import Corpus
+from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
+from headlab.model.config import ModelConfig, preset
+from headlab.study.roles import comparison_roles
+from headlab.training.config import TrainConfig, train_preset
+from headlab.training.runs import Run, has_checkpoint, load_run
+from headlab.training.snapshots import study_snapshot_every
+from headlab.training.trainer import keep_freed_cpu_memory, train
+
+
+def loss_unit(tokenizer: str) -> str:
+    """What a validation loss is per: a byte for the byte tokenizer (a token is a byte), else a token."""
+    return "nats/byte" if tokenizer == "byte" else "nats/token"
+
+
+def slug(label: str) -> str:
+    """'LRKV (r=16)' -> 'lrkv-r16'."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", label.lower().replace("=", ""))).strip("-")
+
+
+def project_root(start: str | Path | None = None) -> Path:
+    """The nearest folder at or above `start` (default: the working directory) that holds
+    headlab's pyproject.toml, so a notebook run from notebooks/ finds the project's runs/; else
+    the source checkout headlab is imported from; else `start` itself (an installed package, Colab)."""
+    start = Path(start or Path.cwd()).resolve()
+    checkout = Path(__file__).resolve().parents[2]
+    for folder in (start, *start.parents, checkout):
+        project = folder / "pyproject.toml"
+        if project.is_file() and re.search(r'^name\s*=\s*"headlab"', project.read_text(encoding="utf-8"), re.M):
+            return folder
+    return start
+
+
+def default_study_folder() -> Path:
+    """Where `make demo` leaves its study: $HEADLAB_STUDY if set, else <project root>/runs/reproduce."""
+    return Path(os.environ.get("HEADLAB_STUDY") or project_root() / "runs" / "reproduce")
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """One trained variant of a study."""
+
+    role: str  # a key of `comparison_roles`: what the variant stands for in the paper's tables
+    config: ModelConfig
+    seed: int
+    folder: Path
+    run: Run
+
+    @property
+    def label(self) -> str:
+        return self.config.label
+
+
+@dataclass(frozen=True)
+class Study:
+    """The comparison variants of `preset`, trained for `steps` (None: the preset's own) into `folder`.
+
+    corpus, tokenizer, corpus_options: what `headlab.data.load_corpus` reads (options such as
+    `max_chars` and `data_files` for an `hf:` corpus); every variant's vocab_size follows the
+    tokenizer. tokenizer None: the preset's (gpt2 for the paper presets' 50304-token vocabulary, else byte).
+    tokens: a budget per run instead of `steps`: ceil(tokens / (batch_size · seq_len)) steps.
+    model_overrides, train_overrides: ModelConfig / TrainConfig fields that replace the preset's
+    (e.g. a shorter seq_len and a tiny batch to run a paper-scale shape on a CPU).
+    only: a subset of the roles to train (None: all six), for the same reason."""
+
+    preset: str
+    steps: int | None
+    folder: Path
+    corpus: str = "shakespeare"
+    tokenizer: str | None = None
+    corpus_options: dict = field(default_factory=dict)
+    tokens: int | None = None
+    model_overrides: dict = field(default_factory=dict)
+    train_overrides: dict = field(default_factory=dict)
+    only: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "folder", Path(self.folder))
+        if self.tokenizer is None:
+            gpt2 = preset(self.preset).vocab_size == PADDED_GPT2_VOCAB
+            object.__setattr__(self, "tokenizer", "gpt2" if gpt2 else "byte")
+        for name in ("steps", "tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} = {value!r} is invalid: must be a positive integer or None (the preset's)")
+        if self.steps is not None and self.tokens is not None:
+            raise ValueError(f"steps = {self.steps} and tokens = {self.tokens}: give one budget, not both")
+        every = comparison_roles(self.preset)  # refuses an unknown preset, naming the allowed ones
+        unknown = sorted(set(self.only or ()) - set(every))
+        if unknown or self.only == ():
+            raise ValueError(f"only = {self.only!r} is invalid: choose roles among {', '.join(every)}")
+        tokenizer_vocab_size(self.tokenizer)  # refuses an unknown tokenizer, naming the allowed ones
+
+    @property
+    def loss_unit(self) -> str:
+        return loss_unit(self.tokenizer)
+
+    @property
+    def roles(self) -> dict[str, ModelConfig]:
+        """Role -> config, in the flagship figure's order, sized for the tokenizer's vocabulary."""
+        vocab_size = tokenizer_vocab_size(self.tokenizer)
+        return {role: config.replace(vocab_size=vocab_size, **self.model_overrides)
+                for role, config in comparison_roles(self.preset).items() if self.only is None or role in self.only}
+
+    @property
+    def variants(self) -> list[ModelConfig]:
+        """The configs of `roles`, in order."""
+        return list(self.roles.values())
+
+    def train_config(self, seed: int = 0) -> TrainConfig:
+        """The preset's training settings for `seed` with `train_overrides`; `steps`, or the step
+        count of the `tokens` budget, replaces the preset's. Runs keep analysis snapshots
+        (`headlab.training.snapshots.study_snapshot_every`) unless `train_overrides` say otherwise."""
+        config = train_preset(self.preset, seed=seed, **self.train_overrides)
+        if self.tokens is not None:
+            config = config.replace(steps=math.ceil(self.tokens / (config.batch_size * self.variants[0].seq_len)))
+        elif self.steps:
+            config = config.replace(steps=self.steps)
+        if "snapshot_every" in self.train_overrides:
+            return config
+        return config.replace(snapshot_every=study_snapshot_every(config.steps))
+
+    def load_corpus(self) -> Corpus:
+        """The study's tokenized corpus (built once, then read from the cache)."""
+        return load_corpus(self.corpus, self.tokenizer, **self.corpus_options)
+
+    def run_folder(self, config: ModelConfig, seed: int = 0) -> Path:
+        """Where one variant's run of `seed` lives: <folder>/runs/<variant slug>-seed<k>."""
+        return self.folder / "runs" / f"{slug(config.label)}-seed{seed}"
+
+    def finished_runs(self, seed: int = 0) -> list[Path]:
+        """The run folders of `seed` that hold trained weights, in variant order."""
+        return [folder for folder in (self.run_folder(c, seed) for c in self.variants) if has_checkpoint(folder)]
+
+    def train(self, seeds: int = 1, progress: bool = True, log=print, jobs: int = 1) -> list[StudyRun]:
+        """Every variant for seeds 0 … seeds − 1, seed by seed: finished runs are loaded,
+        interrupted ones resumed, missing ones trained.
+
+        `jobs` > 1 trains that many runs at once in worker processes, each on cpu_count / jobs
+        threads: small CPU models keep two cores busier as two one-thread runs than as one
+        two-thread run. A run's numbers depend on its thread count in the last bits, so a study is
+        resumed with the `jobs` it started with. Not under torchrun, where every rank trains each
+        run together."""
+        if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+            raise ValueError(f"seeds = {seeds!r} is invalid: must be a positive integer")
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+            raise ValueError(f"jobs = {jobs!r} is invalid: must be a positive integer")
+        if jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ValueError(f"jobs = {jobs} is invalid under torchrun: every rank trains each run, so jobs must be 1")
+        keep_freed_cpu_memory()  # small CPU models train ~10% faster; a study opts in for its processes
+        corpus = self.load_corpus()
+        work = [(seed, role, config) for seed in range(seeds) for role, config in self.roles.items()]
+        if jobs == 1:
+            runs = []
+            for seed, role, config in work:
+                start = time.perf_counter()
+                folder = self.run_folder(config, seed)
+                run = train(config, self.train_config(seed), corpus, out=folder, resume=True, progress=progress)
+                self._log_run(log, config, seed, run, time.perf_counter() - start)
+                runs.append(StudyRun(role, config, seed, folder, run))
+            return runs
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_prepare_worker,
+                                 initargs=(threads,)) as pool:
+            pending = {pool.submit(_train_one, self, seed, config): (seed, role, config) for seed, role, config in work}
+            finished = {}
+            for future in as_completed(pending):
+                seed, role, config = pending[future]
+                elapsed = future.result()
+                finished[seed, role] = StudyRun(role, config, seed, self.run_folder(config, seed),
+                                                load_run(self.run_folder(config, seed)))
+                self._log_run(log, config, seed, finished[seed, role].run, elapsed)
+        return [finished[seed, role] for seed, role, _ in work]
+
+    def _log_run(self, log, config: ModelConfig, seed: int, run: Run, elapsed: float) -> None:
+        log(f"  {config.label:<20} seed {seed}: validation loss {run.final_val_loss:.3f} {self.loss_unit} "
+            f"({elapsed:.0f} s)")
+
+
+def _prepare_worker(threads: int) -> None:
+    """A training worker's process: `threads` torch threads and the trainer's allocator setting."""
+    torch.set_num_threads(threads)
+    keep_freed_cpu_memory()
+
+
+def _train_one(study: Study, seed: int, config: ModelConfig) -> float:
+    """Train (or reuse, or resume) one run of `study` in a worker process; returns its seconds."""
+    start = time.perf_counter()
+    train(config, study.train_config(seed), study.load_corpus(), out=study.run_folder(config, seed), resume=True,
+          progress=False)
+    return time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class NotebookStudy(Study):
+    """The study a notebook reads. Small mode (CI's smoke test): the tiny preset for 60 steps,
+    runs under <project root>/runs/notebooks/small/<settings key>. Full mode: the cpu-small study of `make demo`
+    (`default_study_folder`), so a finished demo is reused rather than trained again.
+
+    `outputs` is where a notebook writes what it makes (figures, tables): always
+    <project root>/runs/notebooks/<small|full>, never another study's folder."""
+
+    outputs: Path | None = None  # None: <project root>/runs/notebooks/custom
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "outputs", Path(self.outputs or project_root() / "runs" / "notebooks" / "custom"))
+
+    @classmethod
+    def choose(cls, small: bool, runs: str | Path | None = None) -> "NotebookStudy":
+        """The study of a notebook's `SMALL` switch; `runs` overrides the folder the runs live in."""
+        preset, steps = ("tiny", 60) if small else ("cpu-small", None)
+        outputs = project_root() / "runs" / "notebooks" / ("small" if small else "full")
+        folder = Path(runs) if runs else outputs / settings_key(preset, steps) if small else default_study_folder()
+        return cls(preset, steps, folder, outputs=outputs)
+
+
+def settings_key(preset: str, steps: int | None) -> str:
+    """8 hex digits naming every setting of a study's runs (model and training configs), so runs
+    left by a checkout with other settings are never resumed: changed settings start fresh runs."""
+    study = Study(preset, steps, Path("."))
+    settings = [[config.to_dict(), asdict(study.train_config(0))] for config in study.variants]
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:8]

@@ -1,0 +1,218 @@
+"""A study's tables: every number its report states, computed once from the trained runs and kept
+on disk, so the report, the figures, the widgets and the notebooks only ever read tables.
+
+    tables = analyze_study(runs, corpus, preset="cpu-small")   # all the torch work
+    write_study_tables(tables, folder)                         # CSVs + study.json (hashes), atomically
+    tables = read_study_tables(folder)                         # what `headlab report DIR` starts from
+
+Tables (CSV, one row per observation):
+    similarity, spectra, summary, norms   `analyze()` of every run at both `mla_rope` settings,
+                                          with `seed` and `role` columns
+    training          role, model, seed, step, tokens, val_loss, val_bpb, kv_cache_pct, loss_unit
+    cache             role, model, kv_values_per_token, kv_cache_pct (of MHA)
+    norm_effect       QK-norm's 1/rms: what A_h leaves out (seed-0 runs with QK-norm)
+    rope_ratio        MLA: ‖A_h^RoPE‖_F / ‖A_h^latent‖_F per seed
+    measures          the three views (weights, data-aware, behaviour) of every run (summary rows)
+    measure_agreement Spearman correlation between the views
+    snapshot_summary  the QK summary of every snapshot step of every run
+The meta (study.json) records the preset, the model's shape, the corpus and tokenizer, the
+analysis options, and how long training and analysis took.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headlab.analysis.heads import MLA_ROPE, load_heads
+from headlab.analysis.measures import measure_views
+from headlab.analysis.similarity import analyze, concat, measure_agreement, norm_scale_effect
+from headlab.analysis.snapshots import analyze_snapshots
+from headlab.analysis.tables import load_tables, save_tables
+from headlab.data.shards import Corpus, random_windows
+from headlab.study.study import Study, StudyRun, loss_unit
+
+MANIFEST = "study.json"
+# The figures and claims use the whole pre-softmax score of MLA, as for every other family (see
+# `headlab.analysis.similarity`); the paper's latent-only definition is in the tables beside it.
+FLAGSHIP_MLA_ROPE = "included"
+MOMENT_WINDOWS = 32  # validation windows Σ is estimated on (the data-aware view)
+BEHAVIOUR_WINDOWS = 8  # validation windows the attention maps are taken on (the behaviour view)
+
+
+@dataclass(frozen=True)
+class StudyTables:
+    """A study's tables by name and its meta (see the module docstring)."""
+
+    tables: dict[str, pd.DataFrame]
+    meta: dict
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        return self.tables[name]
+
+
+def analysis_tables(runs: list[StudyRun]) -> dict[str, pd.DataFrame]:
+    """similarity, spectra, summary, norms of every run at every `mla_rope` setting, with `seed`
+    and `role` columns. Filter on `mla_rope` before drawing a figure."""
+    per_seed: dict[int, list] = {}
+    for r in runs:
+        per_seed.setdefault(r.seed, []).extend(analyze(r.run.model, label=r.label, mla_rope=s) for s in MLA_ROPE)
+    roles = {r.label: r.role for r in runs}
+    tables = {}
+    for name in ("similarity", "spectra", "summary", "norms"):
+        stacked = pd.concat([getattr(concat(analyses), name).assign(seed=seed) for seed, analyses in per_seed.items()],
+                            ignore_index=True)
+        tables[name] = stacked.assign(role=stacked["model"].map(roles))
+    return tables
+
+
+def training_table(runs: list[StudyRun], unit: str) -> pd.DataFrame:
+    """Every validation record of every run: role, model, seed, step, tokens, val_loss, val_bpb,
+    kv_cache_pct and loss_unit (`unit`, the runs' tokenizer's: `headlab.study.study.loss_unit`)."""
+    return pd.DataFrame([
+        {"model": r.label, "role": r.role, "seed": r.seed, "step": m["step"], "tokens": m["tokens"],
+         "val_loss": m["val_loss"], "val_bpb": m["val_bpb"], "kv_cache_pct": 100 * r.config.kv_cache_fraction_of_mha(),
+         "loss_unit": unit}
+        for r in runs for m in r.run.metrics if "val_loss" in m])
+
+
+def cache_table(runs: list[StudyRun]) -> pd.DataFrame:
+    """KV values cached per token and layer, and their % of MHA's, per role."""
+    configs = {r.role: r.config for r in runs}
+    return pd.DataFrame([{"role": role, "model": config.label, "kv_values_per_token": config.kv_cache_values_per_token(),
+                          "kv_cache_pct": 100 * config.kv_cache_fraction_of_mha()} for role, config in configs.items()])
+
+
+def validation_windows(corpus: Corpus, n: int, seq_len: int) -> torch.Tensor:
+    """`n` seeded validation windows of `corpus`: the same windows for every run of a study."""
+    return random_windows(corpus.val, n, seq_len, torch.Generator().manual_seed(0))[0]
+
+
+def norm_effect_table(runs: list[StudyRun], corpus: Corpus, batch_size: int = 8) -> pd.DataFrame:
+    """`norm_scale_effect` of every QK-normed variant's seed-0 run on validation windows: per model
+    and kind, the largest change over layers (points of % of H) that a per-head median 1/rms and the
+    per-token 1/rms make, and the range of the median 1/rms."""
+    rows = []
+    for r in runs:
+        if r.seed != 0 or not r.config.qk_norm:
+            continue
+        effect = norm_scale_effect(r.run.model, validation_windows(corpus, batch_size, r.config.seq_len), r.label)
+        ranks = effect.pivot_table(index=["layer", "kind"], columns="measure", values="effective_rank_pct_of_heads")
+        for kind in ("uncentered", "centered"):
+            k = ranks.xs(kind, level="kind")
+            rows.append({"model": r.label, "kind": kind,
+                         "median 1/rms per head": (k["weights, median 1/rms per head"] - k["weights"]).abs().max(),
+                         "per-token 1/rms": (k["token scores with 1/rms"] - k["token scores"]).abs().max(),
+                         "median 1/rms range": f"{effect['median_inv_rms_min'].min():.2f}–"
+                                               f"{effect['median_inv_rms_max'].max():.2f}"})
+    return pd.DataFrame(rows, columns=["model", "kind", "median 1/rms per head", "per-token 1/rms",
+                                       "median 1/rms range"])
+
+
+def rope_ratio_table(runs: list[StudyRun]) -> pd.DataFrame:
+    """Per MLA run (seed): the mean over layers and heads of ‖A_h^RoPE‖_F / ‖A_h^latent‖_F, the
+    RoPE part of each head's QK form against its latent part (A_h^RoPE = A_h with the RoPE parts
+    included minus A_h without them)."""
+    rows = []
+    for r in runs:
+        if r.role != "mla":
+            continue
+        heads, per_layer = load_heads(r.run.model), []
+        for layer in range(heads.n_layers):
+            forms = {}
+            for setting in MLA_ROPE:
+                left, right = heads.layer(layer).factors("qk", mla_rope=setting)
+                forms[setting] = np.einsum("hde,hfe->hdf", left.heads(), right.heads())
+            rope = np.linalg.norm(forms["included"] - forms["excluded"], axis=(1, 2))
+            per_layer.append(rope / np.linalg.norm(forms["excluded"], axis=(1, 2)))
+        rows.append({"seed": r.seed, "rope_to_latent": float(np.mean(per_layer))})
+    return pd.DataFrame(rows, columns=["seed", "rope_to_latent"])
+
+
+def measures_tables(runs: list[StudyRun], corpus: Corpus) -> tuple[pd.DataFrame, pd.DataFrame, float, int]:
+    """The three views of every run (`measure_views`, at `FLAGSHIP_MLA_ROPE`, with seed and role),
+    the Spearman agreement between them, the seconds spent estimating Σ and its tokens in total."""
+    pieces, seconds, tokens = [], 0.0, 0
+    for r in runs:
+        summary, spent, n = measure_views(
+            r.run.model, r.label, validation_windows(corpus, MOMENT_WINDOWS, r.config.seq_len),
+            validation_windows(corpus, BEHAVIOUR_WINDOWS, r.config.seq_len), FLAGSHIP_MLA_ROPE,
+            text=f"{corpus.name} validation windows")
+        pieces.append(summary.assign(seed=r.seed, role=r.role))
+        seconds, tokens = seconds + spent, tokens + n
+    summary = pd.concat(pieces, ignore_index=True)
+    return summary, measure_agreement(summary, pair_pattern_with="qk"), seconds, tokens
+
+
+def snapshot_table(runs: list[StudyRun]) -> pd.DataFrame:
+    """The QK summary of every snapshot (and the last checkpoint) of every run, at
+    `FLAGSHIP_MLA_ROPE`, with step, seed and role columns."""
+    return pd.concat([analyze_snapshots(r.folder, r.label, mla_rope=FLAGSHIP_MLA_ROPE).summary
+                      .assign(seed=r.seed, role=r.role) for r in runs], ignore_index=True)
+
+
+def corpus_description(corpus: Corpus) -> str:
+    """How the report names the training data: 'Shakespeare (byte-level)', '`hf:…` (gpt2 tokens)'."""
+    name = "Shakespeare" if corpus.name == "shakespeare" else f"`{corpus.name}`"
+    return f"{name} ({'byte-level' if corpus.tokenizer_name == 'byte' else corpus.tokenizer_name + ' tokens'})"
+
+
+def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: float | None = None) -> StudyTables:
+    """Every table of the study of `runs` (trained on `corpus`), and its meta; `started` is the
+    `time.perf_counter()` at which the study began, for the minutes it records."""
+    unit = loss_unit(corpus.tokenizer_name)
+    tables = analysis_tables(runs)
+    measures, agreement, moment_seconds, moment_tokens = measures_tables(runs, corpus)
+    tables.update(training=training_table(runs, unit), cache=cache_table(runs), norm_effect=norm_effect_table(runs, corpus),
+                  rope_ratio=rope_ratio_table(runs), measures=measures, measure_agreement=agreement,
+                  snapshot_summary=snapshot_table(runs))
+    config = runs[0].config
+    meta = {
+        "preset": preset, "n_layer": config.n_layer, "n_head": config.n_head, "d_model": config.d_model,
+        "head_dim": config.head_dim, "n_runs": len(runs), "seeds": sorted({r.seed for r in runs}),
+        "corpus": corpus.name, "tokenizer": corpus.tokenizer_name, "corpus_description": corpus_description(corpus),
+        "bytes_per_token": corpus.bytes_per_token, "loss_unit": unit, "flagship_mla_rope": FLAGSHIP_MLA_ROPE,
+        "moment_seconds": moment_seconds, "moment_tokens": moment_tokens,
+        "steps": max(r.run.step for r in runs),
+        "minutes": None if started is None else (time.perf_counter() - started) / 60,
+    }
+    return StudyTables(tables, meta)
+
+
+def write_study_tables(tables: StudyTables, folder: str | Path) -> Path:
+    """Every table as <name>.csv in `folder`, then study.json (meta, row counts, hashes) last."""
+    return save_tables(folder, tables.tables, MANIFEST, tables.meta)
+
+
+def read_study_tables(folder: str | Path) -> StudyTables:
+    """The tables `write_study_tables` left in `folder`, each checked against study.json."""
+    tables, meta = load_tables(folder, MANIFEST, "a study folder")
+    return StudyTables(tables, meta)
+
+
+def tabulate_study(runs: list[StudyRun], corpus: Corpus, preset: str, folder: str | Path,
+                   started: float | None = None) -> StudyTables:
+    """`analyze_study`, written into `folder` and read back: the tables exactly as `headlab report`
+    will find them, so a report drawn now and one redrawn later are the same."""
+    write_study_tables(analyze_study(runs, corpus, preset, started), folder)
+    return read_study_tables(folder)
+
+
+def study_tables(study: Study, seeds: int, log=print) -> StudyTables:
+    """The tables of `study` for seeds 0 … seeds − 1: read from its folder when `headlab reproduce`
+    (or an earlier call) left them for exactly these runs (preset, seeds, steps), else trained
+    (finished runs reused) and tabulated into the folder. What the notebooks start from."""
+    try:
+        tables = read_study_tables(study.folder)
+        wanted = {"preset": study.preset, "seeds": list(range(seeds)), "steps": study.train_config(0).steps}
+        if all(tables.meta.get(key) == value for key, value in wanted.items()):
+            return tables
+    except ValueError:
+        pass  # no tables yet (or incomplete ones): make them
+    runs = study.train(seeds, progress=False, log=log)
+    return tabulate_study(runs, study.load_corpus(), study.preset, study.folder)

@@ -1,0 +1,105 @@
+"""Training configuration: a validated dataclass and the training settings of each model preset."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from headlab.model.config import check_field_types, config_from_dict, invalid_field
+
+OPTIMIZERS = ("adamw", "muon")
+DTYPES = ("float32", "bfloat16")
+PARALLEL = ("ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train. `batch_size` is the global batch in sequences: split across torchrun ranks,
+    then into `grad_accum` micro-batches per rank, so every setting takes the same optimizer step.
+    `parallel` is how several ranks hold the model: "ddp" a full replica each, "fsdp" parameters,
+    gradients and optimizer state sharded per block (FSDP2). Neither changes what is trained, so a
+    run may be resumed under another `parallel`, `grad_accum` or number of processes."""
+
+    steps: int = 350
+    batch_size: int = 16
+    optimizer: str = "adamw"
+    lr: float = 3e-3  # AdamW: every parameter
+    matrix_lr: float = 0.02  # Muon: 2-D weights inside the blocks
+    embedding_lr: float = 0.2  # Muon split: AdamW on the embedding
+    unembedding_lr: float = 0.004  # Muon split: AdamW on the output head
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_batches: int = 16
+    checkpoint_every: int = 100
+    log_every: int = 10
+    dtype: str = "float32"
+    compile: bool = False
+    device: str = "auto"
+    seed: int = 0
+    parallel: str = "ddp"
+    grad_accum: int = 1
+    snapshot_every: int = 0  # analysis snapshots every K steps and at 0, 1, 2, 4, … < K (headlab.training.snapshots); 0: off
+
+    def __post_init__(self):
+        check_field_types(self)
+        for name in ("steps", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "log_every", "grad_accum"):
+            if getattr(self, name) < 1:
+                raise invalid_field(name, getattr(self, name), "must be a positive integer", "TrainConfig")
+        if self.optimizer not in OPTIMIZERS:
+            raise invalid_field("optimizer", self.optimizer, f"allowed values are {', '.join(OPTIMIZERS)}", "TrainConfig")
+        if self.parallel not in PARALLEL:
+            raise invalid_field("parallel", self.parallel, f"allowed values are {', '.join(PARALLEL)}", "TrainConfig")
+        if self.parallel == "fsdp" and self.optimizer == "muon":
+            raise invalid_field("parallel", self.parallel, "Muon orthogonalizes whole matrices and FSDP hands it row "
+                           "shards; use optimizer = 'adamw' with fsdp, or parallel = 'ddp' with muon", "TrainConfig")
+        if self.batch_size % self.grad_accum:
+            raise invalid_field("grad_accum", self.grad_accum, f"must divide batch_size = {self.batch_size}", "TrainConfig")
+        if self.dtype not in DTYPES:
+            raise invalid_field("dtype", self.dtype, f"allowed values are {', '.join(DTYPES)}", "TrainConfig")
+        for name in ("lr", "matrix_lr", "embedding_lr", "unembedding_lr", "grad_clip"):
+            if not getattr(self, name) > 0:
+                raise invalid_field(name, getattr(self, name), "must be positive", "TrainConfig")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise invalid_field("min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]", "TrainConfig")
+        for name in ("warmup_steps", "weight_decay", "snapshot_every"):
+            if getattr(self, name) < 0:
+                raise invalid_field(name, getattr(self, name), "must be >= 0", "TrainConfig")
+        if not 0 <= self.seed < 2 ** 63:
+            raise invalid_field("seed", self.seed, "must be in 0 .. 2**63 - 1", "TrainConfig")
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except RuntimeError:
+                raise invalid_field("device", self.device, "allowed values are auto, cpu, cuda, cuda:<index> "
+                               "or another torch device name", "TrainConfig") from None
+
+    def replace(self, **changes) -> "TrainConfig":
+        return config_from_dict(TrainConfig, {**asdict(self), **changes})
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainConfig":
+        return config_from_dict(cls, data)
+
+
+# Training settings that go with the model presets. The paper's (§3.2-3.3): context 2048,
+# 32 sequences per step, warmup 2000, Muon for matrices (lr 0.02) + AdamW for the embedding
+# (0.2) and head (0.004), wd 0.1, clip 1.0, bf16.
+TRAIN_PRESETS: dict[str, TrainConfig] = {
+    "tiny": TrainConfig(steps=40, batch_size=8, warmup_steps=5, eval_every=20, eval_batches=2,
+                        checkpoint_every=20, log_every=5),
+    "cpu-small": TrainConfig(steps=450),  # at seq_len 64: every variant under 2.0 nats/byte
+    **{name: TrainConfig(steps=50_000, batch_size=32, optimizer="muon", warmup_steps=2000, weight_decay=0.1,
+                         grad_clip=1.0, dtype="bfloat16", eval_every=1000, eval_batches=50, checkpoint_every=1000,
+                         log_every=50)
+       for name in ("paper-128m", "paper-1.2b", "paper-2.5b", "paper-6.3b")},
+}
+
+
+def train_preset(name: str, **overrides) -> TrainConfig:
+    if name not in TRAIN_PRESETS:
+        raise ValueError(f"preset {name!r} is unknown: allowed presets are {', '.join(TRAIN_PRESETS)}")
+    return TRAIN_PRESETS[name].replace(**overrides)

@@ -1,0 +1,379 @@
+"""The trainer: `train(model_config, train_config, data, out=...)`.
+
+AdamW (decay on matrices only), or the paper's Muon + AdamW split; linear warmup then cosine
+decay; gradient clipping; bf16 autocast and optional torch.compile on GPU; periodic validation
+in nats/token and bits per byte; runs that never lose work (see `headlab.training.runs`); and under
+`torchrun` (NCCL on GPUs, gloo on CPU) DistributedDataParallel or, for models that do not fit
+one device, FSDP2 (`fully_shard` per block). One global batch is split across ranks and then
+into `grad_accum` micro-batches, so every setting follows the single-process loss curve.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from tqdm.auto import tqdm
+
+from headlab.data.corpus import load_corpus
+from headlab.data.shards import Corpus, random_windows
+from headlab.model.config import ModelConfig
+from headlab.model.gpt import GPT, eval_mode
+from headlab.training.config import TrainConfig, train_preset
+from headlab.training.runs import (MetricsLog, Run, RunLock, gather_training_state, load_checkpoint, open_run,
+                                   save_checkpoint)
+from headlab.training.snapshots import write_snapshot
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the run folder keeps its last good checkpoint (if any)."""
+
+
+def learning_rate_factor(step: int, config: TrainConfig) -> float:
+    """Linear warmup to 1, then cosine decay to `min_lr_ratio` at the last step."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def is_muon_matrix(name: str, parameter: torch.Tensor) -> bool:
+    """Whether Muon (not AdamW) updates this parameter: the blocks' 2-D weights."""
+    return name.startswith("blocks.") and parameter.dim() == 2
+
+
+def make_optimizers(model: GPT, config: TrainConfig) -> list[torch.optim.Optimizer]:
+    """AdamW with weight decay on matrices only; or Muon on the blocks' 2-D weights with AdamW
+    for embedding, head, norms and LRKV's 3-D B tensors (torch's Muon takes 2-D only).
+
+    AdamW is torch's fused kernel (CPU and CUDA since torch 2.4): one pass over all parameters
+    instead of a dozen per tensor, about 4 ms less per `cpu-small` step. Each group's `base_lr`
+    is its configured rate, which the schedule scales."""
+    optimizers = _build_optimizers(model, config)
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["base_lr"] = group["lr"]  # present from the start, so a saved state loads into a fresh optimizer
+    return optimizers
+
+
+def _build_optimizers(model: GPT, config: TrainConfig) -> list[torch.optim.Optimizer]:
+    betas = (0.9, 0.95)
+    if config.optimizer == "adamw":
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        rest = [p for p in model.parameters() if p.dim() < 2]
+        return [torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                                   {"params": rest, "weight_decay": 0.0}], lr=config.lr, betas=betas,
+                                  fused=True)]
+    muon = [p for n, p in model.named_parameters() if is_muon_matrix(n, p)]
+    muon_ids = {id(p) for p in muon}
+    other = [p for n, p in model.named_parameters()
+             if id(p) not in muon_ids and not n.startswith(("wte.", "lm_head."))]
+    adam_groups = [
+        {"params": list(model.wte.parameters()), "lr": config.embedding_lr, "weight_decay": 0.0},
+        {"params": list(model.lm_head.parameters()), "lr": config.unembedding_lr, "weight_decay": 0.0},
+        {"params": other, "lr": config.lr, "weight_decay": 0.0},
+    ]
+    return [torch.optim.Muon(muon, lr=config.matrix_lr, weight_decay=config.weight_decay),
+            torch.optim.AdamW(adam_groups, betas=betas, fused=True)]
+
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_freed_cpu_memory() -> bool:
+    """Let glibc's malloc keep freed activation buffers mapped instead of returning them to the OS.
+
+    By default glibc serves blocks above its mmap threshold (128 KiB, adapting up to 32 MiB)
+    with fresh pages and gives the heap's top back above the trim threshold, so every CPU
+    training step page-faults its activations anew (1,000 to 7,000 faults per `cpu-small`
+    forward and backward). Raising both thresholds keeps those pages: once the heap has grown
+    to a step's high-water mark, about one fault per step, and steps roughly 10 % faster.
+    Process-wide and idempotent, so it is opt-in: `headlab.study.Study.train` and the command line
+    call it; a plain `train()` leaves the process's allocator alone. Returns False where the C
+    library is not glibc.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+
+
+def _set_learning_rates(optimizers, factor: float) -> None:
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = group["base_lr"] * factor
+
+
+@dataclass
+class _Distributed:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _setup_distributed(device_type: str) -> _Distributed:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return _Distributed()
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        # Gloo's worker threads abort the process (SIGABRT) when a group is still alive at
+        # interpreter shutdown, so a script that calls train() under torchrun and simply ends
+        # must still leave the group while Python is fully alive.
+        atexit.register(leave_process_group)
+    return _Distributed(dist.get_rank(), world_size, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def leave_process_group() -> None:
+    """Leave the process group, if one is joined, once every rank has got here.
+
+    torch keeps a gloo group that DDP or FSDP used alive to the end of the process, with its
+    worker threads. A worker drops each finished collective after the caller has moved on, and
+    dropping one that holds tensors takes the GIL: at interpreter shutdown that aborts the
+    process (SIGABRT). So the workers are first given the GIL to drop what they hold, then the
+    barrier (which keeps whatever is still in progress until it is dropped itself) finds nothing
+    holding tensors, and they get the GIL once more before Python goes on to shut down."""
+    if dist.is_initialized():
+        time.sleep(_WORKER_DRAIN_S)
+        dist.barrier()
+        dist.destroy_process_group()
+        time.sleep(_WORKER_DRAIN_S)
+
+
+_WORKER_DRAIN_S = 0.1  # the workers need microseconds once scheduled; this is for a busy machine
+
+
+def _resolve_device(config: TrainConfig, local_rank: int) -> torch.device:
+    if config.device == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"TrainConfig.device = {config.device!r} is unavailable: this torch build or machine has "
+                         "no CUDA device; use cpu or auto")
+    return device
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, shards: list[np.ndarray], batch_size: int, seq_len: int,
+             n_batches: int, device, autocast=nullcontext(), rows: slice = slice(None), seed: int = 1234) -> float:
+    """Mean cross-entropy (nats/token) over `n_batches` seeded random windows (the same
+    windows every time, so evaluations are comparable across steps and runs). Under DDP each
+    rank scores its `rows` of every batch."""
+    generator = torch.Generator().manual_seed(seed)
+    total = 0.0
+    with eval_mode(model):
+        for _ in range(n_batches):
+            x, y = random_windows(shards, batch_size, seq_len, generator)
+            with autocast:
+                total += model(x[rows].to(device), y[rows].to(device))[1].item()
+    return total / n_batches
+
+
+def train(model_config: ModelConfig, train_config: TrainConfig | None = None, data: Corpus | str = "synthetic",
+          out: str | Path | None = None, resume: bool = False, progress: bool = True) -> Run:
+    """Train a GPT and return the `Run` (model, configs, metrics).
+
+    With `out`, the run folder receives config.json, metrics.jsonl as it goes, and a checkpoint
+    every `checkpoint_every` steps and at the end (see `headlab.training.runs`); the folder is locked
+    against a second trainer while this one runs. `resume=True` continues from the folder's
+    last checkpoint (or from step 0 if it has none) after checking that the model, training and
+    data settings match the saved run; on CPU the resumed loss curve equals the uninterrupted one
+    exactly. A NaN/inf loss raises `TrainingDiverged` and leaves the last good checkpoint in place.
+    """
+    train_config = train_config or TrainConfig()
+    corpus = load_corpus(data) if isinstance(data, str) else data
+    if corpus.vocab_size > model_config.vocab_size:
+        raise ValueError(f"ModelConfig.vocab_size = {model_config.vocab_size} is smaller than the "
+                         f"{corpus.tokenizer_name} tokenizer's vocabulary ({corpus.vocab_size})")
+    for split, shards in (("training", corpus.train), ("validation", corpus.val)):
+        if max(len(shard) for shard in shards) <= model_config.seq_len:
+            raise ValueError(f"ModelConfig.seq_len = {model_config.seq_len} is too long for corpus {corpus.name!r}: its "
+                             f"{split} split has no window of {model_config.seq_len + 1} tokens; use a shorter "
+                             "seq_len or a larger corpus")
+    device = _resolve_device(train_config, int(os.environ.get("LOCAL_RANK", "0")))
+    ddp = _setup_distributed(device.type)
+    if train_config.batch_size % (ddp.world_size * train_config.grad_accum):
+        raise ValueError(f"TrainConfig.batch_size = {train_config.batch_size} must be divisible by the number of "
+                         f"processes x TrainConfig.grad_accum = {ddp.world_size} x {train_config.grad_accum}")
+    run_dir = Path(out) if out is not None else None
+    owner = run_dir is not None and ddp.is_main
+    if owner:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ValueError(f"run folder {run_dir} cannot be created: a file is in the way") from None
+    with RunLock(run_dir) if owner else nullcontext():
+        return _train(model_config, train_config, corpus, device, ddp, run_dir, resume, progress)
+
+
+def shard_per_block(model: GPT, train_config: TrainConfig) -> None:
+    """FSDP2: each block is one unit of parameters gathered for its forward and backward, the
+    root (embedding, head) another. Under bf16 the gathered parameters are bf16 and gradients
+    are reduced in fp32. With `compile`, each block is compiled on its own."""
+
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if train_config.dtype == "bfloat16" else MixedPrecisionPolicy())
+    for block in model.blocks:
+        if train_config.compile and next(model.parameters()).device.type == "cuda":
+            block.compile()
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+
+
+def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus, device: torch.device,
+           ddp: "_Distributed", run_dir: Path | None, resume: bool, progress: bool) -> Run:
+    torch.manual_seed(train_config.seed)
+    model = GPT(model_config).to(device)  # the same weights on every rank, whatever their number
+    sharded = ddp.world_size > 1 and train_config.parallel == "fsdp"
+    if sharded:
+        shard_per_block(model, train_config)
+    optimizers = make_optimizers(model, train_config)
+    generator = torch.Generator().manual_seed(train_config.seed)
+    start_step = 0
+    metrics = MetricsLog(run_dir / "metrics.jsonl" if run_dir is not None and ddp.is_main else None)
+    if run_dir is not None:
+        checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=ddp.is_main)
+        if checkpoint is not None:
+            start_step = load_checkpoint(checkpoint, model, optimizers, generator)
+            metrics.truncate_after(start_step)
+        else:
+            metrics.reset()
+    last_checkpoint = start_step if start_step else None
+
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if train_config.dtype == "bfloat16"
+                else nullcontext())
+    step_model = model
+    if ddp.world_size > 1 and not sharded:
+        step_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    synchronizing = _gradient_sync(step_model)
+    if train_config.compile and device.type == "cuda" and not sharded:
+        step_model = torch.compile(step_model)
+
+    local_batch = train_config.batch_size // ddp.world_size
+    n_micro = train_config.grad_accum
+    tokens_per_step = train_config.batch_size * model_config.seq_len
+    steps = range(start_step, train_config.steps)
+    bar = (tqdm(steps, initial=start_step, total=train_config.steps, desc=model_config.label, dynamic_ncols=True)
+           if progress and ddp.is_main else _HiddenBar(steps))
+    started, last_log = time.perf_counter(), time.perf_counter()
+    step = start_step
+    for step in bar:
+        if run_dir is not None:  # every rank: an FSDP model's shards are gathered collectively
+            write_snapshot(run_dir, model, step, train_config.snapshot_every, write=ddp.is_main)
+        _set_learning_rates(optimizers, learning_rate_factor(step, train_config))
+        x, y = random_windows(corpus.train, train_config.batch_size, model_config.seq_len, generator)
+        rows = slice(ddp.rank * local_batch, (ddp.rank + 1) * local_batch)
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        loss = torch.zeros((), device=device)
+        for micro, (micro_x, micro_y) in enumerate(zip(x[rows].chunk(n_micro), y[rows].chunk(n_micro))):
+            with synchronizing(micro == n_micro - 1):  # ranks exchange gradients once, after the last
+                with autocast:
+                    _, micro_loss = step_model(micro_x.to(device), micro_y.to(device))
+                (micro_loss / n_micro).backward()
+            loss += micro_loss.detach() / n_micro
+        torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
+        loss_value = _global_mean(loss, ddp)
+        if not math.isfinite(loss_value):
+            kept = ("" if run_dir is None else f"; the run folder keeps the checkpoint of step {last_checkpoint}"
+                    if last_checkpoint is not None else "; no checkpoint was written before it")
+            raise TrainingDiverged(f"loss is {loss_value} at step {step}{kept}")
+        for optimizer in optimizers:
+            optimizer.step()
+        done = step + 1
+        if done % train_config.log_every == 0 or done == train_config.steps:
+            now = time.perf_counter()
+            tokens_per_s = tokens_per_step * min(train_config.log_every, done - start_step) / (now - last_log)
+            last_log = now
+            metrics.append({"step": done, "tokens": done * tokens_per_step, "train_loss": loss_value,
+                            "lr_factor": learning_rate_factor(step, train_config), "tokens_per_s": tokens_per_s,
+                            "elapsed_s": now - started})
+            bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{tokens_per_s:,.0f}")
+        if done % train_config.eval_every == 0 or done == train_config.steps:
+            val_loss = evaluate(model, corpus.val, train_config.batch_size, model_config.seq_len,
+                                train_config.eval_batches, device, autocast, rows)
+            val_loss = _global_mean(torch.tensor(val_loss, device=device), ddp)
+            metrics.append({"step": done, "tokens": done * tokens_per_step, "val_loss": val_loss,
+                            "val_bpb": val_loss / math.log(2) / corpus.bytes_per_token})
+        if run_dir is not None and (done % train_config.checkpoint_every == 0 or done == train_config.steps):
+            if sharded or ddp.is_main:  # every rank joins the gather of FSDP shards
+                weights, optimizer_states = gather_training_state(model, optimizers)
+            if ddp.is_main:
+                save_checkpoint(run_dir, weights, optimizer_states, generator, done)
+            last_checkpoint = done
+    bar.close()
+    if ddp.world_size > 1:
+        dist.barrier()
+    if sharded:
+        model = _whole_model_on_main(model, model_config, ddp)
+    return Run(model=model.eval() if model is not None else None, model_config=model_config,
+               train_config=train_config, step=train_config.steps, metrics=metrics.records, path=run_dir)
+
+
+class _HiddenBar:
+    """The steps without tqdm: a disabled tqdm bar still takes tqdm's lock, a semaphore shared
+    across fork, and a forked trainer killed while holding it would freeze its parent's next bar."""
+
+    def __init__(self, steps: range):
+        self.steps = steps
+
+    def __iter__(self):
+        return iter(self.steps)
+
+    def set_postfix(self, **values) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _gradient_sync(step_model: torch.nn.Module):
+    """A context factory: `with synchronizing(False)` keeps this backward's gradients local (the
+    ranks add them up on the next synchronized backward), `synchronizing(True)` exchanges them."""
+
+    def synchronizing(sync: bool):
+        if isinstance(step_model, torch.nn.parallel.DistributedDataParallel):
+            return nullcontext() if sync else step_model.no_sync()
+        if isinstance(step_model, FSDPModule):  # keeps unsharded gradients until the synchronized backward
+            step_model.set_requires_gradient_sync(sync)
+        return nullcontext()
+    return synchronizing
+
+
+def _whole_model_on_main(model: torch.nn.Module, model_config: ModelConfig, ddp: _Distributed) -> GPT | None:
+    """The FSDP-trained weights gathered into a plain CPU model on rank 0 (None on other ranks)."""
+    weights, _ = gather_training_state(model, optimizers=[])
+    if not ddp.is_main:
+        return None
+    whole = GPT(model_config)
+    whole.load_state_dict(weights)
+    return whole
+
+
+def _global_mean(value: torch.Tensor, ddp: _Distributed) -> float:
+    if ddp.world_size > 1:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= ddp.world_size
+    return value.item()

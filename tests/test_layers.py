@@ -1,0 +1,141 @@
+"""The package's layers: data flows one way, model → data → training → analysis → study → report →
+cli, and every import of a headlab module is a visible, module-level arrow.
+
+Read from the source (ast), so the check sees every import, including ones inside functions:
+no module imports a higher layer, no two modules import each other through any path (a
+circle), no function-level import of a headlab module, and no private name crosses modules."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "headlab"
+LAYERS = ("io", "model", "data", "training", "analysis", "study", "report", "cli", "__main__", "__init__")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> int:
+    """The rank of a module's layer: headlab.<layer>[...]; the package's own __init__ is the top."""
+    parts = module.split(".")
+    return LAYERS.index(parts[1] if len(parts) > 1 else "__init__")
+
+
+def imports(path: Path) -> list[tuple[str, int, bool, list[str]]]:
+    """(imported headlab module, line, at module level, names) for every import in `path`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top = set(map(id, tree.body))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("headlab"):
+            names = [a.name for a in node.names]
+            modules = [f"{node.module}.{n}" for n in names if (PACKAGE.parent / f"{node.module}.{n}".replace(".", "/")).is_dir()
+                       or (PACKAGE.parent / (f"{node.module}.{n}".replace(".", "/") + ".py")).is_file()]
+            found.append((node.module, node.lineno, id(node) in top, [n for n in names if f"{node.module}.{n}" not in modules]))
+            found += [(m, node.lineno, id(node) in top, []) for m in modules]
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            found.append((f"(relative import, level {node.level})", node.lineno, id(node) in top, []))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, node.lineno, id(node) in top, []) for a in node.names if a.name.startswith("headlab")]
+    return found
+
+
+def graph(package: Path = PACKAGE) -> dict[str, dict[str, list]]:
+    """module -> {imported headlab module: [(line, at module level, names)]}."""
+    edges: dict[str, dict[str, list]] = {}
+    for path in sorted(package.rglob("*.py")):
+        source = module_name(path)
+        edges.setdefault(source, {})
+        for target, line, top, names in imports(path):
+            edges[source].setdefault(target, []).append((line, top, names))
+    return edges
+
+
+def circles(edges: dict[str, dict[str, list]]) -> list[list[str]]:
+    """Every strongly connected set of two or more modules (Tarjan), plus self-imports. A package
+    importing its own submodules is not a circle: `headlab.x` → `headlab.x.y` is how a package
+    re-exports, so an arrow from a package into itself is left out."""
+    def inside(source: str, target: str) -> bool:
+        return target.startswith(source + ".")
+
+    nodes = sorted(edges)
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, {}):
+            if w not in edges or inside(v, w):
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1 or v in edges.get(v, {}):
+                found.append(sorted(group))
+
+    for v in nodes:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def upward(edges: dict[str, dict[str, list]]) -> list[str]:
+    """Every import of a module in a higher layer than the importer's."""
+    return [f"{source} → {target} (line {line})" for source, targets in edges.items() for target, uses in targets.items()
+            if target.startswith("headlab.") and layer(target) > layer(source) for line, _, _ in uses]
+
+
+EDGES = graph()
+
+
+def test_every_headlab_module_has_a_layer():
+    assert all(layer(module) >= 0 for module in EDGES)
+
+
+def test_no_import_circle():
+    assert circles(EDGES) == []
+
+
+def test_no_module_imports_a_higher_layer():
+    assert upward(EDGES) == []
+
+
+def test_every_headlab_import_is_absolute_and_at_module_level():
+    hidden = [f"{source} → {target} (line {line})" for source, targets in EDGES.items()
+              for target, uses in targets.items() for line, top, _ in uses if not top or target.startswith("(")]
+    assert hidden == []
+
+
+def test_no_private_name_crosses_modules():
+    private = [f"{source} imports {name} from {target}" for source, targets in EDGES.items()
+               for target, uses in targets.items() for _, _, names in uses for name in names if name.startswith("_")]
+    assert private == []
+
+
+@pytest.mark.parametrize("arrow,problem", [
+    ({"headlab.data.bpe": {"headlab.data.corpus": [(1, True, [])]},
+      "headlab.data.corpus": {"headlab.data.bpe": [(1, True, [])]}}, "circle"),
+    ({"headlab.model.gpt": {"headlab.analysis.heads": [(1, True, [])]}, "headlab.analysis.heads": {}}, "upward"),
+])
+def test_the_checks_catch_what_they_guard(arrow, problem):
+    """A circle and an upward arrow, as the checks above would meet them."""
+    assert bool(circles(arrow)) == (problem == "circle")
+    assert bool(upward(arrow)) == (problem == "upward")
