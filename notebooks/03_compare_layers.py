@@ -157,7 +157,7 @@ plots.similarity_heatmaps(similarity, layer=layers.get("Middle", layers["Late"])
 
 # %%
 snapshots = tables["snapshot_summary"]
-plots.rank_through_training_figure(snapshots, kind="centered", palette=colours)
+plots.rank_through_training_figure(snapshots.query("mla_rope == @FLAGSHIP_MLA_ROPE"), kind="centered", palette=colours)
 
 # %%
 training_claims(per_step_metrics(snapshots))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from headlab import ATTENTION_FAMILIES
+from headlab import ATTENTION_FAMILIES, GPT, preset
 from headlab.model.attention import attention_backend
 from conftest import DECODE_CASES, tiny_model
 
@@ -116,3 +116,19 @@ def test_forward_past_seq_len_is_refused():
     model = tiny_model("mha")
     with pytest.raises(ValueError, match="exceeds ModelConfig.seq_len = 32"):
         model(torch.zeros(1, 33, dtype=torch.long))
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.1, 1.0])
+def test_lrkv_residuals_start_at_the_configured_fraction_of_the_shared_projection(ratio):
+    """‖U_h B_hᵀ‖_F = kv_residual_init · ‖W_shared‖_F for every head, keys and values; at 0 the
+    heads start equal to W_shared, yet both factors get gradients (B_h = 0, U_h random)."""
+    model = GPT(preset("tiny", "lrkv", kv_residual_init=ratio))
+    for block in model.blocks:
+        attn = block.attn
+        for which, shared in (("k", attn.k_shared), ("v", attn.v_shared)):
+            norms = torch.linalg.matrix_norm(attn.residual_weights(which).detach())
+            torch.testing.assert_close(norms, torch.full_like(norms, ratio) * torch.linalg.matrix_norm(shared.weight.detach()))
+    model(torch.randint(0, 256, (2, 8)), targets=torch.randint(0, 256, (2, 8)))[1].backward()
+    attn = model.blocks[0].attn
+    assert attn.b_k.grad.abs().sum() > 0 and attn.u_k.weight.grad is not None
+    assert model.config.label == ("LRKV (r=3)" if ratio == 0.1 else f"LRKV (r=3, init {ratio:g})")

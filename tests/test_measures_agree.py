@@ -119,7 +119,8 @@ def _snapshot_summary(onset: int | None, lrkv_departs: int | None, seeds: int = 
                                 and step >= lrkv_departs:
                             rank -= 8
                         rows.append({"model": ROLES[role], "role": role, "seed": seed, "step": step, "layer": layer,
-                                     "circuit": "qk", "kind": kind, "effective_rank_pct_of_heads": rank,
+                                     "circuit": "qk", "mla_rope": "included", "kind": kind,
+                                     "effective_rank_pct_of_heads": rank,
                                      "effective_rank": rank / 100 * 6})
     return pd.DataFrame(rows)
 

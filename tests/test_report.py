@@ -256,3 +256,37 @@ def test_a_report_cut_short_leaves_the_previous_one_whole(study, monkeypatch):
         write_report(renamed, out)
     assert path.read_bytes() == before
     assert not [p for p in out.iterdir() if p.name.startswith(".report.md")]
+
+
+def test_each_claim_says_whether_it_has_settled_since_half_way():
+    """The same comparison half-way through training: MQA's loss gap to MHA shrank by 0.05 in every
+    seed since then (still moving); GQA's rank gap is the same up to seed noise (settled)."""
+    from headlab.study.claims import Halfway
+
+    end = synthetic_metrics(seeds=3, loss_gap=0.1, loss_noise=0.002, rank_gap=4.0)
+    half = synthetic_metrics(seeds=3, loss_gap=0.15, loss_noise=0.002, rank_gap=4.0)
+    half.loc[half["role"] == "gqa", "uncentered"] += np.tile([0.3, 0.3, -0.3, -0.3, 0.1, 0.1], 1)[:(half["role"] == "gqa").sum()]
+    sentences = claims(end, Halfway(half, rank_step=50, loss_step=40))
+    mqa_loss = next(s for s in sentences if s.startswith("MQA: validation loss"))
+    assert mqa_loss.endswith("[still moving: changed by -0.050 ± 0.000 since step 40].")
+    gqa_rank = next(s for s in sentences if s.startswith(f"{ROLES['gqa'].label}: uncentered effective rank"))
+    assert "lower than Standard MHA by 4.17" in gqa_rank and "[settled: changed by" in gqa_rank
+    assert gqa_rank.endswith("since step 50, within seed noise].")
+    assert all(s.endswith("].") for s in sentences)  # every claim carries its mark
+    assert not any("[" in s for s in claims(end))  # none without a half-way point
+
+
+def test_the_halfway_point_is_the_snapshot_nearest_half_the_steps():
+    from headlab.study.claims import halfway
+
+    rows = [{"model": "Standard MHA", "role": "mha", "seed": seed, "step": step, "layer": 0, "circuit": "qk",
+             "mla_rope": mla_rope, "kind": kind, "effective_rank_pct_of_heads": 50.0 + step}
+            for seed in (0, 1) for step in (0, 1, 2, 4, 30, 60, 90, 120) for mla_rope in ("included", "excluded")
+            for kind in ("uncentered", "centered")]
+    training = pd.DataFrame([{"model": "Standard MHA", "role": "mha", "seed": seed, "step": step, "tokens": step,
+                              "val_loss": 3.0 - step / 100, "val_bpb": 1.0, "loss_unit": "nats/byte"}
+                             for seed in (0, 1) for step in (0, 50, 100, 120)])
+    half = halfway(pd.DataFrame(rows), training)
+    assert (half.rank_step, half.loss_step) == (60, 50)
+    assert set(half.metrics["uncentered"]) == {110.0} and set(half.metrics["val_loss"]) == {2.5}
+    assert halfway(pd.DataFrame(rows).query("step == 120"), training) is None

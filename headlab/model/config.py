@@ -79,6 +79,7 @@ class ModelConfig:
     q_latent_dim: int = 0
     qk_norm: bool = True
     rope_base: float = 10000.0
+    kv_residual_init: float = 0.1  # LRKV: ‖U_h B_hᵀ‖_F / ‖W_shared‖_F at initialisation (0: B_h starts at 0)
     mlp: str = "relu2"
     mlp_ratio: int = 4
 
@@ -106,6 +107,9 @@ class ModelConfig:
             raise invalid_field("rope_head_dim", self.rope_head_dim, "MLA RoPE width d_R must be a positive even integer")
         if self.q_latent_dim < 0:
             raise invalid_field("q_latent_dim", self.q_latent_dim, "must be 0 (no query compression) or positive")
+        if self.kv_residual_init < 0:
+            raise invalid_field("kv_residual_init", self.kv_residual_init,
+                                "must be >= 0 (0: residuals start at zero; 1: as large as W_shared)")
         if self.rope_base <= 0:
             raise invalid_field("rope_base", self.rope_base, "must be positive")
 
@@ -123,7 +127,7 @@ class ModelConfig:
             "mqa": "MQA",
             "gqa": f"GQA ({self.n_kv_head} KV heads)",
             "mla": f"MLA (d_c={self.kv_latent_dim})",
-            "lrkv": f"LRKV (r={self.kv_rank})",
+            "lrkv": f"LRKV (r={self.kv_rank}{'' if self.kv_residual_init == 0.1 else f', init {self.kv_residual_init:g}'})",
         }[self.attention]
 
     def kv_cache_values_per_token(self, mla_absorb: bool = True) -> int:
@@ -189,6 +193,9 @@ PRESETS: dict[str, ModelConfig] = {
     # 64-byte context: half the tokens of 128 and under half the step time, so `make demo`
     # trains three seeds of the six variants in its budget; losses stay under 2.0 nats/byte.
     "cpu-small": ModelConfig(seq_len=64),
+    # The paper's depth and head count on a CPU: 12 layers of 6 heads (d_h = 16, d_model 96), so the
+    # flagship figure has the paper's panels L = 0, 6, 11; 3 seeds x 6 variants in about 30 minutes.
+    "cpu-deep": ModelConfig(seq_len=64, n_layer=12, n_head=6, d_model=96, head_dim=16, rope_head_dim=8),
     "paper-128m": ModelConfig(
         vocab_size=50304, seq_len=2048, n_layer=12, n_head=6, d_model=768, head_dim=128,
         n_kv_head=3, kv_rank=46, kv_latent_dim=128, rope_head_dim=64,

@@ -80,7 +80,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """N(0, 0.02²) everywhere; residual-stream outputs scaled by 1/√(2·n_layer) (GPT-2);
-        norms at 1; LRKV residuals at 0.1·‖W_shared‖_F (paper §3)."""
+        norms at 1; LRKV residuals at `kv_residual_init`·‖W_shared‖_F (0.1 by default, paper §3)."""
         residual_std = INIT_STD / (2 * self.config.n_layer) ** 0.5
         for name, p in self.named_parameters():
             if p.dim() < 2:
@@ -90,7 +90,7 @@ class GPT(nn.Module):
                 nn.init.normal_(p, std=residual_std if is_output else INIT_STD)
         for block in self.blocks:
             if isinstance(block.attn, LowRankKVAttention):
-                block.attn.init_residuals(std=INIT_STD)
+                block.attn.init_residuals(std=INIT_STD, ratio=self.config.kv_residual_init)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
         """Logits (B, T, vocab) for tokens idx (B, T), and the mean cross-entropy if `targets`

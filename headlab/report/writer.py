@@ -23,7 +23,7 @@ from headlab.analysis.similarity import BEHAVIOUR
 from headlab.analysis.spectrum import KINDS
 from headlab.io import atomic_write_text
 from headlab.report import plots
-from headlab.study.claims import (claims, difference_to_mha, final_losses, measure_claims, per_seed_metrics,
+from headlab.study.claims import (claims, difference_to_mha, final_losses, halfway, measure_claims, per_seed_metrics,
                                   per_seed_ranks, per_step_metrics, rule_text, training_claims, values, variant_name,
                                   variant_rows)
 from headlab.study.paper import PAPER
@@ -135,11 +135,12 @@ def draw_figures(tables: StudyTables, folder: Path) -> list[Path]:
 
 def training_section(tables: StudyTables, folder: Path) -> list[str]:
     """'Effective rank through training': two figures and the claims of `training_claims`."""
-    summary = tables["snapshot_summary"]
+    snapshots = tables["snapshot_summary"]
+    summary = snapshots[snapshots["mla_rope"] == tables.meta["flagship_mla_rope"]].drop(columns="mla_rope")
     colours = plots.palette(summary["model"].unique())
     figures = [plots.save_figure(plots.rank_through_training_figure(summary, kind=kind, palette=colours),
                                  folder, f"effective_rank_through_training_{kind}") for kind in KINDS]
-    metrics = per_step_metrics(summary)
+    metrics = per_step_metrics(snapshots, tables.meta["flagship_mla_rope"])
     steps = sorted(metrics["step"].unique())
     return [
         "## Effective rank through training",
@@ -212,7 +213,7 @@ def write_report(tables: StudyTables, out: str | Path) -> Path:
     figure_paths = draw_figures(tables, figures_folder)
     meta, summary = tables.meta, tables["summary"]
     metrics = per_seed_metrics(summary, tables["training"])
-    sentences = claims(metrics)
+    sentences = claims(metrics, halfway(tables["snapshot_summary"], tables["training"]))
     n_seeds = metrics["seed"].nunique()
     unit, flagship = meta["loss_unit"], meta["flagship_mla_rope"]
     layers = sorted(summary["layer"].unique())

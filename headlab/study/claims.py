@@ -11,6 +11,8 @@ zero; otherwise the two are "within seed noise". With one seed no ordering is cl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -38,12 +40,13 @@ def final_losses(training: pd.DataFrame) -> pd.DataFrame:
 
 def per_seed_metrics(summary: pd.DataFrame, training: pd.DataFrame) -> pd.DataFrame:
     """One row per (role, model, mla_rope, seed): final validation loss (in its loss_unit, and in
-    bits per byte) and the QK effective rank (% of H) averaged over layers, per kind."""
+    bits per byte; NaN for a run with no validation record in `training`) and the QK effective
+    rank (% of H) averaged over layers, per kind."""
     qk = summary[summary["circuit"] == "qk"]
     ranks = (qk.pivot_table(index=["role", "model", "mla_rope", "seed"], columns="kind",
                             values="effective_rank_pct_of_heads", aggfunc="mean").reset_index())
     losses = final_losses(training)[["role", "seed", "val_loss", "val_bpb", "loss_unit"]]
-    return ranks.merge(losses, on=["role", "seed"], validate="many_to_one")[
+    return ranks.merge(losses, on=["role", "seed"], how="left", validate="many_to_one")[
         ["role", "model", "mla_rope", "seed", "val_loss", "val_bpb", "loss_unit", *KINDS]]
 
 
@@ -79,13 +82,70 @@ def difference_to_mha(metrics: pd.DataFrame, role: str, mla_rope: str, column: s
     return paired_to_baseline(setting(metrics, mla_rope), role, column)
 
 
+# ---- has it settled? ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Halfway:
+    """The per-seed metrics of the same runs half-way through training: effective ranks at the
+    snapshot step nearest half the steps (`rank_step`), the validation loss at the validation step
+    nearest it (`loss_step`)."""
+
+    metrics: pd.DataFrame
+    rank_step: int
+    loss_step: int | None  # None: no validation record before the last step
+
+
+def halfway(snapshot_summary: pd.DataFrame, training: pd.DataFrame) -> Halfway | None:
+    """`Halfway` of a study's snapshot and training tables; None when its runs kept no snapshot
+    before their last step (nothing to compare with)."""
+    last = int(training["step"].max())
+    steps = sorted(set.intersection(*snapshot_summary.groupby(["model", "seed"])["step"].apply(set))) \
+        if len(snapshot_summary) else []
+    earlier = [s for s in steps if s < last]
+    if not earlier:
+        return None
+    rank_step = min(earlier, key=lambda s: (abs(s - last / 2), s))
+    loss_step = min((s for s in set(training["step"]) if s < last), key=lambda s: (abs(s - last / 2), s), default=None)
+    summary = snapshot_summary[snapshot_summary["step"] == rank_step].drop(columns="step")
+    losses = training[training["step"] <= (-1 if loss_step is None else loss_step)]
+    return Halfway(per_seed_metrics(summary, losses), rank_step, loss_step)
+
+
+def change_since(end: pd.DataFrame, half: pd.DataFrame, role: str, mla_rope: str, column: str,
+                 baseline: str | None = "mha", minus: str | None = None) -> Difference | None:
+    """The per-seed change, from half-way to the end, of a claim's per-seed difference d_i: role −
+    `baseline` of `column`, or (baseline None) `column` − `minus` of the role itself (centering's
+    rise). Its t-interval is the rule's: excluding zero, the claim is still moving. None when no
+    seed has the value half-way (e.g. no validation record before the last step)."""
+    def per_seed(metrics: pd.DataFrame) -> pd.Series:
+        ours = values(metrics, role, mla_rope, column)
+        return ours - (values(metrics, baseline, mla_rope, column) if baseline else values(metrics, role, mla_rope, minus))
+
+    at_end, at_half = per_seed(end), per_seed(half)
+    seeds = at_end.dropna().index.intersection(at_half.dropna().index).sort_values()
+    if seeds.empty:
+        return None
+    return paired_difference(at_end[seeds].to_numpy(), at_half[seeds].to_numpy())
+
+
+def settling(change: Difference | None, since: int | None, decimals: int) -> str | None:
+    """A claim's mark: 'still moving' when the interval of its change since step `since` excludes
+    zero, else 'settled'; None (no mark) without a half-way value."""
+    if change is None:
+        return None
+    if change.decided:
+        return f"still moving: changed by {change.format(decimals)} since step {since}"
+    return f"settled: changed by {change.format(decimals)} since step {since}, within seed noise"
+
+
 # ---- the comparison with Standard MHA ---------------------------------------------------------
 
-def claims(metrics: pd.DataFrame) -> list[str]:
+def claims(metrics: pd.DataFrame, half: Halfway | None = None) -> list[str]:
     """One sentence per variant and metric: an ordering against Standard MHA only where the paired
     95% t-interval excludes zero, "within seed noise" otherwise; and a sentence on what centering
-    does to each variant's rank, by the same rule. With one seed, the single sentence "One seed: no
-    orderings claimed."."""
+    does to each variant's rank, by the same rule. With `half` (the same runs half-way through
+    training), each sentence is marked settled or still moving (`change_since`). With one seed,
+    the single sentence "One seed: no orderings claimed."."""
     if metrics["seed"].nunique() < 2:
         return ["One seed: no orderings claimed."]
     sentences = []
@@ -94,30 +154,37 @@ def claims(metrics: pd.DataFrame) -> list[str]:
         for role, model, mla_rope in variant_rows(metrics):
             if role == "mha" or (column == "val_loss" and mla_rope != FLAGSHIP_MLA_ROPE):
                 continue
+            mark = half and settling(change_since(metrics, half.metrics, role, mla_rope, column),
+                                     half.loss_step if column == "val_loss" else half.rank_step, decimals)
             sentences.append(sentence(f"{variant_name(role, model, mla_rope)}: {what}",
                                       difference_to_mha(metrics, role, mla_rope, column),
                                       ("higher than", "lower than", "within seed noise of Standard MHA"), "Standard MHA",
-                                      unit, decimals))
+                                      unit, decimals, mark=mark))
     for role, model, mla_rope in variant_rows(metrics):
         rise = paired_difference(values(metrics, role, mla_rope, "centered").to_numpy(),
                                  values(metrics, role, mla_rope, "uncentered").to_numpy())
+        mark = half and settling(change_since(metrics, half.metrics, role, mla_rope, "centered", baseline=None,
+                                              minus="uncentered"), half.rank_step, 2)
         paper = PAPER[role]
         sentences.append(sentence(f"{variant_name(role, model, mla_rope)}: centering", rise,
                                   ("raises", "lowers", "leaves the effective rank within seed noise"), "the effective rank",
-                                  "points of % of H", 2, f"the paper: {paper.uncentered:.1f}% → {paper.centered:.1f}%"))
+                                  "points of % of H", 2, f"the paper: {paper.uncentered:.1f}% → {paper.centered:.1f}%",
+                                  mark=mark))
     return sentences
 
 
 def sentence(subject: str, d: Difference, verbs: tuple[str, str, str], what: str, unit: str, decimals: int,
-             note: str = "") -> str:
+             note: str = "", mark: str | None = None) -> str:
     """One claim by the rule: '<subject> <up|down> <what> by |d̄| ± h <unit> (<note>).' when the
-    interval excludes zero, else '<subject> <undecided> (d̄ ± h <unit>; <note>).'."""
+    interval excludes zero, else '<subject> <undecided> (d̄ ± h <unit>; <note>).'; a settling
+    `mark` goes before the full stop as ' [<mark>]'."""
     up, down, undecided = verbs
+    tail = f" [{mark}]" if mark else ""
     if d.decided:
-        tail = f" ({note})" if note else ""
+        note = f" ({note})" if note else ""
         return (f"{subject} {up if d.mean > 0 else down} {what} by {abs(d.mean):.{decimals}f} ± "
-                f"{d.half_width:.{decimals}f} {unit}{tail}.")
-    return f"{subject} {undecided} ({d.format(decimals)} {unit}{'; ' + note if note else ''})."
+                f"{d.half_width:.{decimals}f} {unit}{note}{tail}.")
+    return f"{subject} {undecided} ({d.format(decimals)} {unit}{'; ' + note if note else ''}){tail}."
 
 
 def rule_text(n_seeds: int, n_comparisons: int) -> str:
@@ -133,7 +200,10 @@ def rule_text(n_seeds: int, n_comparisons: int) -> str:
             f"The {n_comparisons} comparisons below are each tested at 95% with no correction for their number: were "
             f"there no true difference behind any of them (a variant against Standard MHA, or centered against "
             f"uncentered), about {chance_orderings(n_comparisons):.1f} of them would still come out as orderings, so an "
-            "ordering whose interval barely excludes zero is a lead to re-test with more seeds, not a finding.")
+            "ordering whose interval barely excludes zero is a lead to re-test with more seeds, not a finding. "
+            "Each comparison is also made half-way through training (the snapshot nearest half the steps), and "
+            "the per-seed change of its difference since then gets the same interval: where that excludes zero "
+            "the sentence is marked still moving (a longer run may change it), otherwise settled.")
 
 
 # ---- do the measures agree? --------------------------------------------------------------------
@@ -187,10 +257,10 @@ def measure_claims(ranks: pd.DataFrame) -> list[str]:
 
 # ---- through training ------------------------------------------------------------------------
 
-def per_step_metrics(snapshot_summary: pd.DataFrame) -> pd.DataFrame:
-    """One row per (role, model, seed, step) at the steps every run has: layer-mean QK effective
-    rank (% of H) per kind, and gap = centered − uncentered."""
-    qk = snapshot_summary[snapshot_summary["circuit"] == "qk"]
+def per_step_metrics(snapshot_summary: pd.DataFrame, mla_rope: str = FLAGSHIP_MLA_ROPE) -> pd.DataFrame:
+    """One row per (role, model, seed, step) at the steps every run has, at one `mla_rope` setting:
+    layer-mean QK effective rank (% of H) per kind, and gap = centered − uncentered."""
+    qk = snapshot_summary[(snapshot_summary["circuit"] == "qk") & (snapshot_summary["mla_rope"] == mla_rope)]
     runs = qk.groupby(["model", "seed"])["step"].apply(set)
     common = sorted(set.intersection(*runs)) if len(runs) else []
     wide = (qk[qk["step"].isin(common)]

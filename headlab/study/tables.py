@@ -150,10 +150,11 @@ def measures_tables(runs: list[StudyRun], corpus: Corpus) -> tuple[pd.DataFrame,
 
 
 def snapshot_table(runs: list[StudyRun]) -> pd.DataFrame:
-    """The QK summary of every snapshot (and the last checkpoint) of every run, at
-    `FLAGSHIP_MLA_ROPE`, with step, seed and role columns."""
-    return pd.concat([analyze_snapshots(r.folder, r.label, mla_rope=FLAGSHIP_MLA_ROPE).summary
-                      .assign(seed=r.seed, role=r.role) for r in runs], ignore_index=True)
+    """The QK summary of every snapshot (and the last checkpoint) of every run at both `mla_rope`
+    settings, with step, seed and role columns: the claims' half-way point and the figure through
+    training."""
+    return pd.concat([analyze_snapshots(r.folder, r.label, mla_rope=setting).summary.assign(seed=r.seed, role=r.role)
+                      for r in runs for setting in MLA_ROPE], ignore_index=True)
 
 
 def corpus_description(corpus: Corpus) -> str:

@@ -48,10 +48,16 @@ class LowRankKVAttention(nn.Module):
     @torch.no_grad()
     def init_residuals(self, std: float, ratio: float = 0.1) -> None:
         """The paper's init: U, B ~ N(0, std²)/√r, then each head's U_h B_hᵀ rescaled so that
-        ‖U_h B_hᵀ‖_F = ratio·‖W_shared‖_F (shared projections already initialised)."""
+        ‖U_h B_hᵀ‖_F = ratio·‖W_shared‖_F (shared projections already initialised). The paper does
+        not give the ratio; 0.1 is headlab's default, 1 makes each residual as large as an
+        independent head's projection, and 0 starts every head at W_shared with B_h = 0 (U_h
+        random, so both factors still get gradients)."""
         for u, b, shared in ((self.u_k, self.b_k, self.k_shared), (self.u_v, self.b_v, self.v_shared)):
             nn.init.normal_(u.weight, std=std / self.rank ** 0.5)
             nn.init.normal_(b, std=std / self.rank ** 0.5)
+            if ratio == 0:
+                b.zero_()
+                continue
             u_heads = u.weight.view(self.n_head, self.rank, -1)  # (h, r, d) = U_hᵀ
             residual_norms = torch.linalg.matrix_norm(b @ u_heads)  # ‖B_h U_hᵀ‖_F per head
             scale = (ratio * torch.linalg.matrix_norm(shared.weight) / residual_norms).sqrt()
