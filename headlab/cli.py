@@ -18,13 +18,15 @@ from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import encode_text, input_moments
 from headlab.analysis.similarity import analyze, concat
 from headlab.analysis.snapshots import analyze_snapshots
+from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.corpus import load_corpus
 from headlab.data.tokenizers import tokenizer_vocab_size
 from headlab.model.config import ATTENTION_FAMILIES, PRESETS, ModelConfig, preset
 from headlab.model.gpt import count_parameters
 from headlab.report.plots import method_order
-from headlab.report.writer import write_report
+from headlab.report.writer import write_report, write_sweep_report
 from headlab.study.study import Study
+from headlab.study.sweep import grid, sweep_table
 from headlab.study.tables import read_study_tables, tabulate_study
 from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, train_preset
 from headlab.training.plan import add_plan_arguments, format_bytes, format_plan, plan_for_args, plan_from_args
@@ -265,6 +267,39 @@ def cmd_reproduce(args) -> int:
     return 0
 
 
+SWEEP_MANIFEST = "sweep.json"
+
+
+def sweep_values(text: str) -> tuple[str, list]:
+    """'kv_residual_init=0,0.1,1' -> ('kv_residual_init', [0.0, 0.1, 1.0]), each value of the
+    ModelConfig field's type."""
+    name, _, values = text.partition("=")
+    fields = ModelConfig.__dataclass_fields__
+    if name not in fields or not values:
+        raise argparse.ArgumentTypeError(f"{text!r}: give FIELD=V1,V2,... with a ModelConfig field "
+                                         f"({', '.join(sorted(fields))})")
+    kind = {"int": int, "float": float, "str": str, "bool": lambda v: {"true": True, "false": False}[v.lower()]}[
+        fields[name].type]
+    try:
+        return name, [kind(v) for v in values.split(",")]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"{text!r}: {name} takes {fields[name].type} values") from None
+
+
+def cmd_sweep(args) -> int:
+    """Train the comparison at every grid point (reusing finished runs), write sweep.csv, the
+    figure and sweep.md."""
+    fields = dict(args.set or [])
+    points = grid(args.preset, args.lengths, args.depths, fields)
+    print(f"sweep: {len(points)} grid point(s) x {len(Study(args.preset, None, args.out).roles)} variants x "
+          f"{args.seeds} seed(s) into {args.out}")
+    table = sweep_table(points, args.seeds, args.out, jobs=args.jobs)
+    save_tables(args.out, {"sweep": table}, SWEEP_MANIFEST)
+    tables, _ = load_tables(args.out, SWEEP_MANIFEST, "a sweep folder")
+    print(f"sweep written: {write_sweep_report(tables['sweep'], args.out)}")
+    return 0
+
+
 def cmd_report(args) -> int:
     """Redraw report.md and every figure of a study folder from its tables (no torch work)."""
     report = write_report(read_study_tables(args.folder), args.folder)
@@ -412,6 +447,26 @@ def build_parser() -> argparse.ArgumentParser:
                                 "1 under torchrun) (default: %(default)s)")
     add_plan_arguments(reproduce, tokens=False)
     reproduce.set_defaults(func=cmd_reproduce)
+
+    sweep = sub.add_parser("sweep", parents=[common], help="the comparison with Standard MHA across a grid of "
+                           "training lengths, depths and ModelConfig settings",
+                           description="Train the six comparison variants at every point of a grid (each point an "
+                                       "ordinary study folder: runs are reused and resumed), then write sweep.csv, "
+                                       "figures/sweep.png and sweep.md: the paired difference to Standard MHA ± its 95% "
+                                       "half-width per comparison and point, and which orderings hold everywhere, "
+                                       "change sign or shrink toward zero. Example: headlab sweep --preset cpu-small "
+                                       "--lengths 1 4 10 --seeds 3 --jobs 2 --out runs/sweep")
+    sweep.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
+                       help="model and training preset (default: %(default)s)")
+    sweep.add_argument("--lengths", type=positive_float, nargs="+", default=[1.0], metavar="X",
+                       help="training lengths as multiples of the preset's steps (default: 1)")
+    sweep.add_argument("--depths", type=positive_int, nargs="+", metavar="N", help="n_layer values (default: the preset's)")
+    sweep.add_argument("--set", type=sweep_values, action="append", metavar="FIELD=V1,V2",
+                       help="another ModelConfig field to sweep, e.g. kv_residual_init=0,0.1,1 (repeatable)")
+    sweep.add_argument("--seeds", type=positive_int, default=3, metavar="N", help="seeds per variant and point (default: 3)")
+    sweep.add_argument("--out", type=Path, default=Path("runs/sweep"), metavar="DIR", help="sweep folder (default: %(default)s)")
+    sweep.add_argument("--jobs", type=positive_int, default=1, metavar="N", help="runs trained at once (default: 1)")
+    sweep.set_defaults(func=cmd_sweep)
 
     report = sub.add_parser("report", parents=[common], help="redraw a study's report.md and figures from its tables",
                             description="Redraw report.md and every figure of a study folder (what `headlab "

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
@@ -537,4 +538,39 @@ def measures_figure(summary: pd.DataFrame, kind: str = "centered", measures: Seq
     fig.suptitle(_title(f"Do the measures agree? Effective rank per layer ({KIND_TITLES[kind]})", n_seeds),
                  fontweight="bold")
     _legend(fig, methods, n_seeds=n_seeds, below=True)
+    return fig
+
+
+@_styled
+def sweep_figure(table: pd.DataFrame, palette: Mapping[str, str] | None = None) -> Figure:
+    """The paired difference to Standard MHA (mean ± 95% half-width) of every comparison at every
+    grid point of a sweep (`headlab.study.sweep`): a panel per metric, grid points along x in the
+    table's order, a line per variant, zero marked; an interval off the zero line is an ordering.
+
+    table: point, comparison, metric, unit, mean, half_width, seeds.
+    """
+    data = _checked(table, "sweep", ["point", "comparison", "metric", "unit", "mean", "half_width", "seeds"])
+    data = data.rename(columns={"comparison": "model"})
+    methods = _methods(data, palette)
+    points = list(dict.fromkeys(data["point"]))
+    metrics = list(dict.fromkeys(data["metric"]))
+    fig = NotebookFigure(figsize=(PANEL_SIZE[0] * len(metrics), PANEL_SIZE[1] + 0.6), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(metrics), squeeze=False)[0])
+    offsets = np.linspace(-0.15, 0.15, len(methods.order)) if len(methods.order) > 1 else [0.0]
+    for ax, metric in zip(axes, metrics):
+        rows = data[data["metric"] == metric]
+        ax.axhline(0, color=REFERENCE_COLOR, linewidth=1, linestyle="--")
+        for offset, method in zip(offsets, methods.order):
+            line = rows[rows["model"] == method].set_index("point").reindex(points)
+            if line["mean"].isna().all():
+                continue
+            x = np.arange(len(points)) + offset
+            ax.errorbar(x, line["mean"], yerr=line["half_width"].fillna(0), color=methods.colors[method],
+                        marker=methods.markers[method], capsize=3, linewidth=1.4, markersize=5)
+        ax.set_xticks(range(len(points)), points, rotation=30, ha="right")
+        ax.set(title=metric, ylabel=f"difference to Standard MHA ({rows['unit'].iloc[0]})", xlabel="grid point")
+    n_seeds = int(data["seeds"].max())
+    fig.suptitle(f"Paired difference to Standard MHA across the sweep (mean ± 95% interval, {n_seeds} seeds)",
+                 fontweight="bold")
+    _legend(fig, methods)
     return fig

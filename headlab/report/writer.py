@@ -28,6 +28,7 @@ from headlab.study.claims import (claims, difference_to_mha, final_losses, halfw
                                   variant_rows)
 from headlab.study.paper import PAPER
 from headlab.study.stats import spread
+from headlab.study.sweep import grid_axes, sweep_sentences
 from headlab.study.study import loss_unit
 from headlab.study.tables import StudyTables
 
@@ -303,5 +304,37 @@ def write_report(tables: StudyTables, out: str | Path) -> Path:
         "",
     ]
     path = out / "report.md"
+    atomic_write_text(path, "\n".join(lines))
+    return path
+
+
+# ---- a sweep's page ---------------------------------------------------------------------------------
+
+def write_sweep_report(table: pd.DataFrame, out: str | Path) -> Path:
+    """sweep.md and figures/sweep.png (.svg) in `out` from a sweep's table: the paired difference
+    to Standard MHA ± its 95% half-width at each grid point, and the paragraph of `sweep_sentences`."""
+    out = Path(out)
+    figure = plots.save_figure(plots.sweep_figure(table), out / "figures", "sweep")
+    shown = table.assign(difference=[f"{m:+.3f} ± {h:.3f}" if s > 1 else f"{m:+.3f}"
+                                     for m, h, s in zip(table["mean"], table["half_width"], table["seeds"])])
+    wide = shown.pivot_table(index=["comparison", "metric"], columns="point", values="difference", aggfunc="first",
+                             sort=False).reset_index()
+    wide = wide[["comparison", "metric", *dict.fromkeys(table["point"])]]
+    axes = ", ".join(grid_axes(table)) or "one point"
+    lines = [
+        "# Scale sweep: the comparison with Standard MHA across a grid",
+        "",
+        f"Grid over {axes}; {int(table['seeds'].max())} seed(s) per variant and point, each variant paired with "
+        "Standard MHA's run of the same seed. Cells: paired difference (variant − MHA) ± the 95% t half-width; "
+        "an interval that excludes zero is an ordering, otherwise within seed noise.",
+        "",
+        f"![sweep](figures/{figure.name})",
+        "",
+        markdown_table(wide, 3),
+        "",
+        *[f"- {s}" for s in sweep_sentences(table)],
+        "",
+    ]
+    path = out / "sweep.md"
     atomic_write_text(path, "\n".join(lines))
     return path

@@ -1,0 +1,146 @@
+"""A scale sweep: the same comparison (six variants x seeds, paired with Standard MHA by seed) at
+every point of a small grid, to see which orderings survive longer training, more depth, or any
+other ModelConfig setting.
+
+    points = grid("cpu-small", lengths=[1, 4, 10], depths=[4, 12], fields={"kv_residual_init": [0.0, 1.0]})
+    table = sweep_table(points, seeds=3, folder=Path("runs/sweep"))     # trains, reuses, resumes
+    sweep_sentences(table)                                              # what holds, flips, shrinks
+
+Every grid point is an ordinary `Study` with its own folder (<folder>/<point key>/runs/...), so
+runs are reused and resumed like any study's. The table has one row per grid point, comparison
+(variant, metric) and the paired difference to Standard MHA: mean, 95% half-width, seeds, and
+whether the interval excludes zero (`decided`), by the rule of `headlab.study.stats`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from headlab.model.config import ModelConfig, preset
+from headlab.study.claims import METRICS, difference_to_mha, per_seed_metrics, variant_name, variant_rows
+from headlab.study.study import Study, loss_unit
+from headlab.study.tables import FLAGSHIP_MLA_ROPE, analysis_tables, training_table
+from headlab.training.config import train_preset
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One point of a sweep: `length` times the preset's training steps, with `model_overrides`
+    (n_layer for depth, any other ModelConfig field)."""
+
+    preset: str
+    length: float
+    model_overrides: dict = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return max(1, round(self.length * train_preset(self.preset).steps))
+
+    @property
+    def key(self) -> str:
+        """The point's folder name: 'x4-n_layer12-kv_residual_init0'."""
+        settings = "".join(f"-{name}{value:g}" if isinstance(value, float) else f"-{name}{value}"
+                           for name, value in sorted(self.model_overrides.items()))
+        return f"x{self.length:g}{settings}"
+
+    def study(self, folder: Path) -> Study:
+        return Study(self.preset, self.steps, Path(folder) / self.key, model_overrides=self.model_overrides)
+
+
+def grid(preset_name: str, lengths: list[float] = (1.0,), depths: list[int] | None = None,
+         fields: dict[str, list] | None = None) -> list[GridPoint]:
+    """Every combination of training length (multiples of the preset's steps), depth (n_layer;
+    None: the preset's) and the values of other ModelConfig `fields`, each checked as a config."""
+    if not lengths or any(not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0 for x in lengths):
+        raise ValueError(f"lengths = {list(lengths)!r} is invalid: give positive multiples of the preset's steps")
+    axes = {**({"n_layer": list(depths)} if depths else {}), **(fields or {})}
+    unknown = sorted(set(axes) - {f for f in ModelConfig.__dataclass_fields__} - {"n_layer"})
+    if unknown:
+        raise ValueError(f"sweep field(s) {unknown} are not ModelConfig fields")
+    points = []
+    for length in lengths:
+        for values in itertools.product(*axes.values()):
+            overrides = dict(zip(axes, values))
+            preset(preset_name, "lrkv", **overrides)  # refuses a bad value, naming the field
+            points.append(GridPoint(preset_name, float(length), overrides))
+    return points
+
+
+def point_rows(point: GridPoint, metrics: pd.DataFrame) -> list[dict]:
+    """The paired difference to Standard MHA of every comparison the report makes, at one point."""
+    rows = []
+    for column, (what, unit, _) in METRICS.items():
+        for role, model, mla_rope in variant_rows(metrics):
+            if role == "mha" or (column == "val_loss" and mla_rope != FLAGSHIP_MLA_ROPE):
+                continue
+            d = difference_to_mha(metrics, role, mla_rope, column)
+            rows.append({"point": point.key, "length": point.length, "steps": point.steps,
+                         "n_layer": point.model_overrides.get("n_layer", preset(point.preset).n_layer),
+                         **{k: v for k, v in point.model_overrides.items() if k != "n_layer"},
+                         "role": role, "comparison": variant_name(role, model, mla_rope), "mla_rope": mla_rope,
+                         "metric": what, "unit": unit or metrics["loss_unit"].iloc[0],
+                         "mean": d.mean, "half_width": d.half_width, "seeds": d.n, "decided": d.decided})
+    return rows
+
+
+def sweep_table(points: list[GridPoint], seeds: int, folder: Path, log=print, jobs: int = 1) -> pd.DataFrame:
+    """Train (or reuse) every point's study and tabulate its comparisons (see the module docstring)."""
+    rows = []
+    for point in points:
+        study = point.study(folder)
+        log(f"sweep point {point.key}: {study.train_config().steps} steps, {seeds} seed(s)")
+        runs = study.train(seeds, progress=False, log=log, jobs=jobs)
+        tables = analysis_tables(runs)
+        metrics = per_seed_metrics(tables["summary"], training_table(runs, loss_unit(study.tokenizer)))
+        rows += point_rows(point, metrics)
+    return pd.DataFrame(rows)
+
+
+def grid_axes(table: pd.DataFrame) -> list[str]:
+    """The grid's columns that vary across the sweep, training length first: the columns a row
+    carries before its comparison (length, n_layer, then any swept ModelConfig field)."""
+    columns = list(table.columns[:table.columns.get_loc("role")])
+    return [c for c in columns if c not in ("point", "steps") and table[c].nunique() > 1]
+
+
+def verdict(rows: pd.DataFrame, axis: str = "length") -> str:
+    """What one comparison does across the grid, by the rule (an ordering only where decided):
+    'holds everywhere' (decided, one sign, at every point), 'changes sign' (decided both ways),
+    'shrinks toward zero' (decided at the smallest `axis` value, within noise at the largest, and
+    smaller in size there), 'appears' (the reverse), else 'decided at k of n points'."""
+    decided = rows[rows["decided"]]
+    signs = set(np.sign(decided["mean"]))
+    if len(decided) == len(rows) and len(signs) == 1:
+        return "holds everywhere"
+    if len(signs) > 1:
+        return "changes sign"
+    ordered = rows.sort_values(axis)
+    first, last = ordered.iloc[0], ordered.iloc[-1]
+    if first["decided"] and not last["decided"] and abs(last["mean"]) < abs(first["mean"]):
+        return "shrinks toward zero"
+    if last["decided"] and not first["decided"]:
+        return "appears"
+    return f"decided at {len(decided)} of {len(rows)} points"
+
+
+def sweep_sentences(table: pd.DataFrame) -> list[str]:
+    """One paragraph's sentences: for each verdict, the comparisons that get it (with the sign of
+    those that hold), along the grid's main axis (training length when it varies)."""
+    if table["seeds"].max() < 2:
+        return ["One seed per point: no orderings claimed."]
+    axis = (grid_axes(table) or ["length"])[0]
+    groups: dict[str, list[str]] = {}
+    for (comparison, metric), rows in table.groupby(["comparison", "metric"], sort=False):
+        what = verdict(rows, axis)
+        if what == "holds everywhere":
+            what += f" ({'higher' if rows['mean'].iloc[0] > 0 else 'lower'} than Standard MHA)"
+        groups.setdefault(what, []).append(f"{comparison}: {metric}")
+    points = table["point"].nunique()
+    sentences = [f"Across the {points} grid points (along {axis}), by the paired 95% rule:"]
+    sentences += [f"{what}: {'; '.join(items)}." for what, items in groups.items()]
+    return sentences

@@ -1,0 +1,75 @@
+"""headlab sweep: every grid point an ordinary study, the table's differences are the paired
+statistics of those runs, and the paragraph says what the rule says."""
+
+import pandas as pd
+import pytest
+
+from headlab.analysis.tables import load_tables
+from headlab.cli import main
+from headlab.study.claims import difference_to_mha, per_seed_metrics
+from headlab.study.study import loss_unit
+from headlab.study.sweep import GridPoint, grid, sweep_sentences, verdict
+from headlab.study.tables import analysis_tables, training_table
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    assert main(["sweep", "--preset", "tiny", "--lengths", "0.25", "0.5", "--seeds", "2", "--out", str(out)]) == 0
+    tables, _ = load_tables(out, "sweep.json", "a sweep folder")
+    return out, tables["sweep"]
+
+
+def test_every_grid_point_is_a_reusable_study_and_the_table_holds_its_paired_statistics(swept):
+    out, table = swept
+    assert list(dict.fromkeys(table["point"])) == ["x0.25", "x0.5"] and list(dict.fromkeys(table["steps"])) == [10, 20]
+    point = GridPoint("tiny", 0.5)
+    runs = point.study(out).train(seeds=2, progress=False, log=lambda message: None)  # reused, not retrained
+    assert all(r.run.step == 20 for r in runs)
+    metrics = per_seed_metrics(analysis_tables(runs)["summary"], training_table(runs, loss_unit("byte")))
+    rows = table[table["point"] == "x0.5"]
+    assert len(rows) == 5 * 3 + 2  # five variants x (loss, two ranks), MLA's ranks at the other RoPE setting
+    for row in rows.itertuples():
+        column = {"validation loss": "val_loss", "uncentered effective rank": "uncentered",
+                  "centered effective rank": "centered"}[row.metric]
+        d = difference_to_mha(metrics, row.role, row.mla_rope, column)
+        assert (row.mean, row.half_width, row.seeds, row.decided) == pytest.approx((d.mean, d.half_width, 2, d.decided))
+    text = (out / "sweep.md").read_text()
+    assert all(f"- {s}" in text for s in sweep_sentences(table))
+    assert (out / "figures" / "sweep.png").stat().st_size > 1000
+
+
+def _rows(means, decided, lengths=(1, 4, 10)):
+    return pd.DataFrame({"length": lengths, "mean": means, "decided": decided})
+
+
+@pytest.mark.parametrize("means,decided,expected", [
+    ([-5.0, -4.0, -6.0], [True, True, True], "holds everywhere"),
+    ([-5.0, 1.0, 4.0], [True, False, True], "changes sign"),
+    ([-15.0, -7.0, 3.0], [True, True, False], "shrinks toward zero"),
+    ([0.5, 2.0, 6.0], [False, False, True], "appears"),
+    ([-5.0, 0.5, -6.0], [True, False, True], "decided at 2 of 3 points"),
+])
+def test_the_verdict_follows_the_rule_along_training_length(means, decided, expected):
+    assert verdict(_rows(means, decided)) == expected
+    assert verdict(_rows(means[::-1], decided[::-1], lengths=(10, 4, 1))) == expected  # order of rows is irrelevant
+
+
+def test_the_paragraph_groups_comparisons_by_verdict():
+    table = pd.DataFrame([{"point": f"x{length}", "length": length, "steps": 10 * length, "n_layer": 4, "role": role,
+                           "comparison": name, "mla_rope": "included", "metric": "uncentered effective rank",
+                           "unit": "points", "mean": mean, "half_width": 1.0, "seeds": 3, "decided": abs(mean) > 1.0}
+                          for length, means in ((1, (-15.0, -5.0)), (10, (0.5, -6.0)))
+                          for (role, name), mean in zip((("mla", "MLA"), ("mqa", "MQA")), means)])
+    sentences = sweep_sentences(table)
+    assert sentences[0] == "Across the 2 grid points (along length), by the paired 95% rule:"
+    assert "shrinks toward zero: MLA: uncentered effective rank." in sentences
+    assert "holds everywhere (lower than Standard MHA): MQA: uncentered effective rank." in sentences
+    assert sweep_sentences(table.assign(seeds=1)) == ["One seed per point: no orderings claimed."]
+
+
+def test_a_bad_grid_is_one_clear_line(capsys):
+    assert main(["sweep", "--preset", "tiny", "--set", "kv_rank=0"]) == 2
+    assert "kv_rank" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="not ModelConfig fields"):
+        grid("tiny", [1.0], fields={"colour": [1]})
