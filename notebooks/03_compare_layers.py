@@ -192,9 +192,12 @@ measure_claims(per_seed_ranks(views))
 # %% [markdown]
 # ## Explore
 # Toggle methods, pick any layer (or early, middle and late together), switch between centered and
-# uncentered spectra, and change the view: spectra, heatmaps, effective rank, cumulative variance or
-# loss curves. Every change redraws. The explorer draws its first view as soon as it is created, so
-# a run without a browser (CI) renders it too; `explorer.figures` holds the figures last drawn.
+# uncentered spectra, between the QK circuit (how heads score; the figures above) and the OV circuit
+# (what they write back; the study's tables hold both), between MLA's two RoPE settings, and change
+# the view: spectra, heatmaps, effective rank, cumulative variance or loss curves. Every change
+# redraws the image below the controls. That image is an ordinary output too, so a saved notebook
+# shows the last view where widgets cannot run (GitHub, an HTML export); `explorer.figures` holds
+# the figures last drawn.
 
 # %%
 explorer = explore({**tables.tables, "similarity": tables["similarity"].query("seed == 0").drop(columns="seed")},
