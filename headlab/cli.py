@@ -7,6 +7,7 @@ the problem and exits with status 2; `--debug` (or HEADLAB_DEBUG=1) shows the tr
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import os
@@ -25,6 +26,7 @@ from headlab.model.config import ATTENTION_FAMILIES, PRESETS, ModelConfig, prese
 from headlab.model.gpt import count_parameters
 from headlab.report.plots import method_order
 from headlab.report.writer import write_report, write_sweep_report
+from headlab.study.roles import comparison_variants
 from headlab.study.study import Study
 from headlab.study.sweep import grid, sweep_table
 from headlab.study.tables import read_study_tables, tabulate_study
@@ -124,17 +126,20 @@ def _config_from_args(args, attention: str) -> ModelConfig:
 
 
 def cmd_info(args) -> int:
-    base_attention = _read_model_config(args.config).attention if args.config else "mha"
-    families = [args.attention] if args.attention else ([base_attention] if args.config else list(ATTENTION_FAMILIES))
-    rows = []
-    for attention in families:
-        config = _config_from_args(args, attention)
-        rows.append(describe(config, args.context or config.seq_len, args.dtype, args.batch_size))
+    """One family (--attention), one config file (--config), or else the six variants `headlab
+    reproduce` trains on the preset, in the dtype its runs train in."""
+    if args.config or args.attention:
+        attention = args.attention or _read_model_config(args.config).attention
+        configs = [_config_from_args(args, attention)]
+    else:
+        configs = [config.replace(**_overrides(args)) for config in comparison_variants(args.preset)]
+    dtype = args.dtype or ("bfloat16" if args.config else train_preset(args.preset).dtype)
+    rows = [describe(config, args.context or config.seq_len, dtype, args.batch_size) for config in configs]
     if args.json:
         print(json.dumps(rows if len(rows) > 1 else rows[0], indent=2))
         return 0
-    source = args.config or f"preset {args.preset}"
-    print(f"{source}: context {rows[0]['context']}, batch {rows[0]['batch_size']}, {args.dtype}")
+    source = args.config or f"preset {args.preset}" + ("" if args.attention else ", the variants of `headlab reproduce`")
+    print(f"{source}: context {rows[0]['context']}, batch {rows[0]['batch_size']}, {dtype}")
     header = f"{'variant':<22}{'params':>14}{'KV values/token/layer':>24}{'% of MHA':>10}{'KV cache':>12}"
     print(header)
     print("-" * len(header))
@@ -314,7 +319,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser, attention_default: str
                         help="model (and training) preset (default: %(default)s)")
     parser.add_argument("--config", metavar="JSON", help="a ModelConfig JSON file instead of a preset")
     parser.add_argument("--attention", default=attention_default, choices=ATTENTION_FAMILIES,
-                        help="attention family " + ("(default: all five)" if attention_default is None
+                        help="attention family " + ("(default: the study's six variants)" if attention_default is None
                                                     else "(default: %(default)s)"))
     for name in CONFIG_OVERRIDES:
         parser.add_argument("--" + name.replace("_", "-"), dest=name, metavar="N",
@@ -334,25 +339,53 @@ def _add_corpus_arguments(parser: argparse.ArgumentParser, tokenizer_default: st
                         help="hf:<dataset> corpora only: stop streaming after this many characters")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without prefix matching, so `--seed 2` is an error rather than `--seeds 2`; every
+    parser of the CLI (subcommands included) is one."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+
+REPRODUCE_EXAMPLE = """example (what `make demo` runs: about 10 minutes on two CPU cores):
+  headlab reproduce --out runs/reproduce --jobs 2
+
+results land in the study folder (--out):
+  DIR/runs/<variant>-seed<k>/   one run folder per variant and seed (reused or resumed on a rerun)
+  DIR/*.csv, DIR/study.json     every number, as tables (`headlab report DIR` redraws from them)
+  DIR/report.md, DIR/figures/   the report and its figures (PNG and SVG)"""
+
+
+def unknown_arguments(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """The error for arguments `parser` does not take, naming its closest option for each."""
+    options = {option.lstrip("-"): option for action in parser._actions for option in action.option_strings}
+    hints = []
+    for arg in unknown:
+        match = difflib.get_close_matches(arg.split("=")[0].lstrip("-"), options, n=1) if arg.startswith("-") else []
+        hints.append(f"{arg} (did you mean {options[match[0]]}?)" if match else arg)
+    return "unrecognized arguments: " + " ".join(hints)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--debug", action="store_true",
                         help=f"show the full traceback of an error (also: {DEBUG_ENV}=1)")
-    parser = argparse.ArgumentParser(prog="headlab", description=__doc__,
+    parser = Parser(prog="headlab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     info = sub.add_parser("info", parents=[common], help="parameter count and KV-cache size of a preset or config",
-                          description="Parameter counts (no weights allocated) and decode KV-cache sizes of every "
-                                      "attention family of a preset, or of one ModelConfig JSON file.")
+                          description="Parameter counts (no weights allocated) and decode KV-cache sizes of the "
+                                      "six variants `headlab reproduce` trains on a preset, of one attention family "
+                                      "(--attention), or of one ModelConfig JSON file.")
     _add_model_arguments(info, attention_default=None)
     info.add_argument("--context", type=positive_int, metavar="TOKENS", help="tokens in the cache (default: seq_len)")
     info.add_argument("--batch-size", type=positive_int, default=1, metavar="N",
                       help="sequences in the cache (default: %(default)s)")
-    info.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES),
-                      help="bytes per cached value (default: %(default)s)")
+    info.add_argument("--dtype", choices=sorted(DTYPE_BYTES),
+                      help="bytes per cached value (default: the preset's training dtype; bfloat16 for --config)")
     info.add_argument("--json", action="store_true", help="machine-readable output")
-    info.set_defaults(func=cmd_info)
+    info.set_defaults(func=cmd_info, command_parser=info)
 
     small = TRAIN_PRESETS[DEFAULT_PRESET]
     train = sub.add_parser("train", parents=[common], help="train one model into a run folder (works under torchrun)",
@@ -390,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue the run in --out from its last checkpoint (or from step 0 if it has none)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_plan_arguments(train)
-    train.set_defaults(func=cmd_train)
+    train.set_defaults(func=cmd_train, command_parser=train)
 
     analyze = sub.add_parser(
         "analyze", parents=[common], help="head similarity, eigen-spectra and effective rank per layer (paper §4.3)",
@@ -417,13 +450,14 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--snapshots", action="store_true",
                          help="headlab run folders only: analyse every training snapshot (TrainConfig.snapshot_every) "
                               "and the last checkpoint; the tables gain a step column")
-    analyze.set_defaults(func=cmd_analyze)
+    analyze.set_defaults(func=cmd_analyze, command_parser=analyze)
 
     reproduce = sub.add_parser("reproduce", parents=[common], help="train the six comparison variants, analyse "
                                "their heads, write figures and a report beside the paper's numbers",
                                description="The main job: train MHA, LRKV (two ranks), MQA, MLA and GQA, analyse "
                                            "their heads and write figures and report.md. Finished runs are reused "
-                                           "and interrupted ones resumed.")
+                                           "and interrupted ones resumed.",
+                               epilog=REPRODUCE_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     reproduce.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
                            help="model and training preset (default: %(default)s)")
     reproduce.add_argument("--seeds", type=positive_int, default=3, metavar="N",
@@ -446,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="runs trained at once, in worker processes sharing the CPU cores (CPU studies; "
                                 "1 under torchrun) (default: %(default)s)")
     add_plan_arguments(reproduce, tokens=False)
-    reproduce.set_defaults(func=cmd_reproduce)
+    reproduce.set_defaults(func=cmd_reproduce, command_parser=reproduce)
 
     sweep = sub.add_parser("sweep", parents=[common], help="the comparison with Standard MHA across a grid of "
                            "training lengths, depths and ModelConfig settings",
@@ -473,7 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "reproduce` wrote) from its tables alone, in seconds: nothing is trained or "
                                         "analysed again. The tables are checked against study.json first.")
     report.add_argument("folder", type=Path, metavar="DIR", help="a study folder, e.g. runs/reproduce")
-    report.set_defaults(func=cmd_report)
+    report.set_defaults(func=cmd_report, command_parser=report)
     return parser
 
 
@@ -486,7 +520,9 @@ def _one_line(error: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # the subcommand's usage, not the top level's, says what it takes
+        args.command_parser.error(unknown_arguments(args.command_parser, unknown))
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         return args.func(args)

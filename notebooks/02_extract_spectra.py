@@ -37,19 +37,25 @@
 
 # %% [markdown]
 # ## Colab
-# On Colab this cell installs headlab with its `notebooks` extra from the repository named in
-# pyproject.toml (`[project.urls] Repository`).
-# Elsewhere it does nothing: install with `pip install -e ".[notebooks]"` (see the README).
+# On Colab this cell installs headlab with its `notebooks` extra from `REPOSITORY`, the git URL of
+# the published repository (the same as pyproject.toml's `[project.urls] Repository`). headlab is
+# not published yet, so `REPOSITORY` is `None`: on Colab, upload a wheel built in a clone and
+# install it (the cell says how); elsewhere install with `pip install -e ".[notebooks]"` (README).
 
 # %%
-REPOSITORY = "https://github.com/headlab/headlab"  # pyproject.toml's [project.urls] Repository
+import importlib.util
+
+REPOSITORY = None  # the published repository's git URL; None: install headlab yourself (a clone or a wheel)
 try:
     import google.colab  # noqa: F401
     IN_COLAB = True
 except ImportError:
     IN_COLAB = False
-if IN_COLAB:
-    # %pip install --quiet "headlab[notebooks] @ git+{REPOSITORY}"
+if IN_COLAB and REPOSITORY:
+    get_ipython().run_line_magic("pip", f'install --quiet "headlab[notebooks] @ git+{REPOSITORY}"')  # noqa: F821
+elif IN_COLAB and importlib.util.find_spec("headlab") is None:
+    raise SystemExit('headlab is not published yet: build a wheel in a clone (pip wheel --no-deps . -w dist), '
+                     'upload it and run %pip install "/content/<the wheel>[notebooks]"')
 
 # %% [markdown]
 # ## Parameters

@@ -28,19 +28,26 @@
 
 # %% [markdown]
 # ## Colab
-# On Colab this cell installs headlab with its `notebooks` extra from the repository named in
-# pyproject.toml (`[project.urls] Repository`), and turns on Colab's support for ipywidgets 8.
-# Elsewhere it does nothing: install with `pip install -e ".[notebooks]"` (see the README).
+# On Colab this cell installs headlab with its `notebooks` extra from `REPOSITORY`, the git URL of
+# the published repository (the same as pyproject.toml's `[project.urls] Repository`). headlab is
+# not published yet, so `REPOSITORY` is `None`: on Colab, upload a wheel built in a clone and
+# install it (the cell says how); elsewhere install with `pip install -e ".[notebooks]"` (README).
 
 # %%
-REPOSITORY = "https://github.com/headlab/headlab"  # pyproject.toml's [project.urls] Repository
+import importlib.util
+
+REPOSITORY = None  # the published repository's git URL; None: install headlab yourself (a clone or a wheel)
 try:
     import google.colab  # noqa: F401
     IN_COLAB = True
 except ImportError:
     IN_COLAB = False
+if IN_COLAB and REPOSITORY:
+    get_ipython().run_line_magic("pip", f'install --quiet "headlab[notebooks] @ git+{REPOSITORY}"')  # noqa: F821
+elif IN_COLAB and importlib.util.find_spec("headlab") is None:
+    raise SystemExit('headlab is not published yet: build a wheel in a clone (pip wheel --no-deps . -w dist), '
+                     'upload it and run %pip install "/content/<the wheel>[notebooks]"')
 if IN_COLAB:
-    # %pip install --quiet "headlab[notebooks] @ git+{REPOSITORY}"
     from google.colab import output
     output.enable_custom_widget_manager()  # ipywidgets 8 (explore())
 
@@ -185,9 +192,12 @@ measure_claims(per_seed_ranks(views))
 # %% [markdown]
 # ## Explore
 # Toggle methods, pick any layer (or early, middle and late together), switch between centered and
-# uncentered spectra, and change the view: spectra, heatmaps, effective rank, cumulative variance or
-# loss curves. Every change redraws. The explorer draws its first view as soon as it is created, so
-# a run without a browser (CI) renders it too; `explorer.figures` holds the figures last drawn.
+# uncentered spectra, between the QK circuit (how heads score; the figures above) and the OV circuit
+# (what they write back; the study's tables hold both), between MLA's two RoPE settings, and change
+# the view: spectra, heatmaps, effective rank, cumulative variance or loss curves. Every change
+# redraws the image below the controls. That image is an ordinary output too, so a saved notebook
+# shows the last view where widgets cannot run (GitHub, an HTML export); `explorer.figures` holds
+# the figures last drawn.
 
 # %%
 explorer = explore({**tables.tables, "similarity": tables["similarity"].query("seed == 0").drop(columns="seed")},

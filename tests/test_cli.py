@@ -1,10 +1,13 @@
+import argparse
 import json
 import subprocess
 import sys
 
 import pytest
 from headlab import GPT, preset
-from headlab.cli import describe, main
+from headlab import cli
+from headlab.cli import build_parser, describe, main
+from headlab.study.roles import comparison_variants
 
 
 def _info(*args) -> subprocess.CompletedProcess:
@@ -20,12 +23,41 @@ def test_info_reproduces_the_papers_lrkv_cache_fractions(name, rank, fraction, c
     assert row["kv_values_per_token_per_layer"] == 2 * (128 + preset(name).n_head * rank)
 
 
-def test_info_table_lists_all_five_families_with_bytes(capsys):
-    assert main(["info", "--preset", "paper-128m", "--context", "2048", "--dtype", "bfloat16"]) == 0
+def test_info_table_lists_the_studys_six_variants_in_their_training_dtype(capsys):
+    assert main(["info"]) == 0  # cpu-small: what `make demo` trains, in float32
     out = capsys.readouterr().out
-    for label in ("Standard MHA", "MQA", "GQA (3 KV heads)", "MLA (d_c=128)", "LRKV (r=46)"):
-        assert label in out
+    assert "context 64, batch 1, float32" in out.splitlines()[0]
+    labels = [line[:22].strip() for line in out.splitlines()[3:]]
+    assert labels == [config.label for config in comparison_variants("cpu-small")]
+    assert labels[1:3] == ["LRKV (r=4)", "LRKV (r=16)"]
+    assert main(["info", "--preset", "paper-128m", "--context", "2048"]) == 0
+    out = capsys.readouterr().out
+    assert "bfloat16" in out.splitlines()[0]  # the paper presets train in bf16
     assert "72.0 MiB" in out  # MHA: 2·6·128 values × 12 layers × 2048 tokens × 2 bytes (paper Table 12)
+
+
+def test_every_parser_refuses_abbreviated_options():
+    parser = build_parser()
+    (commands,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    assert set(commands.choices) == {"info", "train", "analyze", "reproduce", "report"}
+    assert not parser.allow_abbrev and not any(sub.allow_abbrev for sub in commands.choices.values())
+
+
+def test_a_mistyped_flag_prints_its_subcommands_usage_and_the_flag_it_resembles(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "cmd_reproduce", lambda args: pytest.fail(f"--seed was taken for --seeds: {args}"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["reproduce", "--seed", "2"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("usage: headlab reproduce ")
+    assert "headlab reproduce: error: unrecognized arguments: --seed (did you mean --seeds?) 2" in err
+
+
+def test_reproduce_help_gives_an_example_and_where_results_land(capsys):
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--help"])
+    out = capsys.readouterr().out
+    assert "  headlab reproduce --out runs/reproduce --jobs 2" in out
+    assert "DIR/report.md, DIR/figures/" in out and "DIR/runs/<variant>-seed<k>/" in out
 
 
 def test_describe_counts_parameters_of_a_real_model_and_bytes_from_the_formula():

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from headlab.analysis import heads
+from headlab.analysis.heads import load_heads, minilm_checkpoint
 from headlab.analysis.similarity import Analysis, analyze
 from headlab.cli import main as cli_main
 from headlab.data.sources import synthetic_texts
@@ -74,3 +76,9 @@ def test_cli_data_measure_on_minilm(tmp_path, capsys):
     assert set(Analysis.load(out).summary["measure"]) == {"data"}
     assert cli_main(["analyze", str(MINILM), "--measure", "data", "--out", str(out)]) == 2
     assert "--measure data needs --text FILE" in capsys.readouterr().err
+
+
+def test_the_minilm_checkpoint_has_one_name_wherever_it_is_read():
+    assert minilm_checkpoint() == MINILM
+    assert load_heads(MINILM).label == heads.MINILM == "all-MiniLM-L6-v2"  # not its config's base model name
+    assert load_heads(MINILM, label="mine").label == "mine"

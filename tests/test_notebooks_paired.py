@@ -3,10 +3,12 @@ the .ipynb holds exactly the cells jupytext makes of the .py now. So CI fails wh
 was edited without the other; `make notebooks` re-pairs them and executes the .ipynb in small mode.
 The committed .ipynb carry those outputs, so a reader without a kernel (GitHub, nbviewer) sees
 every figure: each cell that ends in a figure and the explorer cell hold a PNG, and no output is
-an error, a stderr stream or a progress bar. The Colab cells install from pyproject's URL."""
+an error, a stderr stream or a progress bar. Every .py is valid Python; the Colab cells are one
+install cell, with pyproject's repository URL (None while it has none)."""
 
 from __future__ import annotations
 
+import ast
 import difflib
 import re
 from pathlib import Path
@@ -18,7 +20,8 @@ jupytext = pytest.importorskip("jupytext")
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 SOURCES = sorted(NOTEBOOKS.glob("*.py"))
 REGENERATE = "regenerate it with `make notebooks`"
-REPOSITORY = re.search(r'^Repository = "(.+)"$', (NOTEBOOKS.parent / "pyproject.toml").read_text(), re.M).group(1)
+PUBLISHED = re.search(r'^Repository = "(.+)"$', (NOTEBOOKS.parent / "pyproject.toml").read_text(), re.M)
+REPOSITORY = PUBLISHED.group(1) if PUBLISHED else None  # None until the repository is published
 FIGURE_CALL = re.compile(r"^(plots\.\w+_(figure|heatmaps)\(|explorer$)")  # a last line that displays a figure
 
 
@@ -75,12 +78,25 @@ def test_ipynb_is_executed_and_shows_its_figures_without_a_kernel(source: Path):
                 f"{ipynb.name}, code cell {n} ends in a figure but holds no PNG: " + REGENERATE
 
 
+def colab_cell(source: Path) -> str:
+    """The install cell of a notebook: the one that imports google.colab."""
+    (cell,) = [cell for cell in jupytext.read(source).cells if "import google.colab" in cell.source]
+    return cell.source
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.name)
+def test_source_is_valid_python(source: Path):
+    ast.parse(source.read_text(encoding="utf-8"), filename=source.name)  # a SyntaxError names file and line
+
+
 @pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.name)
 def test_colab_cell_installs_from_the_repository_in_pyproject(source: Path):
-    (cell,) = [cell for cell in jupytext.read(source).cells if "import google.colab" in cell.source]
-    assert f'REPOSITORY = "{REPOSITORY}"' in cell.source, \
+    cell = colab_cell(source)
+    assert f"REPOSITORY = {REPOSITORY!r}  #" in cell, \
         f"{source.name}: its Colab cell must set REPOSITORY = {REPOSITORY!r} (pyproject.toml's [project.urls])"
-    assert '%pip install --quiet "headlab[notebooks] @ git+{REPOSITORY}"' in cell.source
+    install = colab_cell(SOURCES[0])  # every notebook installs the same way; 03 adds Colab's widget manager
+    assert cell.startswith(install), f"{source.name}: its Colab cell must begin as {SOURCES[0].name}'s does"
+    assert "git+{REPOSITORY}" in install and "raise SystemExit(" in install
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.name)

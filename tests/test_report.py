@@ -67,7 +67,7 @@ def test_report_quotes_this_runs_numbers_as_mean_and_sd(study):
         assert loss_row[1] == f"{losses.mean():.3f} ± {losses.std(ddof=1):.3f}"
         assert loss_row[3] == "2"
         name = config.label + (", RoPE part included" if role == "mla" else "")
-        rows = summary[(summary["model"] == config.label) & (summary["mla_rope"] == "included")
+        rows = summary[(summary["model"] == config.label) & (summary["mla_rope"] == "included") & (summary["circuit"] == "qk")
                        & (summary["kind"] == "uncentered")]
         by_seed = rows.groupby("seed")["effective_rank_pct_of_heads"].mean()
         by_layer = rows.groupby("layer")["effective_rank_pct_of_heads"].mean()

