@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from headlab.analysis.heads import load_heads
@@ -28,7 +29,8 @@ from headlab.study.study import Study
 from headlab.study.tables import read_study_tables, tabulate_study
 from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, train_preset
 from headlab.training.plan import add_plan_arguments, format_bytes, format_plan, plan_for_args, plan_from_args
-from headlab.training.trainer import keep_freed_cpu_memory, leave_process_group, train
+from headlab.training.distributed import FailedOnAnotherRank, abandon, in_process_group, launched_processes, leave_process_group
+from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, train
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CONFIG_OVERRIDES = ("n_kv_head", "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "seq_len")
@@ -163,7 +165,8 @@ def cmd_train(args) -> int:
     source_options = {"max_chars": args.max_chars} if args.max_chars is not None else {}
     if args.encoding_errors is not None:
         source_options["encoding_errors"] = args.encoding_errors
-    corpus = load_corpus(args.corpus, tokenizer=args.tokenizer, **source_options)
+    corpus = prepared_corpus(lambda: load_corpus(args.corpus, tokenizer=args.tokenizer, **source_options),
+                             train_config.device)
     keep_freed_cpu_memory()  # a command's process is its own: CPU training steps fault far less
     model_config = _train_model_config(args, corpus.vocab_size)
     run = train(model_config, train_config, corpus, out=args.out, resume=args.resume, progress=not args.no_progress)
@@ -436,7 +439,28 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ValueError, RuntimeError, OSError) as error:  # bad values, files, folders in use, full disks
-        if debug:
+        if debug and not in_process_group():
             raise
-        print(f"headlab: error: {_one_line(error)}", file=sys.stderr)
-        return 2
+        if _reports(error):
+            if debug:
+                traceback.print_exc()
+            else:
+                rank = launched_processes().rank
+                print(f"headlab: error{f' (rank {rank})' if rank else ''}: {_one_line(error)}", file=sys.stderr)
+        status = 2
+    except Exception:  # a defect: its traceback, without leaving other ranks waiting at the exit barrier
+        if not in_process_group():
+            raise
+        traceback.print_exc()
+        status = 1
+    if in_process_group():
+        abandon(status)
+    return status
+
+
+def _reports(error: BaseException) -> bool:
+    """Whether this process prints `error`: under torchrun, rank 0 prints every error (another
+    rank's failure reaches it as `FailedOnAnotherRank`); another rank prints only a failure of its
+    own after the ranks parted ways, since before they joined they all fail alike."""
+    rank = launched_processes().rank
+    return rank == 0 or (in_process_group() and not isinstance(error, FailedOnAnotherRank))

@@ -39,7 +39,7 @@ from headlab.study.roles import comparison_roles
 from headlab.training.config import TrainConfig, train_preset
 from headlab.training.runs import Run, has_checkpoint, load_run
 from headlab.training.snapshots import study_snapshot_every
-from headlab.training.trainer import keep_freed_cpu_memory, train
+from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, train
 
 
 def loss_unit(tokenizer: str) -> str:
@@ -182,7 +182,7 @@ class Study:
         if jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ValueError(f"jobs = {jobs} is invalid under torchrun: every rank trains each run, so jobs must be 1")
         keep_freed_cpu_memory()  # small CPU models train ~10% faster; a study opts in for its processes
-        corpus = self.load_corpus()
+        corpus = prepared_corpus(self.load_corpus, self.train_config(0).device)
         work = [(seed, role, config) for seed in range(seeds) for role, config in self.roles.items()]
         if jobs == 1:
             runs = []

@@ -92,27 +92,31 @@ class CheckpointWriteFailed(RuntimeError):
 # ---- metrics ------------------------------------------------------------------------------
 
 class MetricsLog:
-    """Records in memory, appended line by line to `metrics.jsonl` (flushed each time)."""
+    """Records in memory, appended line by line to `metrics.jsonl` (flushed each time). With
+    `write=False` (the ranks other than 0) the file is only read: on resume, every rank holds
+    the same records."""
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, write: bool = True):
         self.path = path
+        self.write = write
         self.records: list[dict] = []
 
     def append(self, record: dict) -> None:
         self.records.append(record)
-        if self.path is not None:
+        if self.path is not None and self.write:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
 
     def reset(self) -> None:
         self.records = []
-        if self.path is not None:
+        if self.path is not None and self.write:
             atomic_write_text(self.path, "")
 
     def truncate_after(self, step: int) -> None:
         """Keep the records up to `step` (the checkpoint a resumed run starts from)."""
         if self.path is not None:
             self.records = [r for r in read_metrics(self.path) if r["step"] <= step] if self.path.exists() else []
+        if self.path is not None and self.write:
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
 
 
