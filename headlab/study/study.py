@@ -172,8 +172,8 @@ class Study:
 
         `jobs` > 1 trains that many runs at once in worker processes, each on cpu_count / jobs
         threads: small CPU models keep two cores busier as two one-thread runs than as one
-        two-thread run. A run's numbers depend on its thread count in the last bits, so a study is
-        resumed with the `jobs` it started with. Not under torchrun, where every rank trains each
+        two-thread run. A run's numbers depend on its thread count in the last bits only, so an
+        interrupted run resumes under another `jobs` (its starts.jsonl records the change). Not under torchrun, where every rank trains each
         run together."""
         if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
             raise ValueError(f"seeds = {seeds!r} is invalid: must be a positive integer")

@@ -32,8 +32,8 @@ from headlab.training.config import TrainConfig, train_preset
 from headlab.training.distributed import (Processes, join_process_group, launched_processes, local_main_first,
                                          together,
                                          training_device)
-from headlab.training.runs import (MetricsLog, Run, RunLock, gather_training_state, load_checkpoint, open_run,
-                                   save_checkpoint)
+from headlab.training.runs import (EXECUTION_FIELDS, MetricsLog, Run, RunLock, gather_training_state, load_checkpoint,
+                                   open_run, record_start, save_checkpoint)
 from headlab.training.snapshots import write_snapshot
 
 
@@ -221,6 +221,10 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
                 metrics.truncate_after(start_step)
             else:
                 metrics.reset()
+            if ddp.is_main:
+                record_start(run_dir, start_step, {"processes": ddp.world_size, "threads": torch.get_num_threads(),
+                                                   "device": str(device), **{k: getattr(train_config, k) for k in
+                                                                            EXECUTION_FIELDS if k != "device"}})
     last_checkpoint = start_step if start_step else None
 
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if train_config.dtype == "bfloat16"
