@@ -39,7 +39,7 @@ from headlab.study.roles import comparison_roles
 from headlab.training.config import TrainConfig, train_preset
 from headlab.training.runs import Run, has_checkpoint, load_run
 from headlab.training.snapshots import study_snapshot_every
-from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, train
+from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
 
 
 def loss_unit(tokenizer: str) -> str:
@@ -183,6 +183,8 @@ class Study:
             raise ValueError(f"jobs = {jobs} is invalid under torchrun: every rank trains each run, so jobs must be 1")
         keep_freed_cpu_memory()  # small CPU models train ~10% faster; a study opts in for its processes
         corpus = prepared_corpus(self.load_corpus, self.train_config(0).device)
+        if note := repetition_note(self.train_config(0), self.variants[0].seq_len, corpus):
+            log(note)
         work = [(seed, role, config) for seed in range(seeds) for role, config in self.roles.items()]
         if jobs == 1:
             runs = []

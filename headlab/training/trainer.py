@@ -144,6 +144,16 @@ def prepared_corpus(load: Callable[[], Corpus], device: str = "auto") -> Corpus:
         return load()
 
 
+def repetition_note(train_config: TrainConfig, seq_len: int, corpus: Corpus) -> str | None:
+    """What to tell before training when the run reads more tokens than the corpus's training
+    split holds (windows repeat); None when it does not."""
+    trained = train_config.steps * train_config.batch_size * seq_len
+    if trained <= corpus.n_train_tokens:
+        return None
+    return (f"note: each run trains on {trained:,} tokens, {trained / corpus.n_train_tokens:.1f} epochs of the "
+            f"{corpus.n_train_tokens:,} unique training tokens of corpus {corpus.name!r}: windows repeat")
+
+
 def train(model_config: ModelConfig, train_config: TrainConfig | None = None, data: Corpus | str = "synthetic",
           out: str | Path | None = None, resume: bool = False, progress: bool = True) -> Run:
     """Train a GPT and return the `Run` (model, configs, metrics).
