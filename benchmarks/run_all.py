@@ -11,13 +11,15 @@ import sys
 import time
 
 try:
-    from benchmarks import analysis_speed, block_overhead, common, decode, page_faults, train_step, train_throughput
+    from benchmarks import analysis_speed, block_overhead, common, decode, page_faults, tokenization, train_step,
+                            train_throughput
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
     import analysis_speed  # type: ignore[no-redef]
     import block_overhead  # type: ignore[no-redef]
     import common  # type: ignore[no-redef]
     import decode  # type: ignore[no-redef]
     import page_faults  # type: ignore[no-redef]
+    import tokenization  # type: ignore[no-redef]
     import train_step  # type: ignore[no-redef]
     import train_throughput  # type: ignore[no-redef]
 
@@ -32,7 +34,8 @@ def main(argv=None) -> int:
     kw = dict(quick=args.quick, rounds=args.rounds, seed=args.seed, budget_s=args.budget)
     for fn in (lambda: train_step.run(adamw=args.adamw, **kw), lambda: block_overhead.run(**kw),
                lambda: decode.run(**kw), lambda: train_throughput.run(quick=args.quick, rounds=args.rounds),
-               lambda: analysis_speed.run(quick=args.quick, seed=args.seed), page_faults.run):
+               lambda: analysis_speed.run(quick=args.quick, seed=args.seed), page_faults.run,
+               lambda: tokenization.run(quick=args.quick)):
         report = fn()
         print(report, end="\n\n", flush=True)
         reports.append(report)

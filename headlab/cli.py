@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from headlab.analysis.heads import load_heads
@@ -32,7 +33,8 @@ from headlab.study.sweep import grid, sweep_table
 from headlab.study.tables import read_study_tables, tabulate_study
 from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, train_preset
 from headlab.training.plan import add_plan_arguments, format_bytes, format_plan, plan_for_args, plan_from_args
-from headlab.training.trainer import keep_freed_cpu_memory, leave_process_group, train
+from headlab.training.distributed import FailedOnAnotherRank, abandon, in_process_group, launched_processes, leave_process_group
+from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CONFIG_OVERRIDES = ("n_kv_head", "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "seq_len")
@@ -162,17 +164,24 @@ def _train_model_config(args, vocab_size: int) -> ModelConfig:
     return preset(args.preset, args.attention, vocab_size=max(vocab_size, 256), **_overrides(args))
 
 
+def _source_options(args) -> dict:
+    return {name: getattr(args, name) for name in ("max_chars", "text_field") if getattr(args, name) is not None}
+
+
 def cmd_train(args) -> int:
     train_config = _train_config_from_args(args)  # checked before a corpus is tokenized
     if args.plan:
         print(plan_from_args(args, [_train_model_config(args, tokenizer_vocab_size(args.tokenizer))], train_config))
         return 0
-    source_options = {"max_chars": args.max_chars} if args.max_chars is not None else {}
+    source_options = _source_options(args)
     if args.encoding_errors is not None:
         source_options["encoding_errors"] = args.encoding_errors
-    corpus = load_corpus(args.corpus, tokenizer=args.tokenizer, **source_options)
+    corpus = prepared_corpus(lambda: load_corpus(args.corpus, tokenizer=args.tokenizer, **source_options),
+                             train_config.device)
     keep_freed_cpu_memory()  # a command's process is its own: CPU training steps fault far less
     model_config = _train_model_config(args, corpus.vocab_size)
+    if int(os.environ.get("RANK", "0")) == 0 and (note := repetition_note(train_config, model_config.seq_len, corpus)):
+        print(note)
     run = train(model_config, train_config, corpus, out=args.out, resume=args.resume, progress=not args.no_progress)
 
     if int(os.environ.get("RANK", "0")) == 0:
@@ -248,7 +257,7 @@ def cmd_reproduce(args) -> int:
     """Train every variant (data-parallel on all ranks under torchrun), then rank 0 alone analyses
     and writes the report while the other ranks leave."""
     started = time.perf_counter()
-    source_options = {"max_chars": args.max_chars} if args.max_chars is not None else {}
+    source_options = _source_options(args)
     study = Study(args.preset, args.steps, Path(args.out), corpus=args.corpus, tokenizer=args.tokenizer,
                   corpus_options=source_options, tokens=args.tokens,
                   train_overrides={name: value for name, value in (("compile", args.compile or None),
@@ -329,8 +338,12 @@ def _add_model_arguments(parser: argparse.ArgumentParser, attention_default: str
 
 def _add_corpus_arguments(parser: argparse.ArgumentParser, tokenizer_default: str | None) -> None:
     parser.add_argument("--corpus", default="shakespeare", metavar="NAME",
-                        help="shakespeare, synthetic, hf:<dataset>[:<config>], or a UTF-8 text file or folder of "
-                             "*.txt files (default: %(default)s)")
+                        help="shakespeare, synthetic, hf:<dataset>[:<config>], a UTF-8 text file or folder of "
+                             "*.txt files, or a file, folder or quoted glob of .parquet/.jsonl/.jsonl.gz/.jsonl.zst "
+                             "documents (default: %(default)s)")
+    parser.add_argument("--text-field", metavar="NAME",
+                        help="document and hf: corpora: the field or column holding each document's text "
+                             "(default: text)")
     parser.add_argument("--tokenizer", default=tokenizer_default, metavar="NAME",
                         help="byte, gpt2, or bpe:<vocab size> (a byte-level BPE trained on the corpus's training "
                              "split); a model's vocabulary follows it (default: " + (tokenizer_default or
@@ -527,7 +540,28 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ValueError, RuntimeError, OSError) as error:  # bad values, files, folders in use, full disks
-        if debug:
+        if debug and not in_process_group():
             raise
-        print(f"headlab: error: {_one_line(error)}", file=sys.stderr)
-        return 2
+        if _reports(error):
+            if debug:
+                traceback.print_exc()
+            else:
+                rank = launched_processes().rank
+                print(f"headlab: error{f' (rank {rank})' if rank else ''}: {_one_line(error)}", file=sys.stderr)
+        status = 2
+    except Exception:  # a defect: its traceback, without leaving other ranks waiting at the exit barrier
+        if not in_process_group():
+            raise
+        traceback.print_exc()
+        status = 1
+    if in_process_group():
+        abandon(status)
+    return status
+
+
+def _reports(error: BaseException) -> bool:
+    """Whether this process prints `error`: under torchrun, rank 0 prints every error (another
+    rank's failure reaches it as `FailedOnAnotherRank`); another rank prints only a failure of its
+    own after the ranks parted ways, since before they joined they all fail alike."""
+    rank = launched_processes().rank
+    return rank == 0 or (in_process_group() and not isinstance(error, FailedOnAnotherRank))

@@ -26,6 +26,7 @@ MIN_VOCAB = 256  # the byte alphabet
 MAX_TRAINING_BYTES = 1 << 30  # the first GiB of the training split trains the merges
 CHUNK_BYTES = 1 << 20
 TOKENIZER_FILE = "tokenizer.json"
+END_OF_TEXT = "<|endoftext|>"  # the token a BPE trained for a document corpus ends each document with
 
 
 def parse_bpe_vocab(name: str) -> int:
@@ -45,16 +46,17 @@ class BPETokenizer:
         self.vocab_size = tokenizer.get_vocab_size()
         self.name = f"bpe:{self.vocab_size}"
         self.dtype = np.uint16 if self.vocab_size <= 1 << 16 else np.uint32
+        self.end_of_text = tokenizer.token_to_id(END_OF_TEXT)  # None unless trained with it
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
-        """Learn merges on `texts` until the vocabulary holds `vocab_size` tokens; refuses text
-        too small to yield that many."""
+    def train(cls, texts: Iterable[str], vocab_size: int, end_of_text: bool = False) -> "BPETokenizer":
+        """Learn merges on `texts` until the vocabulary holds `vocab_size` tokens (one of them
+        END_OF_TEXT if `end_of_text`); refuses text too small to yield that many."""
         tk = tokenizers
         tokenizer = tk.Tokenizer(tk.models.BPE())
         tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = tk.decoders.ByteLevel()
-        trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False, special_tokens=[],
+        trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False, special_tokens=[END_OF_TEXT] if end_of_text else [],
                                          initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
         tokenizer.train_from_iterator(texts, trainer=trainer)
         if tokenizer.get_vocab_size() != vocab_size:

@@ -10,8 +10,11 @@ Corpora (`load_corpus(name)`):
   * `synthetic`: generated offline from a fixed seed, with structure a model can learn;
   * a path to a UTF-8 text file or a folder of `*.txt` files (invalid UTF-8 is an error naming
     the file and byte offset, unless `encoding_errors="replace"` asks for U+FFFD instead);
-  * `hf:<dataset>[:<config>]`: a Hugging Face dataset, streamed (optional `datasets` extra).
-Validation is always the final 10% of the token stream, so the split is deterministic (for a
+  * `hf:<dataset>[:<config>]`: a Hugging Face dataset, streamed (optional `datasets` extra);
+  * a document file, folder or glob of `.parquet`, `.jsonl`, `.jsonl.gz`, `.jsonl.zst` files (as
+    a FineWeb-Edu sample is downloaded), their `text_field` column read as a stream; each
+    document ends with the tokenizer's end-of-text token, and every 10th document is validation.
+Otherwise validation is the final 10% of the token stream, so the split is deterministic (for a
 BPE trained on the corpus, `bpe:<vocab size>`, the final 10% of its bytes: see `headlab.data.bpe`). A
 cache is keyed by the source's content (for text paths: every file's path, size and modification
 time), and `Corpus.sha256` hashes the token stream, so a run can tell whether it resumes on the
@@ -30,23 +33,31 @@ import tokenizers
 
 from headlab.data.bpe import (MAX_TRAINING_BYTES, TOKENIZER_FILE, BPETokenizer, parse_bpe_vocab, split_at_character,
                               utf8_texts)
+from headlab.data.encoding import available_cores
 from headlab.data.shards import Corpus, read_shards, write_shards
-from headlab.data.sources import cache_dir, hf_texts, shakespeare_texts, synthetic_texts, text_files, text_path_texts
+from headlab.data.sources import (DOCUMENT_SUFFIXES, cache_dir, document_files, document_texts, hf_texts,
+                                  shakespeare_texts, synthetic_texts, text_files, text_path_texts)
 from headlab.data.tokenizers import get_tokenizer
 
 
-def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", **source_options) -> Corpus:
+def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", workers: int | None = None,
+                **source_options) -> Corpus:
     """Tokenize a corpus once (cached by name and tokenizer) and return its memory-mapped splits.
 
-    `name` is 'shakespeare', 'synthetic', 'hf:<dataset>[:<config>]' or a path to text. Extra
-    keyword arguments go to the source (e.g. `max_chars`, `data_files`, `text_field` for hf).
+    `name` is 'shakespeare', 'synthetic', 'hf:<dataset>[:<config>]', a path to text, or a
+    document file, folder or glob (.parquet, .jsonl, .jsonl.gz, .jsonl.zst). Extra keyword
+    arguments go to the source (e.g. `max_chars`, `data_files`, `text_field`). `workers`
+    processes tokenize (default: every available core); the tokens do not depend on their number.
     """
     tok = None if tokenizer.startswith("bpe:") else get_tokenizer(tokenizer)
+    workers = workers or available_cores()
+    documents = document_files(name) if name not in ("shakespeare", "synthetic") and not name.startswith("hf:") else []
     kind = ("shakespeare" if name == "shakespeare" else "synthetic" if name == "synthetic"
-            else "hf" if name.startswith("hf:") else "path" if Path(name).exists() else None)
+            else "hf" if name.startswith("hf:") else "documents" if documents
+            else "path" if Path(name).exists() else None)
     if kind is None:
-        raise ValueError(
-            f"corpus {name!r} is unknown: use 'shakespeare', 'synthetic', 'hf:<dataset>' or a path to a text file or folder")
+        raise ValueError(f"corpus {name!r} is unknown: use 'shakespeare', 'synthetic', 'hf:<dataset>', a path to a "
+                         f"text file or folder, or a file, folder or glob of {', '.join(DOCUMENT_SUFFIXES)} files")
     unknown = sorted(set(source_options) - set(SOURCE_OPTIONS[kind]))
     if unknown:
         raise ValueError(f"corpus {name!r} takes no option(s) {', '.join(unknown)}: its options are "
@@ -57,6 +68,9 @@ def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", **source_opt
         texts, key = (lambda: synthetic_texts(**source_options)), f"synthetic-{_options_key(source_options)}"
     elif kind == "hf":
         texts, key = (lambda: hf_texts(name, **source_options)), f"hf-{_options_key({'spec': name, **source_options})}"
+    elif kind == "documents":
+        files = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in documents]
+        key = f"documents-{_options_key({'files': files, 'text_field': source_options.get('text_field', 'text')})}"
     else:
         path = Path(name).resolve()
         files = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in text_files(path)]
@@ -67,10 +81,13 @@ def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", **source_opt
         # Build in a private folder and rename it into place: concurrent processes (DDP ranks)
         # may all build, and the first rename wins; a killed build leaves only a scratch folder.
         scratch = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-        if tok is None:
-            write_bpe_shards(load_corpus(name, "byte", **source_options), parse_bpe_vocab(tokenizer), scratch)
+        if kind == "documents":
+            write_document_shards(documents, tok or parse_bpe_vocab(tokenizer), scratch, workers, **source_options)
+        elif tok is None:
+            write_bpe_shards(load_corpus(name, "byte", workers, **source_options), parse_bpe_vocab(tokenizer), scratch,
+                             workers)
         else:
-            write_shards(texts(), tok, scratch)
+            write_shards(texts(), tok, scratch, workers=workers)
         try:
             os.rename(scratch, folder)
         except OSError:
@@ -79,7 +96,8 @@ def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", **source_opt
 
 
 SOURCE_OPTIONS = {"shakespeare": (), "synthetic": ("n_chars", "seed"),
-                  "hf": ("split", "text_field", "max_chars", "data_files"), "path": ("encoding_errors",)}
+                  "hf": ("split", "text_field", "max_chars", "data_files"), "path": ("encoding_errors",),
+                  "documents": ("text_field",)}
 
 
 def _bpe_key(tokenizer: str) -> str:
@@ -93,11 +111,34 @@ def _options_key(options: dict) -> str:
     return hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def write_bpe_shards(byte_corpus, vocab_size: int, folder: Path) -> None:
+def write_bpe_shards(byte_corpus, vocab_size: int, folder: Path, workers: int = 1) -> None:
     """Train a BPE on `byte_corpus`'s training split, save it as `folder/tokenizer.json`, and
     write the corpus's shards with it (same train/validation cut as the bytes)."""
     train, val = split_at_character(list(byte_corpus.train), list(byte_corpus.val))
     tokenizer = BPETokenizer.train(utf8_texts(train, MAX_TRAINING_BYTES), vocab_size)
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save(folder / TOKENIZER_FILE)
-    write_shards(utf8_texts(train), tokenizer, folder, val_texts=utf8_texts(val))
+    write_shards(utf8_texts(train), tokenizer, folder, val_texts=utf8_texts(val), workers=workers)
+
+
+def write_document_shards(files: list[Path], tokenizer, folder: Path, workers: int, text_field: str = "text") -> None:
+    """Tokenize document files into shards, each document followed by the tokenizer's end-of-text
+    token, every VAL_EVERY-th document in the validation split. `tokenizer` is a tokenizer, or
+    the vocabulary size of a BPE to train first on (the first MAX_TRAINING_BYTES of) the
+    training documents, streamed: no intermediate copy of the corpus."""
+    train, val = (lambda: document_texts(files, "train", text_field)), (lambda: document_texts(files, "val", text_field))
+    folder.mkdir(parents=True, exist_ok=True)
+    if isinstance(tokenizer, int):
+        tokenizer = BPETokenizer.train(_first_bytes(train(), MAX_TRAINING_BYTES), tokenizer, end_of_text=True)
+        tokenizer.save(folder / TOKENIZER_FILE)
+    write_shards(train(), tokenizer, folder, val_texts=val(), workers=workers, documents=True)
+
+
+def _first_bytes(texts, max_bytes: int):
+    """`texts` up to the one that reaches `max_bytes` of UTF-8 (counted as characters: close enough for a cap)."""
+    written = 0
+    for text in texts:
+        yield text
+        written += len(text)
+        if written >= max_bytes:
+            return

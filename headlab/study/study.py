@@ -39,7 +39,7 @@ from headlab.study.roles import comparison_roles
 from headlab.training.config import TrainConfig, train_preset
 from headlab.training.runs import Run, has_checkpoint, load_run
 from headlab.training.snapshots import study_snapshot_every
-from headlab.training.trainer import keep_freed_cpu_memory, train
+from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
 
 
 def loss_unit(tokenizer: str) -> str:
@@ -172,8 +172,8 @@ class Study:
 
         `jobs` > 1 trains that many runs at once in worker processes, each on cpu_count / jobs
         threads: small CPU models keep two cores busier as two one-thread runs than as one
-        two-thread run. A run's numbers depend on its thread count in the last bits, so a study is
-        resumed with the `jobs` it started with. Not under torchrun, where every rank trains each
+        two-thread run. A run's numbers depend on its thread count in the last bits only, so an
+        interrupted run resumes under another `jobs` (its starts.jsonl records the change). Not under torchrun, where every rank trains each
         run together."""
         if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
             raise ValueError(f"seeds = {seeds!r} is invalid: must be a positive integer")
@@ -182,7 +182,9 @@ class Study:
         if jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ValueError(f"jobs = {jobs} is invalid under torchrun: every rank trains each run, so jobs must be 1")
         keep_freed_cpu_memory()  # small CPU models train ~10% faster; a study opts in for its processes
-        corpus = self.load_corpus()
+        corpus = prepared_corpus(self.load_corpus, self.train_config(0).device)
+        if note := repetition_note(self.train_config(0), self.variants[0].seq_len, corpus):
+            log(note)
         work = [(seed, role, config) for seed in range(seeds) for role, config in self.roles.items()]
         if jobs == 1:
             runs = []

@@ -19,7 +19,8 @@ class TrainConfig:
     then into `grad_accum` micro-batches per rank, so every setting takes the same optimizer step.
     `parallel` is how several ranks hold the model: "ddp" a full replica each, "fsdp" parameters,
     gradients and optimizer state sharded per block (FSDP2). Neither changes what is trained, so a
-    run may be resumed under another `parallel`, `grad_accum` or number of processes."""
+    run may be resumed under another `parallel`, `grad_accum`, `compile`, `device` or number of
+    processes (the run folder's starts.jsonl records what changed)."""
 
     steps: int = 350
     batch_size: int = 16

@@ -8,6 +8,8 @@
         model.safetensors         weights (plain tensors; metadata: format=headlab, step)
         state.pt                  optimizer states (keyed by parameter name), data-generator and
                                   torch RNG state, step
+    starts.jsonl                  one record per start or resume: the step, how it executes (processes,
+                                  threads, device, compile, ...) and what changed since the previous start
     .lock                         held (flock) by the one trainer writing the folder
 
 A checkpoint is written into a hidden scratch folder, fsynced, renamed to its step folder, and
@@ -54,8 +56,10 @@ POINTER = "checkpoint.json"
 LOCK = ".lock"
 CHECKPOINT_PREFIX = "checkpoint-"
 DATA_IDENTITY = ("tokenizer", "vocab_size", "n_train_tokens", "n_val_tokens", "sha256")
-# How the training is spread over processes, not what is trained: a run may resume under others.
-EXECUTION_FIELDS = ("parallel", "grad_accum", "snapshot_every")  # how a run executes or is observed
+# How the training is spread over processes and run, not what is trained: a run may resume under
+# others, and starts.jsonl records each start's.
+EXECUTION_FIELDS = ("parallel", "grad_accum", "snapshot_every", "compile", "device")
+STARTS = "starts.jsonl"
 
 
 @dataclass
@@ -92,27 +96,31 @@ class CheckpointWriteFailed(RuntimeError):
 # ---- metrics ------------------------------------------------------------------------------
 
 class MetricsLog:
-    """Records in memory, appended line by line to `metrics.jsonl` (flushed each time)."""
+    """Records in memory, appended line by line to `metrics.jsonl` (flushed each time). With
+    `write=False` (the ranks other than 0) the file is only read: on resume, every rank holds
+    the same records."""
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, write: bool = True):
         self.path = path
+        self.write = write
         self.records: list[dict] = []
 
     def append(self, record: dict) -> None:
         self.records.append(record)
-        if self.path is not None:
+        if self.path is not None and self.write:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
 
     def reset(self) -> None:
         self.records = []
-        if self.path is not None:
+        if self.path is not None and self.write:
             atomic_write_text(self.path, "")
 
     def truncate_after(self, step: int) -> None:
         """Keep the records up to `step` (the checkpoint a resumed run starts from)."""
         if self.path is not None:
             self.records = [r for r in read_metrics(self.path) if r["step"] <= step] if self.path.exists() else []
+        if self.path is not None and self.write:
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
 
 
@@ -469,3 +477,15 @@ def load_run(path: str | Path, device: str = "cpu") -> Run:
     metrics = read_metrics(metrics_path) if metrics_path.exists() else []
     return Run(model=model.to(device).eval(), model_config=model_config,
                train_config=TrainConfig.from_dict(payload["train"]), step=step, metrics=metrics, path=run_dir)
+
+
+def record_start(run_dir: Path, step: int, execution: dict) -> dict:
+    """Append to starts.jsonl that the run starts (or resumes) at `step` executing as `execution`
+    (processes, threads, device, ...), and return what changed since the previous start:
+    {setting: [before, now]}."""
+    path = run_dir / STARTS
+    previous = read_metrics(path)[-1] if path.exists() and path.stat().st_size else {}
+    changed = {k: [previous[k], v] for k, v in execution.items() if k in previous and previous[k] != v}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"step": step, **execution, "changed": changed}) + "\n")
+    return changed

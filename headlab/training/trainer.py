@@ -10,15 +10,13 @@ into `grad_accum` micro-batches, so every setting follows the single-process los
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import math
-import os
 import sys
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -31,8 +29,11 @@ from headlab.data.shards import Corpus, random_windows
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, eval_mode
 from headlab.training.config import TrainConfig, train_preset
-from headlab.training.runs import (MetricsLog, Run, RunLock, gather_training_state, load_checkpoint, open_run,
-                                   save_checkpoint)
+from headlab.training.distributed import (Processes, join_process_group, launched_processes, local_main_first,
+                                         together,
+                                         training_device)
+from headlab.training.runs import (EXECUTION_FIELDS, MetricsLog, Run, RunLock, gather_training_state, load_checkpoint,
+                                   open_run, record_start, save_checkpoint)
 from headlab.training.snapshots import write_snapshot
 
 
@@ -119,60 +120,6 @@ def _set_learning_rates(optimizers, factor: float) -> None:
             group["lr"] = group["base_lr"] * factor
 
 
-@dataclass
-class _Distributed:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def _setup_distributed(device_type: str) -> _Distributed:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1)."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
-        return _Distributed()
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-        # Gloo's worker threads abort the process (SIGABRT) when a group is still alive at
-        # interpreter shutdown, so a script that calls train() under torchrun and simply ends
-        # must still leave the group while Python is fully alive.
-        atexit.register(leave_process_group)
-    return _Distributed(dist.get_rank(), world_size, int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def leave_process_group() -> None:
-    """Leave the process group, if one is joined, once every rank has got here.
-
-    torch keeps a gloo group that DDP or FSDP used alive to the end of the process, with its
-    worker threads. A worker drops each finished collective after the caller has moved on, and
-    dropping one that holds tensors takes the GIL: at interpreter shutdown that aborts the
-    process (SIGABRT). So the workers are first given the GIL to drop what they hold, then the
-    barrier (which keeps whatever is still in progress until it is dropped itself) finds nothing
-    holding tensors, and they get the GIL once more before Python goes on to shut down."""
-    if dist.is_initialized():
-        time.sleep(_WORKER_DRAIN_S)
-        dist.barrier()
-        dist.destroy_process_group()
-        time.sleep(_WORKER_DRAIN_S)
-
-
-_WORKER_DRAIN_S = 0.1  # the workers need microseconds once scheduled; this is for a busy machine
-
-
-def _resolve_device(config: TrainConfig, local_rank: int) -> torch.device:
-    if config.device == "auto":
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(config.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"TrainConfig.device = {config.device!r} is unavailable: this torch build or machine has "
-                         "no CUDA device; use cpu or auto")
-    return device
-
-
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, shards: list[np.ndarray], batch_size: int, seq_len: int,
              n_batches: int, device, autocast=nullcontext(), rows: slice = slice(None), seed: int = 1234) -> float:
@@ -187,6 +134,24 @@ def evaluate(model: torch.nn.Module, shards: list[np.ndarray], batch_size: int, 
             with autocast:
                 total += model(x[rows].to(device), y[rows].to(device))[1].item()
     return total / n_batches
+
+
+def prepared_corpus(load: Callable[[], Corpus], device: str = "auto") -> Corpus:
+    """`load()`, under torchrun once per node first: local rank 0 tokenizes the corpus into the
+    node's cache while the other ranks wait, then they all memory-map the same shards."""
+    processes = join_process_group(training_device(device, launched_processes().local_rank))
+    with local_main_first(processes):
+        return load()
+
+
+def repetition_note(train_config: TrainConfig, seq_len: int, corpus: Corpus) -> str | None:
+    """What to tell before training when the run reads more tokens than the corpus's training
+    split holds (windows repeat); None when it does not."""
+    trained = train_config.steps * train_config.batch_size * seq_len
+    if trained <= corpus.n_train_tokens:
+        return None
+    return (f"note: each run trains on {trained:,} tokens, {trained / corpus.n_train_tokens:.1f} epochs of the "
+            f"{corpus.n_train_tokens:,} unique training tokens of corpus {corpus.name!r}: windows repeat")
 
 
 def train(model_config: ModelConfig, train_config: TrainConfig | None = None, data: Corpus | str = "synthetic",
@@ -210,20 +175,26 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
             raise ValueError(f"ModelConfig.seq_len = {model_config.seq_len} is too long for corpus {corpus.name!r}: its "
                              f"{split} split has no window of {model_config.seq_len + 1} tokens; use a shorter "
                              "seq_len or a larger corpus")
-    device = _resolve_device(train_config, int(os.environ.get("LOCAL_RANK", "0")))
-    ddp = _setup_distributed(device.type)
-    if train_config.batch_size % (ddp.world_size * train_config.grad_accum):
+    launched = launched_processes()
+    if train_config.batch_size % (launched.world_size * train_config.grad_accum):
         raise ValueError(f"TrainConfig.batch_size = {train_config.batch_size} must be divisible by the number of "
-                         f"processes x TrainConfig.grad_accum = {ddp.world_size} x {train_config.grad_accum}")
+                         f"processes x TrainConfig.grad_accum = {launched.world_size} x {train_config.grad_accum}")
+    device = training_device(train_config.device, launched.local_rank)
+    ddp = join_process_group(device)
     run_dir = Path(out) if out is not None else None
-    owner = run_dir is not None and ddp.is_main
-    if owner:
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise ValueError(f"run folder {run_dir} cannot be created: a file is in the way") from None
-    with RunLock(run_dir) if owner else nullcontext():
+    with ExitStack() as held:
+        with together(ddp):  # rank 0 alone owns the folder; if it cannot, no rank trains
+            if run_dir is not None and ddp.is_main:
+                _make_run_folder(run_dir)
+                held.enter_context(RunLock(run_dir))
         return _train(model_config, train_config, corpus, device, ddp, run_dir, resume, progress)
+
+
+def _make_run_folder(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(f"run folder {run_dir} cannot be created: a file is in the way") from None
 
 
 def shard_per_block(model: GPT, train_config: TrainConfig) -> None:
@@ -241,7 +212,7 @@ def shard_per_block(model: GPT, train_config: TrainConfig) -> None:
 
 
 def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus, device: torch.device,
-           ddp: "_Distributed", run_dir: Path | None, resume: bool, progress: bool) -> Run:
+           ddp: Processes, run_dir: Path | None, resume: bool, progress: bool) -> Run:
     torch.manual_seed(train_config.seed)
     model = GPT(model_config).to(device)  # the same weights on every rank, whatever their number
     sharded = ddp.world_size > 1 and train_config.parallel == "fsdp"
@@ -250,14 +221,20 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     optimizers = make_optimizers(model, train_config)
     generator = torch.Generator().manual_seed(train_config.seed)
     start_step = 0
-    metrics = MetricsLog(run_dir / "metrics.jsonl" if run_dir is not None and ddp.is_main else None)
+    # every rank holds the metrics (a finished run's included); rank 0 alone writes them
+    metrics = MetricsLog(run_dir / "metrics.jsonl" if run_dir is not None else None, write=ddp.is_main)
     if run_dir is not None:
-        checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=ddp.is_main)
-        if checkpoint is not None:
-            start_step = load_checkpoint(checkpoint, model, optimizers, generator)
-            metrics.truncate_after(start_step)
-        else:
-            metrics.reset()
+        with together(ddp):
+            checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=ddp.is_main)
+            if checkpoint is not None:
+                start_step = load_checkpoint(checkpoint, model, optimizers, generator)
+                metrics.truncate_after(start_step)
+            else:
+                metrics.reset()
+            if ddp.is_main:
+                record_start(run_dir, start_step, {"processes": ddp.world_size, "threads": torch.get_num_threads(),
+                                                   "device": str(device), **{k: getattr(train_config, k) for k in
+                                                                            EXECUTION_FIELDS if k != "device"}})
     last_checkpoint = start_step if start_step else None
 
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if train_config.dtype == "bfloat16"
@@ -319,8 +296,9 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
         if run_dir is not None and (done % train_config.checkpoint_every == 0 or done == train_config.steps):
             if sharded or ddp.is_main:  # every rank joins the gather of FSDP shards
                 weights, optimizer_states = gather_training_state(model, optimizers)
-            if ddp.is_main:
-                save_checkpoint(run_dir, weights, optimizer_states, generator, done)
+            with together(ddp):  # a failed write on rank 0 ends every rank
+                if ddp.is_main:
+                    save_checkpoint(run_dir, weights, optimizer_states, generator, done)
             last_checkpoint = done
     bar.close()
     if ddp.world_size > 1:
@@ -361,7 +339,7 @@ def _gradient_sync(step_model: torch.nn.Module):
     return synchronizing
 
 
-def _whole_model_on_main(model: torch.nn.Module, model_config: ModelConfig, ddp: _Distributed) -> GPT | None:
+def _whole_model_on_main(model: torch.nn.Module, model_config: ModelConfig, ddp: Processes) -> GPT | None:
     """The FSDP-trained weights gathered into a plain CPU model on rank 0 (None on other ranks)."""
     weights, _ = gather_training_state(model, optimizers=[])
     if not ddp.is_main:
@@ -371,7 +349,7 @@ def _whole_model_on_main(model: torch.nn.Module, model_config: ModelConfig, ddp:
     return whole
 
 
-def _global_mean(value: torch.Tensor, ddp: _Distributed) -> float:
+def _global_mean(value: torch.Tensor, ddp: Processes) -> float:
     if ddp.world_size > 1:
         value = value.clone()
         dist.all_reduce(value, op=dist.ReduceOp.SUM)

@@ -1,0 +1,160 @@
+"""The processes of a torchrun job: which device each rank trains on, joining and leaving the
+process group, and failing together.
+
+A rank that raises while the others wait in a collective would leave them waiting (until the
+group's timeout, 30 minutes by default). So the steps where ranks can diverge (rank 0 opening
+or writing a run folder, local rank 0 preparing token shards) run inside `together(processes)`:
+every rank learns whether any rank failed there and raises, the failing rank its own error and
+the others `FailedOnAnotherRank` carrying its message, so every process exits with the error
+printed once (by rank 0). An error anywhere else ends its process at once (`abandon`), and
+torchrun then stops the other ranks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+# How long a rank waits for local rank 0 to prepare a corpus: tokenizing billions of tokens
+# takes far longer than the group's default 30-minute timeout on a collective.
+PREPARATION_TIMEOUT = timedelta(hours=24)
+
+
+@dataclass(frozen=True)
+class Processes:
+    """This process's place in the job (one process: rank 0 of 1)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+class FailedOnAnotherRank(RuntimeError):
+    """Another rank failed at a step the ranks take together; the message is that rank's error."""
+
+
+def launched_processes() -> Processes:
+    """The processes torchrun launched, from its environment (no process group needed)."""
+    env = os.environ
+    return Processes(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")))
+
+
+def training_device(requested: str, local_rank: int) -> torch.device:
+    """The device a rank trains on: `auto` is CUDA when there is one, else the CPU; a CUDA device
+    without an index is the rank's own GPU, cuda:LOCAL_RANK (torchrun starts one process per GPU)."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(requested)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise ValueError(f"TrainConfig.device = {requested!r} is unavailable: this torch build or machine has "
+                         "no CUDA device; use cpu or auto")
+    device = device if device.index is not None else torch.device("cuda", local_rank)
+    if device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device} does not exist: this machine has {torch.cuda.device_count()} GPU(s); "
+                         "start at most one process per GPU (torchrun --nproc_per_node)")
+    return device
+
+
+def join_process_group(device: torch.device) -> Processes:
+    """Join the job's process group (once) when torchrun launched several processes. On a GPU the
+    rank first makes `device` its current one, so NCCL, FSDP and every `cuda` tensor without an
+    index use that GPU rather than GPU 0."""
+    processes = launched_processes()
+    if processes.world_size == 1:
+        return processes
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        cuda = device.type == "cuda"
+        # gloo beside NCCL: the small CPU collectives of `together` need no GPU memory
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if cuda else "gloo", device_id=device if cuda else None)
+        # Gloo's worker threads abort the process (SIGABRT) when a group is still alive at
+        # interpreter shutdown, so a script that calls train() under torchrun and simply ends
+        # must still leave the group while Python is fully alive.
+        atexit.register(leave_process_group)
+    return Processes(dist.get_rank(), dist.get_world_size(), processes.local_rank)
+
+
+def in_process_group() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def leave_process_group() -> None:
+    """Leave the process group, if one is joined, once every rank has got here.
+
+    torch keeps a gloo group that DDP or FSDP used alive to the end of the process, with its
+    worker threads. A worker drops each finished collective after the caller has moved on, and
+    dropping one that holds tensors takes the GIL: at interpreter shutdown that aborts the
+    process (SIGABRT). So the workers are first given the GIL to drop what they hold, then the
+    barrier (which keeps whatever is still in progress until it is dropped itself) finds nothing
+    holding tensors, and they get the GIL once more before Python goes on to shut down."""
+    if in_process_group():
+        time.sleep(_WORKER_DRAIN_S)
+        dist.barrier()
+        dist.destroy_process_group()
+        time.sleep(_WORKER_DRAIN_S)
+
+
+_WORKER_DRAIN_S = 0.1  # the workers need microseconds once scheduled; this is for a busy machine
+
+
+def abandon(status: int) -> None:
+    """End this process now with `status`, without the exit barrier: after an error the other
+    ranks may never reach it (torchrun stops them once one process has exited non-zero)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+@contextmanager
+def together(processes: Processes, group=None):
+    """Run the body on every rank, then agree: if it raised on any rank, it raises on every rank
+    (the failing rank's own error; `FailedOnAnotherRank` with the first failure's message on the
+    others). Some ranks may do nothing in the body; all must enter it."""
+    try:
+        yield
+    except Exception as error:
+        _share_failure(processes, error, group)
+        raise
+    _share_failure(processes, None, group)
+
+
+def _share_failure(processes: Processes, error: Exception | None, group) -> None:
+    if processes.world_size == 1 or not in_process_group():
+        return
+    messages = [None] * processes.world_size
+    dist.all_gather_object(messages, None if error is None else str(error), group=group)
+    failed = [(rank, message) for rank, message in enumerate(messages) if message is not None]
+    if failed and error is None:
+        rank, message = failed[0]
+        raise FailedOnAnotherRank(f"{message} (on rank {rank})")
+
+
+@contextmanager
+def local_main_first(processes: Processes):
+    """Local rank 0 runs the body first (e.g. tokenizing a corpus into the node's cache) while the
+    node's other ranks wait; then they run it (reading what it prepared). A failure on local
+    rank 0 ends every rank's wait with its error."""
+    waiting = (dist.new_group(backend="gloo", timeout=PREPARATION_TIMEOUT)
+               if processes.world_size > 1 and in_process_group() else None)
+    if processes.local_rank == 0:
+        with together(processes, waiting):
+            yield
+        return
+    with together(processes, waiting):
+        pass
+    yield

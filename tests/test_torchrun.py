@@ -1,0 +1,128 @@
+"""The job under torchrun as a user launches it (2 gloo processes on the CPU): a finished study
+rerun reuses every run, one rank's failure ends every process with one clear line, and each rank
+picks its own GPU (CUDA stubbed)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from headlab import preset
+from headlab.training import distributed
+from headlab.training.config import train_preset
+from headlab.training.distributed import join_process_group, training_device
+from headlab.training.runs import STARTS, RunLock
+from headlab.training.trainer import train
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDY = ["reproduce", "--preset", "tiny", "--seeds", "1", "--steps", "4", "--corpus", "synthetic"]
+
+
+def _torchrun(tmp_path, args, timeout=240):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HEADLAB_CACHE": str(tmp_path / "cache")}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "headlab", *args], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _saved(runs: Path) -> dict:
+    """What a rerun must leave untouched: each run's checkpoint pointer and metrics, byte for byte."""
+    return {(run.name, name): (run / name).read_bytes()
+            for run in sorted(runs.iterdir()) for name in ("checkpoint.json", "metrics.jsonl")}
+
+
+@pytest.mark.slow
+def test_a_finished_study_rerun_under_torchrun_reuses_every_run(tmp_path):
+    first = _torchrun(tmp_path, [*STUDY, "--out", "study"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    runs = tmp_path / "study" / "runs"
+    saved = _saved(runs)
+    second = _torchrun(tmp_path, [*STUDY, "--out", "study"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.stdout.count("report written:") == 1
+    losses = [line for line in first.stdout.splitlines() if "validation loss" in line]
+    assert len(losses) == 6
+    assert [line.rsplit("(", 1)[0] for line in losses] == \
+        [line.rsplit("(", 1)[0] for line in second.stdout.splitlines() if "validation loss" in line]
+    assert _saved(runs) == saved  # nothing retrained, no checkpoint rewritten
+    for run in runs.iterdir():  # every start is recorded: trained at step 0, reused at step 4
+        starts = [json.loads(line) for line in (run / STARTS).read_text().splitlines()]
+        assert [(s["step"], s["processes"], s["changed"]) for s in starts] == [(0, 2, {}), (4, 2, {})]
+
+
+@pytest.mark.slow
+def test_one_rank_failing_ends_every_process_with_one_line(tmp_path):
+    """Rank 0 cannot lock a run folder (another trainer holds it) while rank 1 would train: both
+    processes exit with status 2 within the minute, and the error is printed once."""
+    folder = tmp_path / "study" / "runs" / "standard-mha-seed0"
+    folder.mkdir(parents=True)
+    with RunLock(folder):
+        failed = _torchrun(tmp_path, [*STUDY, "--out", "study"], timeout=60)
+    assert failed.returncode != 0
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("headlab: error")]
+    assert len(errors) == 1 and errors[0].startswith(f"headlab: error: {folder.relative_to(tmp_path)} is being "
+                                                     "written by another trainer"), failed.stderr[-3000:]
+    assert failed.stderr.count("exitcode  : 2") == 2  # torchrun's summary: each rank ended by itself, status 2
+    assert failed.stderr.count("Traceback") == 1  # torchrun's own ChildFailedError; none from the ranks
+
+
+def _stub_gpus(monkeypatch, count: int) -> list:
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    return chosen
+
+
+def test_each_rank_trains_on_the_gpu_of_its_local_rank(monkeypatch):
+    _stub_gpus(monkeypatch, 8)
+    assert training_device("cuda", 3) == torch.device("cuda", 3)
+    assert training_device("auto", 5) == torch.device("cuda", 5)
+    assert training_device("cuda:1", 3) == torch.device("cuda", 1)  # an explicit index is kept
+    assert training_device("cpu", 3) == torch.device("cpu")
+    with pytest.raises(ValueError, match="has 8 GPU"):
+        training_device("cuda", 8)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert training_device("auto", 3) == torch.device("cpu")
+    with pytest.raises(ValueError, match="no CUDA device"):
+        training_device("cuda", 0)
+
+
+def test_joining_the_group_makes_the_ranks_gpu_current_before_nccl_starts(monkeypatch):
+    chosen = _stub_gpus(monkeypatch, 8)
+    joined = {}
+
+    def init_process_group(**options):
+        joined.update(options, current=list(chosen))
+
+    monkeypatch.setenv("WORLD_SIZE", "16"), monkeypatch.setenv("RANK", "11"), monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(dist, "is_initialized", lambda: bool(joined))
+    monkeypatch.setattr(dist, "init_process_group", init_process_group)
+    monkeypatch.setattr(dist, "get_rank", lambda: 11)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 16)
+    monkeypatch.setattr(distributed.atexit, "register", lambda function: None)
+    processes = join_process_group(training_device("cuda", 3))
+    assert (processes.rank, processes.world_size, processes.local_rank) == (11, 16, 3)
+    assert joined["current"] == [torch.device("cuda", 3)]  # set before the group (NCCL) starts
+    assert joined["device_id"] == torch.device("cuda", 3) and "nccl" in joined["backend"]
+
+
+def test_a_run_resumes_under_other_execution_settings_and_records_what_changed(tmp_path, monkeypatch):
+    """--compile, --device and the thread count (--jobs) do not change what is trained: the run
+    resumes, and starts.jsonl says what changed."""
+    config = train_preset("tiny", steps=4, eval_every=2, checkpoint_every=2)
+    train(preset("tiny", "mha"), config, "synthetic", out=tmp_path / "run", progress=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+    run = train(preset("tiny", "mha"), config.replace(compile=True, device="cpu"), "synthetic", out=tmp_path / "run",
+                resume=True, progress=False)
+    assert run.final_val_loss is not None
+    starts = [json.loads(line) for line in (tmp_path / "run" / STARTS).read_text().splitlines()]
+    assert [s["step"] for s in starts] == [0, 4]
+    assert starts[1]["changed"] == {"threads": [starts[0]["threads"], 7], "compile": [False, True]}
