@@ -1,5 +1,5 @@
-"""Command line: `headlab info`, `headlab train`, `headlab analyze`, `headlab reproduce` (the main job)
-and `headlab report` (redraw a study's report from its tables).
+"""Command line: `headlab info`, `headlab train`, `headlab analyze`, `headlab reproduce` (the main job),
+`headlab report` (redraw a study's report from its tables) and `headlab docs` (the README's figures).
 
 A mistake in the input (a bad value, a missing file, a run folder in use) prints one line naming
 the problem and exits with status 2; `--debug` (or HEADLAB_DEBUG=1) shows the traceback instead."""
@@ -26,7 +26,7 @@ from headlab.data.tokenizers import tokenizer_vocab_size
 from headlab.model.config import ATTENTION_FAMILIES, PRESETS, ModelConfig, preset
 from headlab.model.gpt import count_parameters
 from headlab.report.plots import method_order
-from headlab.report.writer import write_report, write_sweep_report
+from headlab.report.writer import write_docs, write_report, write_sweep_report
 from headlab.study.roles import comparison_variants
 from headlab.study.study import Study
 from headlab.study.sweep import grid, sweep_table
@@ -321,6 +321,13 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_docs(args) -> int:
+    """The README's figures and headline table from a study's tables (no torch work)."""
+    headline = write_docs(read_study_tables(args.folder), args.out)
+    print(f"headline table and figures written: {headline.parent}")
+    return 0
+
+
 # ---- parser -----------------------------------------------------------------------------------------
 
 def _add_model_arguments(parser: argparse.ArgumentParser, attention_default: str | None) -> None:
@@ -521,6 +528,15 @@ def build_parser() -> argparse.ArgumentParser:
                                         "analysed again. The tables are checked against study.json first.")
     report.add_argument("folder", type=Path, metavar="DIR", help="a study folder, e.g. runs/reproduce")
     report.set_defaults(func=cmd_report, command_parser=report)
+
+    docs = sub.add_parser("docs", parents=[common], help="draw the README's figures and headline table from a study",
+                          description="Write the flagship figure, the effective rank per layer and the loss against "
+                                      "cache size (PNG and SVG) and headline.md (loss and effective rank, mean ± sd "
+                                      "over seeds, paired differences to MHA ± 95% half-width, the study's run time) "
+                                      "from a study folder's tables; `make docs` does it for make demo's study.")
+    docs.add_argument("folder", type=Path, metavar="DIR", help="a study folder, e.g. runs/reproduce")
+    docs.add_argument("--out", type=Path, default=Path("docs"), metavar="DIR", help="output folder (default: %(default)s)")
+    docs.set_defaults(func=cmd_docs, command_parser=docs)
     return parser
 
 

@@ -39,7 +39,7 @@ def test_info_table_lists_the_studys_six_variants_in_their_training_dtype(capsys
 def test_every_parser_refuses_abbreviated_options():
     parser = build_parser()
     (commands,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
-    assert set(commands.choices) == {"info", "train", "analyze", "reproduce", "sweep", "report"}
+    assert set(commands.choices) == {"info", "train", "analyze", "reproduce", "sweep", "report", "docs"}
     assert not parser.allow_abbrev and not any(sub.allow_abbrev for sub in commands.choices.values())
 
 

@@ -12,7 +12,7 @@ from scipy import stats as scipy_stats
 import headlab.analysis.similarity
 import headlab.study.tables
 from headlab.cli import main
-from headlab.report.writer import FIGURES, rank_table, write_report
+from headlab.report.writer import DOCS_FIGURES, FIGURES, rank_table, write_report
 from headlab.study.claims import claims, per_seed_metrics, rule_text
 from headlab.study.paper import PAPER
 from headlab.study.roles import comparison_roles
@@ -290,3 +290,14 @@ def test_the_halfway_point_is_the_snapshot_nearest_half_the_steps():
     assert (half.rank_step, half.loss_step) == (60, 50)
     assert set(half.metrics["uncentered"]) == {110.0} and set(half.metrics["val_loss"]) == {2.5}
     assert halfway(pd.DataFrame(rows).query("step == 120"), training) is None
+
+
+def test_headlab_docs_writes_the_readme_figures_and_headline_table(study, tmp_path, capsys):
+    out, _, _ = study
+    assert main(["docs", str(out), "--out", str(tmp_path / "docs")]) == 0
+    docs = tmp_path / "docs"
+    assert sorted(path.name for path in docs.glob("*.png")) == sorted(f"{name}.png" for name in DOCS_FIGURES)
+    headline = (docs / "headline.md").read_text()
+    for role, config in ROLES.items():
+        assert f"| {role} | {config.label} |" in headline  # a row per variant in the loss table
+    assert "2 seeds" in headline and " ± " in headline

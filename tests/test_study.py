@@ -12,10 +12,24 @@ from headlab.training.config import train_preset
 STEPS = 4
 
 
+LOGGED: list[str] = []  # what the `trained` study said while training
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     study = Study("tiny", STEPS, tmp_path_factory.mktemp("study"))
-    return study, study.train(seeds=2, progress=False, log=lambda message: None)
+    return study, study.train(seeds=2, progress=False, log=LOGGED.append)
+
+
+def test_training_starts_with_one_line_saying_what_and_how_long(trained):
+    study, _ = trained
+    notice = LOGGED[0]
+    assert notice.startswith(f"training 12 of 12 runs (6 tiny variants x 2 seed(s), {12 * STEPS} steps) into "
+                             f"{study.folder / 'runs'}: about ")
+    assert " min here (" in notice and " ms a step)" in notice
+    assert study.training_notice(seeds=2) is None  # all finished: nothing to say, nothing to train
+    assert study.steps_left(seeds=3) == {**dict.fromkeys(((s, r) for s in (0, 1) for r in study.roles), 0),
+                                         **dict.fromkeys(((2, r) for r in study.roles), STEPS)}
 
 
 def test_runs_are_typed_records_keyed_by_role(trained):
@@ -34,8 +48,10 @@ def test_runs_are_typed_records_keyed_by_role(trained):
 def test_finished_runs_are_reused_not_retrained(trained):
     study, runs = trained
     metrics = {r.folder: (r.folder / "metrics.jsonl").read_bytes() for r in runs}
-    again = study.train(seeds=2, progress=False, log=lambda message: None)
+    said = []
+    again = study.train(seeds=2, progress=False, log=said.append)
     assert {r.folder: (r.folder / "metrics.jsonl").read_bytes() for r in again} == metrics
+    assert not any(line.startswith("training ") for line in said)  # no notice when nothing is trained
     for seed in (0, 1):
         assert study.finished_runs(seed) == [study.run_folder(config, seed) for config in study.variants]
     assert Study("tiny", STEPS, study.folder / "elsewhere").finished_runs() == []

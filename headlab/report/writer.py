@@ -34,6 +34,9 @@ from headlab.study.tables import StudyTables
 
 FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "effective_rank_uncentered",
            "effective_rank_centered", "similarity_heatmaps", "loss_curves", "loss_vs_cache")
+# What the README shows (`write_docs`): the flagship figure, then how head diversity runs with depth
+# and what each variant's cache saving costs in loss.
+DOCS_FIGURES = ("spectra_uncentered", "effective_rank_centered", "loss_vs_cache")
 
 
 # ---- tables in the paper's form -----------------------------------------------------------------
@@ -105,9 +108,9 @@ def markdown_table(frame: pd.DataFrame, decimals: int) -> str:
 
 # ---- figures ---------------------------------------------------------------------------------------
 
-def draw_figures(tables: StudyTables, folder: Path) -> list[Path]:
-    """Every figure of the report's main part, at the flagship `mla_rope`, as PNG and SVG; returns
-    the PNG paths."""
+def draw_figures(tables: StudyTables, folder: Path, names: tuple[str, ...] = FIGURES) -> list[Path]:
+    """The figures `names` of the report's main part (default: all), at the flagship `mla_rope`, as
+    PNG and SVG; returns the PNG paths."""
     flagship = tables.meta["flagship_mla_rope"]
     chosen = {name: tables[name][tables[name]["mla_rope"] == flagship] for name in ("spectra", "summary", "similarity")}
     spectra, summary, similarity = chosen["spectra"], chosen["summary"], chosen["similarity"]
@@ -129,7 +132,25 @@ def draw_figures(tables: StudyTables, folder: Path) -> list[Path]:
         "loss_vs_cache": plots.loss_vs_cache_figure(final[["model", "seed", "kv_cache_pct", "val_loss", "loss_unit"]],
                                                     palette=colours),
     }
-    return [plots.save_figure(figure, folder, name) for name, figure in figures.items()]
+    return [plots.save_figure(figures[name], folder, name) for name in names]
+
+
+def write_docs(tables: StudyTables, out: str | Path) -> Path:
+    """The README's opening, from a study's tables: `DOCS_FIGURES` (PNG and SVG) and headline.md,
+    the loss and effective-rank tables (mean ± sd over seeds; differences to MHA paired by seed
+    ± the 95% t half-width) with how long the study took. Returns headline.md's path."""
+    out = Path(out)
+    draw_figures(tables, out, DOCS_FIGURES)
+    metrics = per_seed_metrics(tables["summary"], tables["training"])
+    meta = tables.meta
+    took = f"{meta['minutes']:.0f} minutes" if meta.get("minutes") else "an unrecorded time"
+    lines = [f"`{meta['preset']}`: {meta['n_layer']} layers x {meta['n_head']} heads, {meta['steps']} steps, "
+             f"{len(meta['seeds'])} seeds, {meta['corpus_description']}; the study took {took} "
+             f"(`headlab reproduce`, training and analysis).", "",
+             markdown_table(loss_table(metrics, meta["flagship_mla_rope"]), 3), "",
+             markdown_table(rank_table(tables["summary"], metrics), 1), ""]
+    atomic_write_text(out / "headline.md", "\n".join(lines))
+    return out / "headline.md"
 
 
 # ---- sections ----------------------------------------------------------------------------------------

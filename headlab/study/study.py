@@ -30,6 +30,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus
@@ -37,7 +38,8 @@ from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
 from headlab.model.config import ModelConfig, preset
 from headlab.study.roles import comparison_roles
 from headlab.training.config import TrainConfig, train_preset
-from headlab.training.runs import Run, has_checkpoint, load_run
+from headlab.training.plan import measure_step_seconds
+from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
 from headlab.training.snapshots import study_snapshot_every
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
 
@@ -166,9 +168,27 @@ class Study:
         """The run folders of `seed` that hold trained weights, in variant order."""
         return [folder for folder in (self.run_folder(c, seed) for c in self.variants) if has_checkpoint(folder)]
 
+    def steps_left(self, seeds: int = 1) -> dict[tuple[int, str], int]:
+        """(seed, role) -> the training steps that run still needs: 0 for a finished run."""
+        return {(seed, role): max(0, self.train_config(seed).steps - checkpoint_step(self.run_folder(config, seed)))
+                for seed in range(seeds) for role, config in self.roles.items()}
+
+    def training_notice(self, seeds: int = 1, jobs: int = 1) -> str | None:
+        """One line saying what `train(seeds)` will train and about how long it takes on this
+        machine (a few training steps are timed now); None when every run is finished."""
+        left = {key: steps for key, steps in self.steps_left(seeds).items() if steps}
+        if not left:
+            return None
+        step = measure_step_seconds(self.variants[0], self.train_config(0).batch_size)
+        minutes = sum(left.values()) * step / jobs / 60
+        return (f"training {len(left)} of {seeds * len(self.roles)} runs ({len(self.roles)} {self.preset} variants x "
+                f"{seeds} seed(s), {sum(left.values()):,} steps) into {self.folder / 'runs'}: about {max(1, round(minutes))} "
+                f"min here ({1000 * step:.0f} ms a step); finished runs are kept, so this happens once")
+
     def train(self, seeds: int = 1, progress: bool = True, log=print, jobs: int = 1) -> list[StudyRun]:
         """Every variant for seeds 0 … seeds − 1, seed by seed: finished runs are loaded,
-        interrupted ones resumed, missing ones trained.
+        interrupted ones resumed, missing ones trained. When anything is to be trained, `log` gets
+        `training_notice` first, and without per-step bars (`progress` False) a bar counts the runs.
 
         `jobs` > 1 trains that many runs at once in worker processes, each on cpu_count / jobs
         threads: small CPU models keep two cores busier as two one-thread runs than as one
@@ -186,9 +206,13 @@ class Study:
         if note := repetition_note(self.train_config(0), self.variants[0].seq_len, corpus):
             log(note)
         work = [(seed, role, config) for seed in range(seeds) for role, config in self.roles.items()]
+        notice = self.training_notice(seeds, jobs)
+        if notice:
+            log(notice)
+        runs_bar = {"total": len(work), "desc": "runs", "unit": "run", "disable": progress or notice is None}
         if jobs == 1:
             runs = []
-            for seed, role, config in work:
+            for seed, role, config in tqdm(work, **runs_bar):
                 start = time.perf_counter()
                 folder = self.run_folder(config, seed)
                 run = train(config, self.train_config(seed), corpus, out=folder, resume=True, progress=progress)
@@ -200,7 +224,7 @@ class Study:
                                  initargs=(threads,)) as pool:
             pending = {pool.submit(_train_one, self, seed, config): (seed, role, config) for seed, role, config in work}
             finished = {}
-            for future in as_completed(pending):
+            for future in tqdm(as_completed(pending), **runs_bar):
                 seed, role, config = pending[future]
                 elapsed = future.result()
                 finished[seed, role] = StudyRun(role, config, seed, self.run_folder(config, seed),

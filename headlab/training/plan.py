@@ -48,6 +48,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 
@@ -175,6 +176,24 @@ def visible_devices(peak_tflops: float | None = None, dtype: str = "bfloat16") -
 
 
 # ---- FLOPs ------------------------------------------------------------------------------------
+
+def measure_step_seconds(config: ModelConfig, batch_size: int, repeats: int = 3) -> float:
+    """Seconds one training step of `config` (forward, backward and an AdamW update on a batch of
+    `batch_size` sequences) takes here on the CPU, the median of `repeats` after a warm-up step:
+    what a notice of how long training will take is based on."""
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters())
+    tokens = torch.randint(config.vocab_size, (batch_size, config.seq_len))
+    seconds = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        _, loss = model(tokens, targets=tokens)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds[1:])
+
 
 def matmul_parameters(config: ModelConfig) -> int:
     """N of the 6·N·D rule: every parameter but the input embedding (see the module docstring)."""

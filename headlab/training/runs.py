@@ -265,6 +265,17 @@ def has_checkpoint(run_dir: str | Path) -> bool:
     return (Path(run_dir) / POINTER).exists()
 
 
+def checkpoint_step(run_dir: str | Path) -> int:
+    """The step of the run's current checkpoint (0 when it has none), from checkpoint.json alone."""
+    pointer = Path(run_dir) / POINTER
+    if not pointer.exists():
+        return 0
+    try:
+        return int(json.loads(pointer.read_text(encoding="utf-8"))["step"])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{pointer} is not a readable checkpoint pointer: {error}") from error
+
+
 def _whole(cpu_offload: bool = False):
     return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
 

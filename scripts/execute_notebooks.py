@@ -1,0 +1,38 @@
+"""Execute the paired notebooks in place, in one mode, and record the mode in each notebook's
+metadata (`headlab.mode`), so a saved notebook says what made its outputs.
+
+    python scripts/execute_notebooks.py small notebooks/*.ipynb   # make notebooks: CI's settings
+    python scripts/execute_notebooks.py full notebooks/*.ipynb    # make notebooks-full: SMALL = False,
+                                                                  # against make demo's runs/reproduce
+
+The mode is set like papermill's parameter injection, offline with nbclient: `SMALL = ...` is
+appended to the `parameters` cell for the run, and the cell's source is put back afterwards, so
+the .ipynb still holds exactly the cells of its .py (tests/test_notebooks_paired.py)."""
+
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+MODES = ("small", "full")
+
+
+def execute(path: Path, mode: str) -> None:
+    notebook = nbformat.read(path, as_version=4)
+    (parameters,) = [cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", [])]
+    source = parameters.source
+    parameters.source = f"{source}\nSMALL = {mode == 'small'}  # {mode} mode, set by {Path(__file__).name}"
+    NotebookClient(notebook, timeout=None, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    parameters.source = source
+    notebook.metadata["headlab"] = {"mode": mode}
+    nbformat.write(notebook, path)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] not in MODES:
+        sys.exit(f"usage: {Path(__file__).name} {{{','.join(MODES)}}} NOTEBOOK.ipynb ...")
+    for name in sys.argv[2:]:
+        print(f"executing {name} in {sys.argv[1]} mode")
+        execute(Path(name), sys.argv[1])
