@@ -61,7 +61,8 @@ def test_parallel_jobs_train_the_same_runs_in_worker_processes(tmp_path):
     study = Study("tiny", STEPS, tmp_path)
     logged = []
     runs = study.train(seeds=1, progress=False, log=logged.append, jobs=2)
-    assert [r.role for r in runs] == list(comparison_roles("tiny")) and len(logged) == len(runs)
+    assert [r.role for r in runs] == list(comparison_roles("tiny"))
+    assert logged[0].startswith("training 6 of 6 runs") and len(logged) == 1 + len(runs)  # the notice, then a line a run
     assert all(r.run.step == STEPS and r.folder.parent == tmp_path / "runs" for r in runs)
     # a worker's run is the run a single process trains, up to the last bits of a thread count
     alone = Study("tiny", STEPS, tmp_path / "alone").train(seeds=1, progress=False, log=lambda message: None)
