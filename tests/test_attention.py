@@ -19,9 +19,10 @@ def test_logits_up_to_t_ignore_tokens_after_t(attention, tokens):
     assert (before[:, t + 1:] - after[:, t + 1:]).abs().max() > 1e-3  # the perturbation is seen later
 
 
-@pytest.mark.parametrize("attention,mla_absorb", DECODE_CASES)
-def test_prefill_then_cached_steps_equal_the_full_forward(attention, mla_absorb, tokens):
-    model = tiny_model(attention)
+# LRKV's decode step scores without forming keys, QK-norm included or not: both are held here
+@pytest.mark.parametrize("attention,mla_absorb,qk_norm", [(*case, True) for case in DECODE_CASES] + [("lrkv", True, False)])
+def test_prefill_then_cached_steps_equal_the_full_forward(attention, mla_absorb, qk_norm, tokens):
+    model = tiny_model(attention, qk_norm=qk_norm)
     full = model(tokens)[0]
     cache = model.new_cache(tokens.size(0), tokens.size(1), mla_absorb=mla_absorb)
     prefill = 10
