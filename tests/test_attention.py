@@ -73,6 +73,21 @@ def test_manual_softmax_fallback_equals_sdpa(attention, mla_absorb, tokens):
         assert (sdpa - manual).abs().max().item() <= 1e-5
 
 
+@pytest.mark.parametrize("attention", ["gqa", "mqa"])
+def test_sdpa_grouped_heads_equal_repeated_key_value_heads_in_values_and_gradients(attention, tokens):
+    """SDPA's enable_gqa path (no K/V copies) against the explicit formula on K/V heads repeated per query head."""
+    model = tiny_model(attention)
+    results = []
+    for backend in ("sdpa", "manual"):
+        model.zero_grad()
+        with attention_backend(backend):
+            logits = model(tokens)[0]
+        logits.square().mean().backward()
+        results.append([logits.detach()] + [p.grad.clone() for p in model.parameters()])
+    for sdpa, manual in zip(*results):
+        torch.testing.assert_close(sdpa, manual, rtol=0, atol=1e-5)
+
+
 def test_unknown_backend_is_named():
     with pytest.raises(ValueError, match="'flash'.*sdpa, manual"):
         with attention_backend("flash"):
