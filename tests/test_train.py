@@ -34,7 +34,7 @@ def test_every_family_learns_the_synthetic_corpus(attention, synthetic):
 def test_run_folder_holds_the_documented_files_and_loads_back(tmp_path, synthetic, threads):
     run = train(preset("tiny", "lrkv"), TINY_TRAIN, synthetic, out=tmp_path / "run", progress=False)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
-        ".lock", "checkpoint-00000040", "checkpoint.json", "config.json", "metrics.jsonl"]
+        ".lock", "checkpoint-00000040", "checkpoint.json", "config.json", "metrics.jsonl", "starts.jsonl"]
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoint-00000040").iterdir()) == ["model.safetensors", "state.pt"]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["model"]["attention"] == "lrkv" and config["headlab_version"] == headlab.__version__
