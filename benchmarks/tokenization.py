@@ -18,6 +18,7 @@ import gzip
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -76,18 +77,25 @@ def tokenizers(texts: list[str]) -> dict:
     return found
 
 
-def time_shards(folder: Path, tokenizer, workers: int, out: Path) -> tuple[float, int, int]:
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (the tokenizing workers)."""
+    return sum(getattr(resource.getrusage(who), field) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for field in ("ru_utime", "ru_stime"))
+
+
+def time_shards(folder: Path, tokenizer, workers: int, out: Path) -> tuple[float, float, int, int]:
+    """Wall seconds, CPU seconds, text bytes and tokens of writing `folder`'s shards."""
     files = document_files(str(folder))
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), cpu_seconds()
     write_shards(document_texts(files, "train"), tokenizer, out, val_texts=document_texts(files, "val"),
                  workers=workers, documents=True)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, cpu_seconds() - start_cpu
     meta = json.loads((out / "meta.json").read_text())
     n_bytes = sum(len(t.encode()) for t in document_texts(files, "train")) + sum(
         len(t.encode()) for t in document_texts(files, "val"))
     n_tokens = sum((out / f).stat().st_size for split in meta["shards"].values() for f in split) // (
         1 if meta["dtype"] == "uint8" else 2)
-    return seconds, n_bytes, n_tokens
+    return seconds, cpu, n_bytes, n_tokens
 
 
 PEAK_RSS_CHILD = """
@@ -130,10 +138,12 @@ def run(quick: bool = False, megabytes: float | None = None, rss_gigabytes: floa
             for name, tokenizer in available.items():
                 rates = {}
                 for workers in (1, 2):
-                    seconds, n_bytes, n_tokens = time_shards(folder, tokenizer, workers, Path(tmp) / f"out-{kind}-{name}-{workers}")
+                    seconds, cpu, n_bytes, n_tokens = time_shards(folder, tokenizer, workers,
+                                                                  Path(tmp) / f"out-{kind}-{name}-{workers}")
                     rates[workers] = n_tokens / seconds
                     rows.append([kind, name, workers, f"{n_bytes / seconds / 1e6:.1f}", f"{n_tokens / seconds / 1e6:.2f}",
-                                 f"{n_tokens / seconds / workers / 1e6:.2f}"])
+                                 f"{n_tokens / seconds / workers / 1e6:.2f}", f"{n_tokens / cpu / 1e6:.2f}",
+                                 f"{cpu / seconds:.2f}"])
                 if rates[1] < TOKENS_PER_CORE:
                     misses.append(f"tokenize {kind} {name}: {rates[1] / 1e6:.2f} M tokens/s on one core < 1")
                 if rates[2] / rates[1] < SCALING:
@@ -142,7 +152,9 @@ def run(quick: bool = False, megabytes: float | None = None, rss_gigabytes: floa
                 rows[-2].append("")
     text = common.machine_header(f"Tokenization of local document corpora ({megabytes:.0f} MB of text per format)")
     text += "\n" + common.format_table(["format", "tokenizer", "workers", "MB/s", "M tokens/s", "M tokens/s/worker",
-                                        "2 vs 1"], rows)
+                                        "M tokens/CPU-s", "cores used", "2 vs 1"], rows)
+    text += ("\n\n'cores used' is CPU seconds (all processes) per wall second: on a shared machine 2 workers can "
+             "only scale as far as the cores they are given.")
     if "gpt2" not in available:
         text += "\n\nGPT-2 (tiktoken) skipped: its BPE files are not available offline on this machine."
     if rss_gigabytes:

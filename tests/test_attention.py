@@ -19,9 +19,10 @@ def test_logits_up_to_t_ignore_tokens_after_t(attention, tokens):
     assert (before[:, t + 1:] - after[:, t + 1:]).abs().max() > 1e-3  # the perturbation is seen later
 
 
-@pytest.mark.parametrize("attention,mla_absorb", DECODE_CASES)
-def test_prefill_then_cached_steps_equal_the_full_forward(attention, mla_absorb, tokens):
-    model = tiny_model(attention)
+# LRKV's decode step scores without forming keys, QK-norm included or not: both are held here
+@pytest.mark.parametrize("attention,mla_absorb,qk_norm", [(*case, True) for case in DECODE_CASES] + [("lrkv", True, False)])
+def test_prefill_then_cached_steps_equal_the_full_forward(attention, mla_absorb, qk_norm, tokens):
+    model = tiny_model(attention, qk_norm=qk_norm)
     full = model(tokens)[0]
     cache = model.new_cache(tokens.size(0), tokens.size(1), mla_absorb=mla_absorb)
     prefill = 10
@@ -70,6 +71,21 @@ def test_manual_softmax_fallback_equals_sdpa(attention, mla_absorb, tokens):
             results.append((model(tokens)[0], model(tokens[:, :20], cache=cache)[0], model(tokens[:, 20:21], cache=cache)[0]))
     for sdpa, manual in zip(*results):
         assert (sdpa - manual).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("attention", ["gqa", "mqa"])
+def test_sdpa_grouped_heads_equal_repeated_key_value_heads_in_values_and_gradients(attention, tokens):
+    """SDPA's enable_gqa path (no K/V copies) against the explicit formula on K/V heads repeated per query head."""
+    model = tiny_model(attention)
+    results = []
+    for backend in ("sdpa", "manual"):
+        model.zero_grad()
+        with attention_backend(backend):
+            logits = model(tokens)[0]
+        logits.square().mean().backward()
+        results.append([logits.detach()] + [p.grad.clone() for p in model.parameters()])
+    for sdpa, manual in zip(*results):
+        torch.testing.assert_close(sdpa, manual, rtol=0, atol=1e-5)
 
 
 def test_unknown_backend_is_named():

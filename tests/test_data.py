@@ -59,6 +59,26 @@ def test_windows_come_from_seeded_offsets_and_never_cross_shards(isolated_cache,
         assert any(window in shard for shard in contents)
 
 
+@pytest.mark.parametrize("given_validation", [False, True])
+def test_shards_are_written_as_the_stream_goes_with_the_same_layout_and_no_scratch_copy(tmp_path, monkeypatch,
+                                                                                        given_validation):
+    monkeypatch.setattr(shards, "SHARD_TOKENS", 1000)
+    monkeypatch.setattr(shards.ShardFiles, "COPY_TOKENS", 77)  # moving the validation tail takes many reads
+    texts = [f"{i:03d} " + "abcdefghij" * 37 for i in range(40)]
+    val_texts = ["yz" * 800, "é" * 400] if given_validation else None
+    stream = "".join(texts + (val_texts or [])).encode()
+    cut = len("".join(texts).encode()) if given_validation else int(len(stream) * (1 - shards.VAL_FRACTION))
+    shards.write_shards(texts, ByteTokenizer(), tmp_path, val_texts=val_texts)
+    corpus = shards.read_shards(tmp_path, "test")
+    assert np.concatenate(corpus.train).tobytes() == stream[:cut]
+    assert np.concatenate(corpus.val).tobytes() == stream[cut:]
+    for split in (corpus.train, corpus.val):  # full shards, then one partial shard
+        assert [len(s) for s in split[:-1]] == [1000] * (len(split) - 1) and 0 < len(split[-1]) <= 1000
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["meta.json"] + [f"train_{i:03d}.bin" for i in range(len(corpus.train))]
+        + [f"val_{i:03d}.bin" for i in range(len(corpus.val))])
+
+
 def test_byte_tokenizer_round_trips_utf8():
     text = "Wherefore art thou — Roméo?"
     assert ByteTokenizer().decode(ByteTokenizer().encode(text)) == text

@@ -93,6 +93,16 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, syn
     assert all(torch.isfinite(p).all() for p in kept.model.parameters())
 
 
+def test_the_host_waits_for_the_device_only_when_it_logs_evaluates_or_saves(synthetic, monkeypatch):
+    reads = []
+    for name in ("item", "tolist"):  # the ways a loss reaches the host (each one a sync on a GPU)
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, original=original: reads.append(1) or original(self))
+    config = TINY_TRAIN.replace(steps=40, log_every=20, eval_every=40, eval_batches=1)
+    train(preset("tiny", "mha"), config, synthetic, progress=False)
+    assert 0 < len(reads) <= 8  # steps 20 and 40 only: a few reads each, never one per step
+
+
 def test_existing_run_is_not_overwritten(tmp_path, synthetic):
     train(preset("tiny", "mqa"), TINY_TRAIN.replace(steps=5), synthetic, out=tmp_path / "run", progress=False)
     with pytest.raises(FileExistsError, match="already holds a run"):

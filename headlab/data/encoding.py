@@ -8,12 +8,19 @@ import os
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from itertools import chain, islice
-from multiprocessing import get_context
+from multiprocessing import get_all_start_methods, get_context
 from typing import Iterable, Iterator
 
 import numpy as np
 
 BATCH_BYTES = 1 << 20  # of text per task: large enough that pickling is noise, small enough to stream
+# Workers are forked where the platform can (Linux): a forked worker starts in milliseconds with
+# the parent's modules, while a spawned one re-imports the parent's main module, hence torch
+# (seconds and ~500 MB each, which made two workers slower than one). A fork inherits the
+# parent's torch and gloo threads only as dead copies, and a worker never calls into either: it
+# runs numpy and the tokenizer libraries alone (Hugging Face `tokenizers` turns its own thread
+# pool off in a forked child by itself).
+WORKER_START = "fork" if "fork" in get_all_start_methods() else "spawn"
 
 
 def available_cores() -> int:
@@ -32,8 +39,7 @@ def encode_texts(texts: Iterable[str], tokenizer, workers: int = 1,
     if workers == 1 or len(head) < 2:  # a text of one batch is not worth starting processes for
         yield from (encode_batch(tokenizer, batch, documents) for batch in chain(head, batches))
         return
-    # spawn, not fork: the parent may hold gloo or torch threads, which a forked child inherits broken
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_use_tokenizer,
+    with ProcessPoolExecutor(workers, mp_context=get_context(WORKER_START), initializer=_use_tokenizer,
                              initargs=(tokenizer,)) as pool:
         pending = deque()
         for batch in chain(head, batches):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -14,7 +15,7 @@ import torch
 
 from headlab.data.encoding import encode_texts
 from headlab.data.tokenizers import get_tokenizer
-from headlab.io import atomic_write_bytes, atomic_write_text
+from headlab.io import atomic_write_text
 
 VAL_FRACTION = 0.1
 SHARD_TOKENS = 1 << 26  # 64 Mi tokens per shard file
@@ -50,39 +51,95 @@ def write_shards(texts: Iterable[str], tokenizer, folder: Path, val_texts: Itera
                  workers: int = 1, documents: bool = False) -> None:
     """Tokenize `texts` into `train_NNN.bin` / `val_NNN.bin` and `meta.json` under `folder`.
 
-    Tokens stream to a scratch file as they are produced (by `workers` processes, in order), so
-    memory stays bounded whatever the corpus size; the final VAL_FRACTION of the stream becomes
-    the validation split, unless `val_texts` give it. With `documents`, each text is a document
-    followed by the tokenizer's end-of-text token."""
+    Tokens are appended to the shard files as they are produced (by `workers` processes, in
+    order), so memory stays bounded whatever the corpus size and there is no second copy on disk;
+    the final VAL_FRACTION of the stream becomes the validation split, unless `val_texts` give it.
+    With `documents`, each text is a document followed by the tokenizer's end-of-text token."""
     folder.mkdir(parents=True, exist_ok=True)
-    scratch = folder / "stream.tmp"
-    n_tokens = n_bytes = 0
+    splits = {split: ShardFiles(folder, split, tokenizer.dtype) for split in ("train", "val")}
+    n_bytes = 0
     digest = hashlib.sha256()
-    with open(scratch, "wb") as f:
-        for split_texts in (texts, val_texts or ()):
-            train_tokens = n_tokens
-            for tokens, text_bytes in encode_texts(split_texts, tokenizer, workers, documents):
-                f.write(tokens)
-                digest.update(tokens)
-                n_tokens += len(tokens) // np.dtype(tokenizer.dtype).itemsize
-                n_bytes += text_bytes
+    for split, split_texts in (("train", texts), ("val", val_texts or ())):
+        for tokens, text_bytes in encode_texts(split_texts, tokenizer, workers, documents):
+            splits[split].write(tokens)
+            digest.update(tokens)
+            n_bytes += text_bytes
+    n_tokens = sum(files.n_tokens for files in splits.values())
     if n_tokens < 1000:
-        scratch.unlink()
+        for files in splits.values():
+            files.remove()
         raise ValueError(f"corpus has only {n_tokens} tokens; at least 1000 are needed")
-    stream = np.memmap(scratch, dtype=tokenizer.dtype, mode="r")
-    cut = train_tokens if val_texts is not None else int(n_tokens * (1 - VAL_FRACTION))
+    if val_texts is None:
+        splits["train"].move_tail(int(n_tokens * (1 - VAL_FRACTION)), splits["val"])
     meta = {"tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "dtype": np.dtype(tokenizer.dtype).name,
-            "bytes_per_token": n_bytes / n_tokens, "sha256": digest.hexdigest(), "shards": {}}
-    for split, (start, end) in (("train", (0, cut)), ("val", (cut, n_tokens))):
-        names = []
-        for i, shard_start in enumerate(range(start, end, SHARD_TOKENS)):
-            name = f"{split}_{i:03d}.bin"
-            atomic_write_bytes(folder / name, stream[shard_start:min(end, shard_start + SHARD_TOKENS)].tobytes())
-            names.append(name)
-        meta["shards"][split] = names
-    del stream
-    scratch.unlink()
+            "bytes_per_token": n_bytes / n_tokens, "sha256": digest.hexdigest(),
+            "shards": {split: files.close() for split, files in splits.items()}}
     atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
+
+
+class ShardFiles:
+    """One split's tokens appended to `<split>_000.bin`, `<split>_001.bin`, ... of SHARD_TOKENS
+    each as they arrive: neither the split nor one shard is ever held in memory."""
+
+    COPY_TOKENS = 1 << 22  # tokens per read when moving a tail: bounded memory
+
+    def __init__(self, folder: Path, split: str, dtype):
+        self.folder, self.split, self.itemsize = folder, split, np.dtype(dtype).itemsize
+        self.names: list[str] = []
+        self.n_tokens = 0
+        self.file = None
+
+    def write(self, tokens: bytes) -> None:
+        data = memoryview(tokens).cast("B")
+        while data:
+            if self.n_tokens % SHARD_TOKENS == 0:  # the current shard is full, or there is none yet
+                self.start_shard()
+            room = (SHARD_TOKENS - self.n_tokens % SHARD_TOKENS) * self.itemsize
+            self.file.write(data[:room])
+            self.n_tokens += len(data[:room]) // self.itemsize
+            data = data[room:]
+
+    def start_shard(self) -> None:
+        self.finish_shard()
+        self.names.append(f"{self.split}_{len(self.names):03d}.bin")
+        self.file = open(self.folder / self.names[-1], "wb")
+
+    def finish_shard(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+            os.fsync(self.file.fileno())  # as durable as the atomic writes of meta.json, which follow
+            self.file.close()
+            self.file = None
+
+    def move_tail(self, cut: int, to: "ShardFiles") -> None:
+        """Move the tokens from position `cut` on to the end of `to`, a shard at a time in
+        bounded reads, truncating (or removing) this split's shards: the stream is unchanged."""
+        self.finish_shard()
+        kept = []
+        for i, name in enumerate(self.names):
+            keep = min(max(cut - i * SHARD_TOKENS, 0), SHARD_TOKENS) * self.itemsize
+            path = self.folder / name
+            with open(path, "r+b") as f:
+                f.seek(keep)
+                while chunk := f.read(self.COPY_TOKENS * self.itemsize):
+                    to.write(chunk)
+                f.truncate(keep)
+            if keep:
+                kept.append(name)
+            else:
+                path.unlink()
+        self.names, self.n_tokens = kept, cut
+
+    def close(self) -> list[str]:
+        """The shard file names, every shard written and closed."""
+        self.finish_shard()
+        return self.names
+
+    def remove(self) -> None:
+        self.finish_shard()
+        for name in self.names:
+            (self.folder / name).unlink()
+        self.names, self.n_tokens = [], 0
 
 
 def read_shards(folder: Path, name: str) -> Corpus:

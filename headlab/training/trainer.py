@@ -34,7 +34,7 @@ from headlab.training.distributed import (Processes, join_process_group, launche
                                          training_device)
 from headlab.training.runs import (EXECUTION_FIELDS, MetricsLog, Run, RunLock, gather_training_state, load_checkpoint,
                                    open_run, record_start, save_checkpoint)
-from headlab.training.snapshots import write_snapshot
+from headlab.training.snapshots import is_snapshot_step, write_snapshot
 
 
 class TrainingDiverged(RuntimeError):
@@ -255,8 +255,21 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
            if progress and ddp.is_main else _HiddenBar(steps))
     started, last_log = time.perf_counter(), time.perf_counter()
     step = start_step
+    # The first step whose (global mean) loss is not finite, and that loss, kept on the device and
+    # read (one host sync) only before anything is logged, evaluated or saved: no sync per step.
+    divergence = torch.full((2,), math.nan, device=device)
+
+    def stop_if_diverged() -> None:
+        bad_step, bad_loss = divergence.tolist()
+        if not math.isnan(bad_step):
+            kept = ("" if run_dir is None else f"; the run folder keeps the checkpoint of step {last_checkpoint}"
+                    if last_checkpoint is not None else "; no checkpoint was written before it")
+            raise TrainingDiverged(f"loss is {bad_loss} at step {int(bad_step)}{kept}")
+
     for step in bar:
         if run_dir is not None:  # every rank: an FSDP model's shards are gathered collectively
+            if is_snapshot_step(step, train_config.snapshot_every):
+                stop_if_diverged()
             write_snapshot(run_dir, model, step, train_config.snapshot_every, write=ddp.is_main)
         _set_learning_rates(optimizers, learning_rate_factor(step, train_config))
         x, y = random_windows(corpus.train, train_config.batch_size, model_config.seq_len, generator)
@@ -271,15 +284,17 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
                 (micro_loss / n_micro).backward()
             loss += micro_loss.detach() / n_micro
         torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
-        loss_value = _global_mean(loss, ddp)
-        if not math.isfinite(loss_value):
-            kept = ("" if run_dir is None else f"; the run folder keeps the checkpoint of step {last_checkpoint}"
-                    if last_checkpoint is not None else "; no checkpoint was written before it")
-            raise TrainingDiverged(f"loss is {loss_value} at step {step}{kept}")
+        loss = _global_mean(loss, ddp)
+        divergence = torch.where(divergence[0].isnan() & ~loss.isfinite(),
+                                 torch.stack((torch.full_like(loss, step), loss)), divergence)
         for optimizer in optimizers:
             optimizer.step()
         done = step + 1
+        if (done % train_config.log_every == 0 or done % train_config.eval_every == 0 or done == train_config.steps
+                or run_dir is not None and done % train_config.checkpoint_every == 0):
+            stop_if_diverged()
         if done % train_config.log_every == 0 or done == train_config.steps:
+            loss_value = loss.item()
             now = time.perf_counter()
             tokens_per_s = tokens_per_step * min(train_config.log_every, done - start_step) / (now - last_log)
             last_log = now
@@ -290,7 +305,7 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
         if done % train_config.eval_every == 0 or done == train_config.steps:
             val_loss = evaluate(model, corpus.val, train_config.batch_size, model_config.seq_len,
                                 train_config.eval_batches, device, autocast, rows)
-            val_loss = _global_mean(torch.tensor(val_loss, device=device), ddp)
+            val_loss = _global_mean(torch.tensor(val_loss, device=device), ddp).item()
             metrics.append({"step": done, "tokens": done * tokens_per_step, "val_loss": val_loss,
                             "val_bpb": val_loss / math.log(2) / corpus.bytes_per_token})
         if run_dir is not None and (done % train_config.checkpoint_every == 0 or done == train_config.steps):
@@ -349,9 +364,9 @@ def _whole_model_on_main(model: torch.nn.Module, model_config: ModelConfig, ddp:
     return whole
 
 
-def _global_mean(value: torch.Tensor, ddp: Processes) -> float:
+def _global_mean(value: torch.Tensor, ddp: Processes) -> torch.Tensor:
     if ddp.world_size > 1:
         value = value.clone()
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
         value /= ddp.world_size
-    return value.item()
+    return value

@@ -61,7 +61,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
         # of their shared K/V head and the cache is read once, never repeated.
         y = _kernel(q.reshape(b, hk, h // hk, q.size(-1)), k, v, scale, causal=False)
         return y.reshape(b, h, 1, v.size(-1))
-    if hk != h:
+    if hk != h and _backend != "sdpa":  # SDPA groups heads itself (enable_gqa), never copying K/V
         k, v = k.repeat_interleave(h // hk, dim=1), v.repeat_interleave(h // hk, dim=1)
     return _kernel(q, k, v, scale, causal=True)
 
@@ -89,10 +89,11 @@ def _kernel(q, k, v, scale: float, causal: bool) -> torch.Tensor:
     """softmax(q kᵀ · scale) v, end-aligned causal mask if asked; SDPA or the explicit formula."""
     tq, tk = q.size(-2), k.size(-2)
     if _backend == "sdpa":
+        grouped = k.size(1) != q.size(1)  # consecutive query heads share a K/V head
         if causal and tq == tk:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=grouped)
         mask = _causal_mask(tq, tk, q.device) if causal else None
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=grouped)
     scores = (q @ k.transpose(-2, -1)) * scale
     if causal:
         scores = scores.masked_fill(~_causal_mask(tq, tk, q.device), -math.inf)
