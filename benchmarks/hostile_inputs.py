@@ -266,7 +266,7 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
         record(f"SIGKILL x{attempt} then resume (trial {trial})", same_run(folder, reference_every))
 
     import headlab.training.runs
-    real_save_file = headlab.training.runs.save_file
+    real_save_file = headlab.training.runs.serialize_safetensors
     for nth in range(1, 5):  # a full disk while writing the nth checkpoint's weights
         calls = {"n": 0}
 
@@ -277,9 +277,9 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
             return real_save_file(*args, **kwargs)
 
         folder = root / f"enospc-{nth}"
-        headlab.training.runs.save_file = full_disk
+        headlab.training.runs.serialize_safetensors = full_disk
         outcome = api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=folder, progress=False))
-        headlab.training.runs.save_file = real_save_file
+        headlab.training.runs.serialize_safetensors = real_save_file
         if outcome[0] == "clear":
             train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True, progress=False)
             outcome = same_run(folder, reference)

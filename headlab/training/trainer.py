@@ -28,10 +28,11 @@ from tqdm.auto import tqdm
 
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus, random_windows
+from headlab.io import FolderLock
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, eval_mode
 from headlab.training.config import TrainConfig, train_preset
-from headlab.training.runs import (MetricsLog, Run, RunLock, gather_training_state, load_checkpoint, open_run,
+from headlab.training.runs import (MetricsLog, Run, gather_training_state, load_checkpoint, open_run,
                                    save_checkpoint)
 from headlab.training.snapshots import write_snapshot
 
@@ -222,7 +223,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
             run_dir.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise ValueError(f"run folder {run_dir} cannot be created: a file is in the way") from None
-    with RunLock(run_dir) if owner else nullcontext():
+    with FolderLock(run_dir, "trainer") if owner else nullcontext():
         return _train(model_config, train_config, corpus, device, ddp, run_dir, resume, progress)
 
 
@@ -320,7 +321,7 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
             if sharded or ddp.is_main:  # every rank joins the gather of FSDP shards
                 weights, optimizer_states = gather_training_state(model, optimizers)
             if ddp.is_main:
-                save_checkpoint(run_dir, weights, optimizer_states, generator, done)
+                save_checkpoint(run_dir, weights, optimizer_states, generator, done, metrics)
             last_checkpoint = done
     bar.close()
     if ddp.world_size > 1:
