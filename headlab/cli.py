@@ -1,8 +1,14 @@
 """Command line: `headlab info`, `headlab train`, `headlab analyze`, `headlab reproduce` (the main job)
 and `headlab report` (redraw a study's report from its tables).
 
-A mistake in the input (a bad value, a missing file, a run folder in use) prints one line naming
-the problem and exits with status 2; `--debug` (or HEADLAB_DEBUG=1) shows the traceback instead."""
+Every error ends in one line "headlab: error: ..." and an exit status (`--debug` or
+HEADLAB_DEBUG=1 shows the traceback instead):
+
+    0    done
+    1    a bug in headlab (an unexpected exception): the line says so; please report it
+    2    a mistake in the input: a bad value, a file that is missing, damaged or not headlab's,
+         a folder in use ("busy, retry"), a full disk
+    130  interrupted (Ctrl-C); a run folder resumes from its last checkpoint"""
 
 from __future__ import annotations
 
@@ -72,11 +78,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+MAX_INT = 2 ** 62  # larger counts are mistakes, and overflow the tensors' int64
+
+
 def _int(text: str) -> int:
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if abs(value) > MAX_INT:
+        raise argparse.ArgumentTypeError(f"{text} is invalid: too large (at most {MAX_INT})")
+    return value
 
 
 # ---- info -------------------------------------------------------------------------------------------
@@ -430,13 +442,28 @@ def _one_line(error: BaseException) -> str:
     return str(error)
 
 
+USER_ERRORS = (ValueError, RuntimeError, OSError, TypeError, OverflowError, KeyError)  # what bad input raises
+EXIT_INPUT, EXIT_BUG, EXIT_INTERRUPTED = 2, 1, 130
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         return args.func(args)
-    except (ValueError, RuntimeError, OSError) as error:  # bad values, files, folders in use, full disks
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("headlab: error: interrupted; a run folder resumes from its last checkpoint (--resume)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except USER_ERRORS as error:  # bad values (also inside parsed JSON), files, folders in use, full disks
         if debug:
             raise
         print(f"headlab: error: {_one_line(error)}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT
+    except Exception as error:  # noqa: BLE001 - still one line, and said to be a bug
+        if debug:
+            raise
+        print(f"headlab: error: internal error {type(error).__name__}: {str(error)[:300]} (a bug in headlab: please "
+              f"report it with the output of --debug)", file=sys.stderr)
+        return EXIT_BUG

@@ -13,8 +13,10 @@ import numpy as np
 import torch
 
 from headlab.data.tokenizers import get_tokenizer
-from headlab.io import atomic_write_bytes, atomic_write_text
+from headlab.data.bpe import TOKENIZER_FILE
+from headlab.io import atomic_write_bytes, atomic_write_text, file_digest, mismatch, read_regular
 
+TOKENS_FOLDER = "tokens-sha256"  # under the cache: shard folders whose meta.json records each file's SHA-256
 VAL_FRACTION = 0.1
 SHARD_TOKENS = 1 << 26  # 64 Mi tokens per shard file
 
@@ -70,12 +72,15 @@ def write_shards(texts: Iterable[str], tokenizer, folder: Path, val_texts: Itera
     stream = np.memmap(scratch, dtype=tokenizer.dtype, mode="r")
     cut = train_tokens if val_texts is not None else int(n_tokens * (1 - VAL_FRACTION))
     meta = {"tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "dtype": np.dtype(tokenizer.dtype).name,
-            "bytes_per_token": n_bytes / n_tokens, "sha256": digest.hexdigest(), "shards": {}}
+            "bytes_per_token": n_bytes / n_tokens, "sha256": digest.hexdigest(), "shards": {}, "files": {}}
+    if (folder / TOKENIZER_FILE).exists():  # a BPE trained for these shards
+        meta["files"][TOKENIZER_FILE] = hashlib.sha256(read_regular(folder / TOKENIZER_FILE)).hexdigest()
     for split, (start, end) in (("train", (0, cut)), ("val", (cut, n_tokens))):
         names = []
         for i, shard_start in enumerate(range(start, end, SHARD_TOKENS)):
             name = f"{split}_{i:03d}.bin"
-            atomic_write_bytes(folder / name, stream[shard_start:min(end, shard_start + SHARD_TOKENS)].tobytes())
+            entry = atomic_write_bytes(folder / name, stream[shard_start:min(end, shard_start + SHARD_TOKENS)].tobytes())
+            meta["files"][name] = entry["sha256"]
             names.append(name)
         meta["shards"][split] = names
     del stream
@@ -84,7 +89,13 @@ def write_shards(texts: Iterable[str], tokenizer, folder: Path, val_texts: Itera
 
 
 def read_shards(folder: Path, name: str) -> Corpus:
-    meta = json.loads((folder / "meta.json").read_text())
+    """The corpus in `folder`, every shard (and trained tokenizer) verified against the SHA-256
+    meta.json recorded when it was written."""
+    meta = json.loads(read_regular(folder / "meta.json"))
+    for file, sha256 in meta["files"].items():
+        if file_digest(folder / file) != sha256:
+            raise ValueError(f"{mismatch(folder / file, folder / 'meta.json')}. The token cache is damaged: delete "
+                             f"{folder} and it will be tokenized again")
     dtype = np.dtype(meta["dtype"])
     splits = {split: [np.memmap(folder / f, dtype=dtype, mode="r") for f in files]
               for split, files in meta["shards"].items()}

@@ -98,8 +98,9 @@ def _decode(raw: bytes, where, encoding_errors: str = "strict") -> str:
 
 
 def text_files(path: Path) -> list[Path]:
-    """A text file, or every `*.txt` under a folder in sorted order."""
-    files = [path] if path.is_file() else sorted(path.rglob("*.txt"))
+    """A text file, or every regular `*.txt` file under a folder in sorted order (a FIFO or device
+    so named would block or never end, and is left out)."""
+    files = [path] if path.is_file() else sorted(f for f in path.rglob("*.txt") if f.is_file())
     if not files:
         raise ValueError(f"corpus path {str(path)!r} has no *.txt files")
     return files
