@@ -14,7 +14,8 @@ from safetensors.torch import save_file
 
 from headlab.analysis.similarity import COLUMNS, Analysis, analyze, attention_similarity, concat, js_distance_matrix, norm_scale_effect, recorded_attention
 from headlab.cli import main as cli_main
-from headlab.training.runs import save_checkpoint
+from headlab.io import Manifest
+from headlab.training.runs import MANIFEST, RUN, MetricsLog, save_checkpoint
 
 FAMILIES = ["mha", "gqa", "mqa", "lrkv", "mla"]
 
@@ -29,8 +30,10 @@ def _write_run(folder, model, bare: bool = False, dtype=None):
         (folder / "config.json").write_text(json.dumps(config))
         save_file(weights, str(folder / "model.safetensors"))
     else:
-        (folder / "config.json").write_text(json.dumps({"format": "headlab", "model": config}))
-        save_checkpoint(folder, weights, [], torch.Generator(), step=0)
+        manifest = Manifest.claim(folder, MANIFEST, RUN)
+        manifest.write_bytes("config.json", json.dumps({"format": "headlab", "model": config}).encode())
+        manifest.save()
+        save_checkpoint(folder, weights, [], torch.Generator(), step=0, metrics=MetricsLog(None))
     return folder
 
 
