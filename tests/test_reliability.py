@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import write_run
 from safetensors.torch import save_file
 
 import headlab
@@ -28,8 +29,7 @@ from headlab import ModelConfig, TrainConfig, TrainingDiverged, load_corpus, loa
 from headlab.analysis.similarity import Analysis, analyze
 from headlab.cli import main
 from headlab.model.gpt import GPT
-from headlab.io import Manifest
-from headlab.training.runs import MANIFEST, RUN, MetricsLog, read_metrics, save_checkpoint
+from headlab.training.runs import current_checkpoint, read_metrics
 
 TINY = train_preset("tiny", steps=12, batch_size=4, eval_every=4, eval_batches=1, checkpoint_every=4, log_every=1)
 VOLATILE = ("tokens_per_s", "elapsed_s")  # wall-clock fields of a metrics record
@@ -271,17 +271,6 @@ def test_8_invalid_utf8_is_an_error_naming_file_and_offset_unless_lossy_is_asked
 
 # ---- 9. analysis trusts the tensors -------------------------------------------------------------------------
 
-def _write_run(folder: Path, model: GPT, **config_changes) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    config = {**model.config.to_dict(), **config_changes}
-    manifest = Manifest.claim(folder, MANIFEST, RUN)
-    manifest.write_bytes("config.json", json.dumps({"format": "headlab", "model": config}).encode())
-    manifest.save()
-    save_checkpoint(folder, {k: v.contiguous() for k, v in model.state_dict().items()}, [], torch.Generator(), step=0,
-                    metrics=MetricsLog(None))
-    return folder
-
-
 def _gpt2_folder(folder: Path, n_layer: int, n_head: int, layers_on_disk: int = 2, d: int = 16) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(0)
@@ -298,7 +287,7 @@ def test_9_a_head_count_that_does_not_fit_the_weights_is_refused(tmp_path):
     torch.manual_seed(0)
     model = GPT(preset("tiny", "mha"))  # 4 heads of width 8
     with pytest.raises(ValueError, match=r"c_q\.weight has shape \(32, 32\), but the ModelConfig .*n_head=2"):
-        analyze(_write_run(tmp_path / "run", model, n_head=2, n_kv_head=1))
+        analyze(write_run(tmp_path / "run", model, n_head=2, n_kv_head=1))
     with pytest.raises(ValueError, match="3 heads do not divide the query projection"):
         analyze(_gpt2_folder(tmp_path / "gpt2", n_layer=2, n_head=3))
 
@@ -315,7 +304,7 @@ def test_9_non_finite_weights_are_named(tmp_path):
     with torch.no_grad():
         model.blocks[1].attn.c_k.weight[3, 5] = float("nan")
     with pytest.raises(ValueError, match=r"tensor 'blocks\.1\.attn\.c_k\.weight' .* 1 non-finite values"):
-        analyze(_write_run(tmp_path / "run", model))
+        analyze(write_run(tmp_path / "run", model))
 
 
 def test_9_a_truncated_analysis_table_is_refused(tmp_path):
@@ -439,7 +428,7 @@ def test_info_defaults_to_the_same_preset_as_train_and_reproduce(capsys):
 
 def test_cli_analyze_lists_models_in_family_order_not_glob_order(tmp_path, capsys):
     torch.manual_seed(0)
-    folders = [_write_run(tmp_path / name, GPT(preset("tiny", attention)))
+    folders = [write_run(tmp_path / name, GPT(preset("tiny", attention)))
                for name, attention in (("a-mqa", "mqa"), ("b-gqa", "gqa"), ("c-mha", "mha"))]
     assert main(["analyze", *map(str, folders), "--out", str(tmp_path / "analysis")]) == 0
     assert Analysis.load(tmp_path / "analysis").models == ["Standard MHA", "MQA", "GQA (2 KV heads)"]
@@ -462,14 +451,14 @@ def test_random_kills_at_any_instant_resume_to_identical_weights(tmp_path, corpu
 
     real_fsync = headlab.io.fsync_path
 
-    def slow_trainer():  # every fsync of a checkpoint write (files, folders, checkpoint.json) takes 10 ms more
+    def slow_trainer():  # every fsync of a checkpoint write (files, folders, manifest.json) takes 10 ms more
         headlab.training.runs.fsync_path = headlab.io.fsync_path = lambda path: (time.sleep(0.01), real_fsync(path))[1]
         train(preset("tiny", "gqa"), EVERY_STEP, corpus, out=folder, resume=True, progress=False)
 
     def has_leftovers() -> bool:
-        if not (folder / "checkpoint.json").exists():
+        if not (folder / "manifest.json").exists() or (checkpoint := current_checkpoint(folder)) is None:
             return False
-        current = json.loads((folder / "checkpoint.json").read_text())["folder"]
+        current = checkpoint.name
         return any(p.name.startswith(".") and p.name != ".lock" or p.name.startswith("checkpoint-") and p.name != current
                    for p in folder.iterdir())
 
