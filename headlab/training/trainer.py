@@ -28,11 +28,11 @@ from tqdm.auto import tqdm
 
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus, random_windows
-from headlab.io import FolderLock
+from headlab.io import FolderLock, refuse_foreign
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, eval_mode
 from headlab.training.config import TrainConfig, train_preset
-from headlab.training.runs import (MetricsLog, Run, gather_training_state, load_checkpoint, open_run,
+from headlab.training.runs import (MANIFEST, MetricsLog, Run, gather_training_state, load_checkpoint, open_run,
                                    save_checkpoint)
 from headlab.training.snapshots import write_snapshot
 
@@ -145,6 +145,29 @@ def _setup_distributed(device_type: str) -> _Distributed:
     return _Distributed(dist.get_rank(), world_size, int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def _open_run_in_turn(ddp: _Distributed, run_dir: Path, model_config: ModelConfig, train_config: TrainConfig,
+                      corpus: Corpus, resume: bool):
+    """`open_run` on the main rank (which claims and cleans the folder) before the others read it:
+    read earlier, they could meet a folder without its manifest yet. A refusal is raised on every
+    rank, since a rank that fails alone waits at exit for the others (`leave_process_group`)."""
+    refusal, checkpoint = None, None
+    if ddp.is_main:
+        try:
+            checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=True)
+        except (ValueError, OSError) as error:
+            refusal = error
+    if ddp.world_size > 1:
+        said = [str(refusal) if refusal is not None else None]
+        dist.broadcast_object_list(said, src=0)
+        if refusal is None and said[0] is not None:
+            refusal = ValueError(said[0])
+        if refusal is None and not ddp.is_main:
+            checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=False)
+    if refusal is not None:
+        raise refusal
+    return checkpoint
+
+
 def leave_process_group() -> None:
     """Leave the process group, if one is joined, once every rank has got here.
 
@@ -219,6 +242,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
     run_dir = Path(out) if out is not None else None
     owner = run_dir is not None and ddp.is_main
     if owner:
+        refuse_foreign(run_dir, MANIFEST)
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
@@ -253,7 +277,7 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     start_step = 0
     metrics = MetricsLog(run_dir / "metrics.jsonl" if run_dir is not None and ddp.is_main else None)
     if run_dir is not None:
-        checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=ddp.is_main)
+        checkpoint = _open_run_in_turn(ddp, run_dir, model_config, train_config, corpus, resume)
         if checkpoint is not None:
             start_step = load_checkpoint(checkpoint, model, optimizers, generator)
             metrics.truncate_after(start_step)
