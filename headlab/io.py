@@ -197,6 +197,19 @@ def remove_owned(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def refuse_foreign(folder: Path, name: str) -> None:
+    """Refuse a folder holding files but no manifest `name`: headlab did not write it. Writers
+    call it before taking the folder's lock too, so a refused folder does not even get a `.lock`."""
+    folder = Path(folder)
+    if (folder / name).exists() or (folder / name).is_symlink() or not folder.is_dir() or being_written(folder):
+        return  # a manifest to read, nothing yet, or a writer at work (whose lock will say so)
+    foreign = sorted(p.name for p in folder.iterdir() if p.name != LOCK)
+    if foreign:
+        raise ValueError(f"{folder} holds files headlab did not write ({', '.join(foreign[:3])}"
+                         f"{', ...' if len(foreign) > 3 else ''}; no {name}): headlab writes only into a new or "
+                         "empty folder, or one it wrote; choose another")
+
+
 class Manifest:
     """What headlab wrote in one folder: each file's size and SHA-256, names it made that are no
     longer part of the folder's state (`discard`: removed at the next write), and `meta`."""
@@ -238,11 +251,7 @@ class Manifest:
         folder = Path(folder)
         if (folder / name).exists() or (folder / name).is_symlink():
             return cls.read(folder, name, kind)
-        foreign = sorted(p.name for p in folder.iterdir() if p.name != LOCK)
-        if foreign:
-            raise ValueError(f"{folder} holds files headlab did not write ({', '.join(foreign[:3])}"
-                             f"{', ...' if len(foreign) > 3 else ''}; no {name}): headlab writes only into a new or "
-                             "empty folder, or one it wrote; choose another")
+        refuse_foreign(folder, name)
         manifest = cls(folder, name, kind)
         manifest.save()
         return manifest

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from headlab.io import FolderLock, Manifest, being_written
+from headlab.io import FolderLock, Manifest, being_written, refuse_foreign
 
 TEXT_COLUMNS = ("model", "role", "kind", "circuit", "measure", "mla_rope", "part", "loss_unit")
 
@@ -22,6 +22,7 @@ def save_tables(folder: str | Path, tables: dict[str, pd.DataFrame], manifest: s
     headlab did not write), then record them (and `meta`) in the manifest; tables of an earlier
     write that are not written again are removed. `what` names the folder's kind."""
     folder = Path(folder)
+    refuse_foreign(folder, manifest)
     folder.mkdir(parents=True, exist_ok=True)
     with FolderLock(folder, "writer of tables"):
         written = Manifest.claim(folder, manifest, what)
