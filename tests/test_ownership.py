@@ -170,9 +170,10 @@ def test_a_second_analysis_into_the_same_folder_is_refused_while_the_first_write
     writing, release = threading.Event(), threading.Event()
     real_write = headlab.io.HashingFile.write
 
-    def paused_write(self, data):  # the first analysis stops inside its first table
-        writing.set()
-        release.wait(timeout=120)
+    def paused_write(self, data):  # the first analysis (in its own thread) stops at its first write
+        if threading.current_thread() is not threading.main_thread():
+            writing.set()
+            release.wait(timeout=120)
         return real_write(self, data)
 
     monkeypatch.setattr(headlab.io.HashingFile, "write", paused_write)
