@@ -415,7 +415,9 @@ def _load_weights_into(model: torch.nn.Module, data: bytes, where: Path) -> int:
     bad = [k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if bad:
         raise ValueError(f"{where} holds non-finite (NaN or inf) values in {', '.join(bad[:5])}")
-    set_model_state_dict(model, weights, options=_whole())
+    # In the model's order: safetensors parses into a hash-ordered dict that differs between
+    # processes, and FSDP scatters the tensors one by one in the order given, on every rank.
+    set_model_state_dict(model, {k: weights[k] for k in expected}, options=_whole())
     return int(metadata.get("step", 0))
 
 

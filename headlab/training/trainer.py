@@ -154,13 +154,13 @@ def _open_run_in_turn(ddp: _Distributed, run_dir: Path, model_config: ModelConfi
     if ddp.is_main:
         try:
             checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=True)
-        except (ValueError, OSError) as error:
+        except Exception as error:  # noqa: BLE001 - whatever it is, every rank must stop with it
             refusal = error
     if ddp.world_size > 1:
         said = [str(refusal) if refusal is not None else None]
         dist.broadcast_object_list(said, src=0)
         if refusal is None and said[0] is not None:
-            refusal = ValueError(said[0])
+            refusal = ValueError(f"the main process could not open the run: {said[0]}")
         if refusal is None and not ddp.is_main:
             checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=False)
     if refusal is not None:
