@@ -104,6 +104,15 @@ def test_a_run_whose_manifest_is_gone_is_refused_and_nothing_is_deleted(tmp_path
     assert snapshot(run) == before
 
 
+def test_a_run_killed_while_claiming_its_folder_resumes(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").touch()
+    (run / ".manifest.json.0123abcd.tmp").write_text('{"format": "hea')  # the kill came mid-write
+    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=run, resume=True, progress=False)
+    assert current_checkpoint(run).step == TINY.steps and not list(run.glob(".*.tmp"))
+
+
 # ---- 3. confinement -----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("command", ["train", "analyze"])
@@ -117,6 +126,17 @@ def test_a_symlinked_lock_is_refused_and_its_target_untouched(tmp_path, capsys, 
     argv = [*TRAIN, "--out", out] if command == "train" else ["analyze", model, "--out", out]
     assert "symbolic link" in refused_in_one_line(capsys, argv)
     assert target.read_text() == "not headlab's" and snapshot(out) == {".lock": f"-> {target}"}
+
+
+@pytest.mark.parametrize("entry", ["fifo", "symlink", "folder"])
+def test_a_corpus_folder_with_a_txt_that_is_not_a_regular_file_is_refused(tmp_path, capsys, entry):
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("plain words " * 400)
+    make = {"fifo": os.mkfifo, "symlink": lambda p: p.symlink_to(texts / "a.txt"), "folder": Path.mkdir}[entry]
+    make(texts / "x.txt")
+    line = refused_in_one_line(capsys, ["train", "--preset", "tiny", "--corpus", texts, "--steps", "1", "--no-progress"])
+    assert "x.txt" in line and "not regular files" in line
 
 
 # ---- 2. content, not size -----------------------------------------------------------------------------------------
