@@ -203,7 +203,8 @@ def refuse_foreign(folder: Path, name: str) -> None:
     folder = Path(folder)
     if (folder / name).exists() or (folder / name).is_symlink() or not folder.is_dir() or being_written(folder):
         return  # a manifest to read, nothing yet, or a writer at work (whose lock will say so)
-    foreign = sorted(p.name for p in folder.iterdir() if p.name != LOCK)
+    stale_manifest = re.compile(rf"^\.{re.escape(name)}\.[0-9a-f]{{8}}\.tmp$")  # a claim killed mid-write
+    foreign = sorted(p.name for p in folder.iterdir() if p.name != LOCK and not stale_manifest.match(p.name))
     if foreign:
         raise ValueError(f"{folder} holds files headlab did not write ({', '.join(foreign[:3])}"
                          f"{', ...' if len(foreign) > 3 else ''}; no {name}): headlab writes only into a new or "
