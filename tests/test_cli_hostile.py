@@ -56,10 +56,12 @@ def test_hostile_files_give_one_line(tmp_path, capsys):
     (index / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "../outside/x.safetensors"}}))
     nan = tmp_path / "nan.json"
     nan.write_text('{"n_layer": NaN}')
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"n_head": 99999999999999999999999}')  # torch failed on it with pages of C++ frames
     fifo = tmp_path / "fifo"
     os.mkfifo(tmp_path / "fifo.txt")
     for argv in (["analyze", str(hf), "--out", str(tmp_path / "a")], ["analyze", str(index), "--out", str(tmp_path / "b")],
-                 ["info", "--config", str(nan)], ["report", str(tmp_path)], ["report", str(fifo)],
+                 ["info", "--config", str(nan)], ["info", "--config", str(huge)], ["report", str(tmp_path)], ["report", str(fifo)],
                  ["train", "--corpus", str(tmp_path / "fifo.txt"), "--steps", "1"]):
         _one_line_or_usage(capsys, argv)
 

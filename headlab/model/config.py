@@ -25,6 +25,9 @@ def invalid_field(name: str, value, allowed: str, owner: str = "ModelConfig") ->
     return ValueError(f"{owner}.{name} = {value!r} is invalid: {allowed}")
 
 
+MAX_NUMBER = 2 ** 62  # larger sizes are mistakes, and overflow torch's int64 shapes
+
+
 def check_field_types(config) -> None:
     """Every field holds its annotated type (an int is a float; a bool is not a number), and
     every float is finite: NaN or inf would only surface later as a NaN loss."""
@@ -36,6 +39,8 @@ def check_field_types(config) -> None:
             raise invalid_field(f.name, value, f"expected a value of type {f.type}", owner)
         if f.type == "float" and not math.isfinite(value):
             raise invalid_field(f.name, value, "must be a finite number", owner)
+        if isinstance(value, (int, float)) and abs(value) > MAX_NUMBER:
+            raise invalid_field(f.name, value, f"too large (at most {MAX_NUMBER:.0e})", owner)
 
 
 def config_from_dict(cls, data):
