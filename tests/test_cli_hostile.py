@@ -5,12 +5,20 @@ import json
 import os
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from headlab.cli import EXIT_INPUT, EXIT_INTERRUPTED, build_parser, main
 
 HOSTILE = ["", "-1", "0", "99999999999999999999", "-99999999999999999999", "1e999", "nan", "inf", "1.5", "abc",
            "☃", "../../x", "\x01"]
 EXITS = {0, EXIT_INPUT}
+COMMANDS = {"info": ["info", "--attention", "mha"],
+            "train": ["train", "--preset", "tiny", "--corpus", "synthetic", "--plan"],
+            "reproduce": ["reproduce", "--preset", "tiny", "--plan"]}
+# Values a careless or hostile user types: any short text, and numbers of every size and kind as text.
+VALUES = st.one_of(st.text(max_size=12), st.integers().map(str), st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                   st.integers(min_value=-10 ** 40, max_value=10 ** 40).map(lambda n: f"{n}e{n % 400}"))
 
 
 def _options(command: str) -> list[str]:
@@ -32,17 +40,21 @@ def _one_line_or_usage(capsys, argv) -> None:
 
 
 @pytest.mark.parametrize("value", HOSTILE)
-@pytest.mark.parametrize("command,base", [
-    ("info", ["info", "--attention", "mha"]),
-    ("train", ["train", "--preset", "tiny", "--corpus", "synthetic", "--plan"]),
-    ("reproduce", ["reproduce", "--preset", "tiny", "--plan"]),
-])
-def test_every_option_with_a_hostile_value_gives_one_line(tmp_path, capsys, monkeypatch, command, base, value):
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_with_a_hostile_value_gives_one_line(tmp_path, capsys, monkeypatch, command, value):
     monkeypatch.chdir(tmp_path)
     for option in _options(command):
-        if option in base:
-            continue
-        _one_line_or_usage(capsys, [*base, option, value])
+        if option not in COMMANDS[command]:
+            _one_line_or_usage(capsys, [*COMMANDS[command], option, value])
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_generated_hostile_values_give_one_line(tmp_path, capsys, monkeypatch, command, data):
+    monkeypatch.chdir(tmp_path)
+    option = data.draw(st.sampled_from([o for o in _options(command) if o not in COMMANDS[command]]), label="option")
+    _one_line_or_usage(capsys, [*COMMANDS[command], option, data.draw(VALUES, label="value")])
 
 
 def test_hostile_files_give_one_line(tmp_path, capsys):
