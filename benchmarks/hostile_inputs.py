@@ -10,7 +10,9 @@ uninterrupted result. Outcomes:
     recovered   a fault the run survived: resumed to bit-identical weights and metrics
     traceback   an exception escaped, or the CLI printed a traceback
     silent      a bad input was accepted, or a result is wrong without any error
-    lost        a fault left a run that cannot be resumed or loaded
+    lost        a fault left a run that cannot be resumed or loaded, or headlab changed or
+                deleted something it did not write (a foreign folder, a link's target)
+    hang        no answer within HANG_S seconds
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import hashlib
 import io
 import json
 import os
@@ -26,6 +29,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -33,26 +37,47 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-import headlab
 from headlab import ModelConfig, TrainConfig, load_corpus, load_run, preset, train, train_preset
 from headlab.analysis.similarity import Analysis, analyze
 from headlab.cli import main
+from headlab.io import HashingFile
 from headlab.model.gpt import GPT
-from headlab.training.runs import read_metrics
+from headlab.training.runs import MANIFEST, current_checkpoint, read_metrics, run_manifest
 
 TINY = train_preset("tiny", steps=8, batch_size=4, eval_every=4, checkpoint_every=2, log_every=1)
 TINY_FLAGS = ["--steps", "8", "--batch-size", "4", "--eval-every", "4", "--checkpoint-every", "2", "--log-every", "1"]
 USER_ERRORS = (ValueError, RuntimeError, OSError)
+HANG_S = 120
+
+
+class Hang(BaseException):
+    pass
+
+
+@contextlib.contextmanager
+def deadline(seconds: int = HANG_S):
+    """Raise `Hang` in this process if the block runs longer than `seconds` (a FIFO, a lock)."""
+    def expire(signum, frame):
+        raise Hang(f"no answer within {seconds} s")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def cli(*argv) -> tuple[str, str]:
     """Run `headlab argv` in this process; classify by exit status and stderr."""
     err, out = io.StringIO(), io.StringIO()
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        with deadline(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             code = main([str(a) for a in argv])
     except SystemExit as exit_:  # argparse: usage and one error line, status 2
         code = exit_.code
+    except Hang as error:
+        return "hang", str(error)
     except BaseException as error:  # noqa: BLE001 - any escape is what is being counted
         return "traceback", f"{type(error).__name__}: {error}"[:200]
     text = err.getvalue().strip()
@@ -63,12 +88,30 @@ def cli(*argv) -> tuple[str, str]:
 
 def api(make) -> tuple[str, str]:
     try:
-        make()
+        with deadline():
+            make()
+    except Hang as error:
+        return "hang", str(error)
     except USER_ERRORS as error:
         return "clear", f"{type(error).__name__}: {error}"[:200]
     except BaseException as error:  # noqa: BLE001
         return "traceback", f"{type(error).__name__}: {error}"[:200]
     return "silent", "accepted"
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every entry below `folder` (and `folder` itself when a file): content hash or link target."""
+    paths = sorted(folder.rglob("*")) if folder.is_dir() and not folder.is_symlink() else [folder]
+    return {str(p): f"-> {os.readlink(p)}" if p.is_symlink() else "folder" if p.is_dir()
+            else hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+
+
+def untouched(case, *watched: Path) -> tuple[str, str]:
+    """The outcome of `case()`, or 'lost' if it changed any of `watched` (what headlab did not write)."""
+    before = [snapshot(w) for w in watched]
+    outcome = case()
+    changed = [str(w) for w, earlier in zip(watched, before) if snapshot(w) != earlier]
+    return ("lost", f"changed {', '.join(changed)}") if changed else outcome
 
 
 def same_run(folder: Path, reference) -> tuple[str, str]:
@@ -100,7 +143,7 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
         return target
 
     def checkpoint_file(folder: Path, name: str) -> Path:
-        return folder / json.loads((folder / "checkpoint.json").read_text())["folder"] / name
+        return current_checkpoint(folder).folder / name
 
     # ---- info ------------------------------------------------------------------------------------
     for args in (["--context", "-5"], ["--context", "0"], ["--context", "abc"], ["--batch-size", "0"],
@@ -151,7 +194,7 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
     record("train --resume, corrupt metrics line", api(lambda: load_run(folder)))
     for name, damage in (("config.json not JSON", lambda f: (f / "config.json").write_text("{")),
                          ("config.json a list", lambda f: (f / "config.json").write_text("[]")),
-                         ("checkpoint.json corrupt", lambda f: (f / "checkpoint.json").write_text("{")),
+                         ("manifest.json corrupt", lambda f: (f / MANIFEST).write_text("{")),
                          ("weights truncated", lambda f: checkpoint_file(f, "model.safetensors").write_bytes(b"x" * 10)),
                          ("state.pt deleted", lambda f: checkpoint_file(f, "state.pt").unlink()),
                          ("weights deleted", lambda f: checkpoint_file(f, "model.safetensors").unlink())):
@@ -245,6 +288,175 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
     fresh = bytes(load_corpus(str(texts)).train[0][:9])
     record("load_corpus <file rewritten in place>", ("recovered", "re-tokenized") if fresh == b"new words" else ("silent", "stale cache"))
 
+
+    # ---- issue 22: ownership -----------------------------------------------------------------------
+    def foreign(name: str) -> Path:  # a Hugging Face Trainer's output folder
+        folder = root / name
+        (folder / "checkpoint-500").mkdir(parents=True)
+        (folder / "checkpoint-500" / "model.safetensors").write_bytes(b"their weights")
+        (folder / "config.json").write_text('{"model_type": "gpt2"}')
+        (folder / ".config.json.0123abcd.tmp").write_text("named like a headlab temporary")
+        (folder / "notes.tmp").write_text("theirs")
+        return folder
+
+    short = ["--preset", "tiny", "--corpus", "synthetic", "--steps", "2", "--no-progress"]
+    for flags in ([], ["--resume"]):
+        out_ = foreign(f"hf-train{len(flags)}")
+        record(f"train {' '.join(flags)} --out <HF trainer folder>", untouched(lambda: cli("train", *short, *flags, "--out", out_), out_))
+    out_ = foreign("hf-analyze")
+    record("analyze --out <HF trainer folder>", untouched(lambda: cli("analyze", finished, "--out", out_), out_))
+    out_ = foreign("hf-reproduce")
+    record("reproduce --out <HF trainer folder>", untouched(lambda: cli("reproduce", "--preset", "tiny", "--steps", "2",
+                                                                         "--seeds", "1", "--out", out_), out_))
+    for flags in ([], ["--resume"]):
+        folder = copy_of_finished(f"no-manifest{len(flags)}")
+        (folder / MANIFEST).unlink()
+        record(f"train {' '.join(flags)} <run without manifest.json>",
+               untouched(lambda: cli(*[f for f in tiny_run if f != "--resume"], *flags, "--out", folder), folder))
+    outside = root / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("not headlab's")
+    for name, edit in (("checkpoint folder missing", lambda m: m.meta.update(checkpoint={"step": 8, "folder": "checkpoint-99999999"})),
+                       ("checkpoint folder ../outside", lambda m: m.meta.update(checkpoint={"step": 8, "folder": "../outside"})),
+                       ("checkpoint folder absolute", lambda m: m.meta.update(checkpoint={"step": 8, "folder": str(outside)})),
+                       ("discard ../outside/victim.txt", lambda m: m.discard.append("../outside/victim.txt")),
+                       ("file ../outside/victim.txt", lambda m: m.files.update({"../outside/victim.txt": {"bytes": 1, "sha256": "0"}})),
+                       ("checkpoint step a list", lambda m: m.meta.update(checkpoint={"step": [8], "folder": "x"})),
+                       ("files a list", lambda m: setattr(m, "files", []))):
+        folder = copy_of_finished("manifest-" + name.replace(" ", "-").replace("/", "_").replace(".", ""))
+        manifest = run_manifest(folder)
+        edit(manifest)
+        manifest.save()
+        kept = current_checkpoint(finished).folder.name
+        record(f"train --resume, manifest {name}",
+               untouched(lambda: api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True,
+                                                   progress=False)), outside, folder / kept))
+
+    # ---- issue 22: content, not size ---------------------------------------------------------------
+    def flip(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 1
+        path.write_bytes(bytes(data))
+
+    other_seed = train(preset("tiny", "gqa"), TINY.replace(seed=1), corpus, out=root / "seed1", progress=False).path
+    for name, damage, check in (
+            ("bit flip in model.safetensors", lambda f: flip(checkpoint_file(f, "model.safetensors")), load_run),
+            ("bit flip in state.pt", lambda f: flip(checkpoint_file(f, "state.pt")),
+             lambda f: train(preset("tiny", "gqa"), TINY, corpus, out=f, resume=True, progress=False)),
+            ("weights of another seed", lambda f: shutil.copy(checkpoint_file(other_seed, "model.safetensors"),
+                                                              checkpoint_file(f, "model.safetensors")), load_run),
+            ("metrics.jsonl of another seed", lambda f: shutil.copy(other_seed / "metrics.jsonl", f / "metrics.jsonl"), load_run),
+            ("metrics.jsonl emptied", lambda f: (f / "metrics.jsonl").write_text(""),
+             lambda f: train(preset("tiny", "gqa"), TINY, corpus, out=f, resume=True, progress=False)),
+            ("config.json lr edited", lambda f: (f / "config.json").write_text((f / "config.json").read_text().replace(
+                '"lr": 0.003', '"lr": 0.006')), load_run),
+            ("config.json of another seed", lambda f: shutil.copy(other_seed / "config.json", f / "config.json"), load_run),
+            ("manifest.json truncated", lambda f: (f / MANIFEST).write_bytes((f / MANIFEST).read_bytes()[:50]), load_run),
+            ("model.safetensors a link to an identical copy", lambda f: (
+                shutil.copy(checkpoint_file(f, "model.safetensors"), root / f"copy-{f.name}"),
+                checkpoint_file(f, "model.safetensors").unlink(),
+                checkpoint_file(f, "model.safetensors").symlink_to(root / f"copy-{f.name}")), load_run)):
+        folder = copy_of_finished("content-" + name.replace(" ", "-").replace(".", ""))
+        damage(folder)
+        record(f"load/resume, {name}", api(lambda: check(folder)))
+    saved = analyze(model).save(root / "edited-analysis")
+    table = (saved / "summary.csv").read_text()
+    digit = next(i for i, c in enumerate(table) if c.isdigit() and i > table.index("\n"))
+    (saved / "summary.csv").write_text(table[:digit] + str((int(table[digit]) + 1) % 10) + table[digit + 1:])
+    record("Analysis.load <one digit of a table edited>", api(lambda: Analysis.load(saved)))
+    os.environ["HEADLAB_CACHE"], cache = str(root / "cache-22"), os.environ.get("HEADLAB_CACHE")
+    flip(load_corpus("synthetic").folder / "train_000.bin")
+    record("train on a token cache with a bit flip", cli("train", *short))
+    os.environ["HEADLAB_CACHE"] = str(root / "cache-22-bpe")
+    tokenizer = load_corpus("synthetic", tokenizer="bpe:300").folder / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text() + " ")
+    record("load_corpus <BPE tokenizer.json edited>", api(lambda: load_corpus("synthetic", tokenizer="bpe:300")))
+    os.environ["HEADLAB_CACHE"] = cache
+
+    # ---- issue 22: confinement -----------------------------------------------------------------------
+    for command in ("train", "analyze"):
+        target = root / f"lock-target-{command}.txt"
+        target.write_text("precious")
+        out_ = root / f"linked-lock-{command}"
+        out_.mkdir()
+        (out_ / ".lock").symlink_to(target)
+        argv = ["train", *short, "--out", out_] if command == "train" else ["analyze", finished, "--out", out_]
+        record(f"{command} --out <.lock a symlink>", untouched(lambda: cli(*argv), target))
+    target = root / "metrics-target.jsonl"
+    shutil.copy(finished / "metrics.jsonl", target)
+    folder = copy_of_finished("linked-metrics")
+    (folder / "metrics.jsonl").unlink()
+    (folder / "metrics.jsonl").symlink_to(target)
+    record("train --resume <metrics.jsonl a symlink>", untouched(lambda: api(lambda: train(
+        preset("tiny", "gqa"), TINY.replace(steps=10), corpus, out=folder, resume=True, progress=False)), target))
+    for name, entry in (("../outside/x.safetensors", "../outside/x.safetensors"), ("absolute path", "/etc/hostname"),
+                        ("a number", 7), ("a list", ["a"])):
+        folder = gpt2("index-" + name.replace("/", "_").replace(".", "").replace(" ", "-"))
+        save_file({"h.0.attn.c_attn.weight": torch.ones(16, 48)}, str(outside / "x.safetensors"))
+        (folder / "model.safetensors").unlink()
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"h.0.attn.c_attn.weight": entry}}))
+        record(f"analyze <index entry {name}>", cli("analyze", folder, "--out", root / "never-analysis"))
+    for name, make in (("FIFO named x.txt", lambda path: os.mkfifo(path)),
+                       ("symlink named x.txt", lambda path: path.symlink_to(outside / "victim.txt")),
+                       ("folder named x.txt", lambda path: path.mkdir())):
+        texts_ = root / ("corpus-" + name.split()[0])
+        texts_.mkdir()
+        (texts_ / "a.txt").write_text("plain words " * 400)
+        make(texts_ / "x.txt")
+        record(f"train --corpus <folder with a {name}>", cli("train", *short[:2], "--corpus", texts_, *short[4:]))
+
+    # ---- issue 22: values that once escaped as tracebacks -----------------------------------------------
+    for args in (["--seq-len", "99999999999999999999"], ["--context", "99999999999999999999"],
+                 ["--batch-size", "1e3"], ["--n-kv-head", "-0"], ["--seq-len", "0x10"]):
+        record("info " + " ".join(args), cli("info", *args))
+    for name, text in (("inf layers", '{"n_layer": 1e999}'), ("list width", '{"d_model": [128]}'),
+                       ("huge heads", '{"n_head": 99999999999999999999999}'), ("Infinity rope", '{"rope_base": Infinity}'),
+                       ("null attention", '{"attention": null}'), ("dict kv rank", '{"kv_rank": {"a": 1}}'),
+                       ("nested", '{"model": {"n_layer": 2}}'), ("top-level string", '"mha"')):
+        path = root / f"config-22-{name.replace(' ', '-')}.json"
+        path.write_text(text)
+        record(f"info --config <{name}>", cli("info", "--config", path))
+    for name, extra in (("model_type a list", {"model_type": ["gpt2"]}), ("n_head a string", {"n_head": "2"}),
+                        ("n_head 2.5", {"n_head": 2.5}), ("n_head huge", {"n_head": 10 ** 30}),
+                        ("n_layer null", {"n_layer": None}), ("n_head NaN", {"n_head": float("nan")})):
+        folder = gpt2("hf-" + name.replace(" ", "-").replace(".", ""))
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **extra}))
+        record(f"analyze <HF config.json, {name}>", cli("analyze", folder, "--out", root / "never-analysis"))
+    real_forward = GPT.forward
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+    GPT.forward = interrupted
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["train", *short, "--out", str(root / "ctrl-c")])
+    GPT.forward = real_forward
+    record("Ctrl-C during train", ("clear", err.getvalue().strip()) if code == 130 and len(err.getvalue().splitlines()) == 1
+           else ("traceback", f"exit {code}: {err.getvalue()[-150:]}"))
+
+    # ---- issue 22: concurrent writers ------------------------------------------------------------------
+    shared = root / "concurrent-analysis"
+    writing, release, real_write = threading.Event(), threading.Event(), HashingFile.write
+
+    def paused_write(self, data):  # the first analysis (its own thread) stops at its first write
+        if threading.current_thread() is not threading.main_thread():
+            writing.set()
+            release.wait(timeout=HANG_S)
+        return real_write(self, data)
+    HashingFile.write = paused_write
+    writer = threading.Thread(target=main, args=(["analyze", str(finished), "--out", str(shared)],))
+    writer.start()
+    writing.wait(timeout=HANG_S)
+    second = cli("analyze", other_seed, "--label", "second", "--out", shared)
+    release.set()
+    writer.join()
+    HashingFile.write = real_write
+    record("two analyses into one --out at once", second)
+    models = Analysis.load(shared).models
+    record("  ... the folder holds one model's tables", ("recovered", str(models)) if len(models) == 1
+           else ("silent", f"models {models}"))
+
     # ---- faults ----------------------------------------------------------------------------------
     rng = random.Random(0)
     every_step = TINY.replace(checkpoint_every=1)
@@ -266,7 +478,7 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
         record(f"SIGKILL x{attempt} then resume (trial {trial})", same_run(folder, reference_every))
 
     import headlab.training.runs
-    real_save_file = headlab.training.runs.save_file
+    real_save_file = headlab.training.runs.serialize_safetensors
     for nth in range(1, 5):  # a full disk while writing the nth checkpoint's weights
         calls = {"n": 0}
 
@@ -277,9 +489,9 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
             return real_save_file(*args, **kwargs)
 
         folder = root / f"enospc-{nth}"
-        headlab.training.runs.save_file = full_disk
+        headlab.training.runs.serialize_safetensors = full_disk
         outcome = api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=folder, progress=False))
-        headlab.training.runs.save_file = real_save_file
+        headlab.training.runs.serialize_safetensors = real_save_file
         if outcome[0] == "clear":
             train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True, progress=False)
             outcome = same_run(folder, reference)
@@ -315,5 +527,7 @@ if __name__ == "__main__":
         results = main_cases(root)
     counts = Counter(outcome for _, outcome, _ in results)
     print(f"\n{len(results)} cases: " + ", ".join(f"{counts[k]} {k}" for k in
-                                                  ("clear", "recovered", "traceback", "silent", "lost")))
-    sys.exit(1 if counts["traceback"] + counts["silent"] + counts["lost"] else 0)
+                                                  ("clear", "recovered", "traceback", "silent", "lost", "hang")))
+    print(f"data lost {counts['lost']}, silent wrong {counts['silent']}, tracebacks {counts['traceback']}, "
+          f"hangs {counts['hang']}")
+    sys.exit(1 if counts["traceback"] + counts["silent"] + counts["lost"] + counts["hang"] else 0)

@@ -1,4 +1,4 @@
-"""Run every benchmark (train step, block overhead, decode, page faults, ...) and print their tables.
+"""Run every benchmark (train step, block overhead, decode, page faults, verification cost, ...) and print their tables.
 
     python benchmarks/run_all.py [--quick] [--threads N]
 
@@ -11,8 +11,8 @@ import sys
 import time
 
 try:
-    from benchmarks import analysis_speed, block_overhead, common, decode, page_faults, tokenization, train_step,
-                            train_throughput
+    from benchmarks import (analysis_speed, block_overhead, common, decode, page_faults, tokenization, train_step,
+                            train_throughput, verification_cost)
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
     import analysis_speed  # type: ignore[no-redef]
     import block_overhead  # type: ignore[no-redef]
@@ -22,6 +22,7 @@ except ImportError:  # run as a script: benchmarks/ itself is on sys.path
     import tokenization  # type: ignore[no-redef]
     import train_step  # type: ignore[no-redef]
     import train_throughput  # type: ignore[no-redef]
+    import verification_cost  # type: ignore[no-redef]
 
 
 def main(argv=None) -> int:
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
     for fn in (lambda: train_step.run(adamw=args.adamw, **kw), lambda: block_overhead.run(**kw),
                lambda: decode.run(**kw), lambda: train_throughput.run(quick=args.quick, rounds=args.rounds),
                lambda: analysis_speed.run(quick=args.quick, seed=args.seed), page_faults.run,
-               lambda: tokenization.run(quick=args.quick)):
+               lambda: tokenization.run(quick=args.quick), lambda: verification_cost.run(quick=args.quick)):
         report = fn()
         print(report, end="\n\n", flush=True)
         reports.append(report)

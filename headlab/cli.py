@@ -1,8 +1,14 @@
 """Command line: `headlab info`, `headlab train`, `headlab analyze`, `headlab reproduce` (the main job),
 `headlab report` (redraw a study's report from its tables) and `headlab docs` (the README's figures).
 
-A mistake in the input (a bad value, a missing file, a run folder in use) prints one line naming
-the problem and exits with status 2; `--debug` (or HEADLAB_DEBUG=1) shows the traceback instead."""
+Every error ends in one line "headlab: error: ..." and an exit status (`--debug` or
+HEADLAB_DEBUG=1 shows the traceback instead):
+
+    0    done
+    1    a bug in headlab (an unexpected exception): the line says so; please report it
+    2    a mistake in the input: a bad value, a file that is missing, damaged or not headlab's,
+         a folder in use ("busy, retry"), a full disk
+    130  interrupted (Ctrl-C); a run folder resumes from its last checkpoint"""
 
 from __future__ import annotations
 
@@ -78,11 +84,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+MAX_INT = 2 ** 62  # larger counts are mistakes, and overflow the tensors' int64
+
+
 def _int(text: str) -> int:
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if abs(value) > MAX_INT:
+        raise argparse.ArgumentTypeError(f"{text} is invalid: too large (at most {MAX_INT})")
+    return value
 
 
 # ---- info -------------------------------------------------------------------------------------------
@@ -548,6 +560,10 @@ def _one_line(error: BaseException) -> str:
     return str(error)
 
 
+USER_ERRORS = (ValueError, RuntimeError, OSError, TypeError, OverflowError, KeyError)  # what bad input raises
+EXIT_INPUT, EXIT_BUG, EXIT_INTERRUPTED = 2, 1, 130
+
+
 def main(argv: list[str] | None = None) -> int:
     args, unknown = build_parser().parse_known_args(argv)
     if unknown:  # the subcommand's usage, not the top level's, says what it takes
@@ -555,29 +571,36 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         return args.func(args)
-    except (ValueError, RuntimeError, OSError) as error:  # bad values, files, folders in use, full disks
+    except KeyboardInterrupt as error:
         if debug and not in_process_group():
             raise
-        if _reports(error):
-            if debug:
-                traceback.print_exc()
-            else:
-                rank = launched_processes().rank
-                print(f"headlab: error{f' (rank {rank})' if rank else ''}: {_one_line(error)}", file=sys.stderr)
-        status = 2
-    except Exception:  # a defect: its traceback, without leaving other ranks waiting at the exit barrier
-        if not in_process_group():
+        status = _say(error, "interrupted; a run folder resumes from its last checkpoint (--resume)", EXIT_INTERRUPTED,
+                      debug)
+    except USER_ERRORS as error:  # bad values (also inside parsed JSON), files, folders in use, full disks
+        if debug and not in_process_group():
             raise
-        traceback.print_exc()
-        status = 1
-    if in_process_group():
+        status = _say(error, _one_line(error), EXIT_INPUT, debug)
+    except Exception as error:  # noqa: BLE001 - a defect: still one line, said to be a bug
+        if debug and not in_process_group():
+            raise
+        status = _say(error, f"internal error {type(error).__name__}: {str(error)[:300]} (a bug in headlab: please "
+                             "report it with the output of --debug)", EXIT_BUG, debug)
+    if in_process_group():  # the other ranks may never reach the exit barrier: end now
         abandon(status)
     return status
 
 
-def _reports(error: BaseException) -> bool:
-    """Whether this process prints `error`: under torchrun, rank 0 prints every error (another
-    rank's failure reaches it as `FailedOnAnotherRank`); another rank prints only a failure of its
-    own after the ranks parted ways, since before they joined they all fail alike."""
+def _say(error: BaseException, message: str, status: int, debug: bool) -> int:
+    """Print `message` (or, with --debug under torchrun, the traceback) if this process reports
+    `error`, and return `status`. Under torchrun rank 0 prints every error (another rank's failure
+    reaches it as `FailedOnAnotherRank`); another rank prints only a failure of its own after the
+    ranks parted ways, since before they joined they all fail alike, and never a Ctrl-C, which
+    every rank receives."""
     rank = launched_processes().rank
-    return rank == 0 or (in_process_group() and not isinstance(error, FailedOnAnotherRank))
+    own = in_process_group() and not isinstance(error, (FailedOnAnotherRank, KeyboardInterrupt))
+    if rank == 0 or own:
+        if debug:
+            traceback.print_exc()
+        else:
+            print(f"headlab: error{f' (rank {rank})' if rank else ''}: {message}", file=sys.stderr)
+    return status

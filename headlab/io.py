@@ -1,22 +1,44 @@
-"""Atomic file writes: write a temporary file in the same folder, fsync, then rename over the
-target, so a reader (or a resumed run) sees the old file or the new one, never half of one.
+"""Files that are never half-written, never mistaken and never someone else's.
 
-Temporary names are `.<name>.<random>.tmp`; `remove_temporaries` deletes those a killed
-process left behind. Files get the usual permissions (0666 less the umask, typically 0644)."""
+Atomic writes: a file is written under a temporary name beside it (`.<name>.<8 hex>.tmp`),
+fsynced and renamed over its target, so a reader sees the old file or the new one. Files get
+the usual permissions (0666 less the umask). New files are opened with O_EXCL | O_NOFOLLOW and
+replaced by rename, so a write never follows a symbolic link.
+
+Manifests: every folder headlab writes (a run, an analysis, a study's tables) holds a manifest
+naming each file headlab wrote there with its size and SHA-256, hashed while it was written.
+Every read is verified against it, and headlab overwrites or deletes only what its manifest
+names: a non-empty folder without one is not headlab's and is refused. A name read from a file
+must stay inside its folder (`inside`).
+
+Locks: `FolderLock` holds an flock on `<folder>/.lock` while one process writes the folder; the
+kernel drops it when that process dies, so a dead writer's lock is never obeyed."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
+import json
 import os
+import re
 import secrets
 import shutil
+import socket
+import stat
+import time
 from pathlib import Path
 from typing import Callable
 
 TEMPORARY_SUFFIX = ".tmp"
+TEMPORARY = re.compile(r"^\.(.+)\.[0-9a-f]{8}\.tmp$")  # what `temporary_path` names
+LOCK = ".lock"
+FORMAT = "headlab"
+CHUNK = 1 << 24
 
 
 def temporary_path(path: Path) -> Path:
-    """A fresh hidden name beside `path` that `remove_temporaries` recognises."""
+    """A fresh hidden name beside `path` that `Manifest.remove_leftovers` recognises."""
     return path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
 
 
@@ -29,18 +51,72 @@ def default_file_mode() -> int:
 
 def fsync_path(path: Path) -> None:
     """Flush a file's (or a folder's entries') data to disk."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call `write(tmp_path)` and atomically move the result to `path`."""
+class HashingFile:
+    """A new file (never through a link) that hashes what is written to it: what `torch.save`
+    and the other writers are handed, so the hash costs no second pass over the data."""
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        self.digest, self.size = hashlib.sha256(), 0
+        self.failure: OSError | None = None  # what the disk said, when a caller (torch) rewords it
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self.digest.update(view)
+        written = 0
+        try:
+            while written < len(view):
+                written += os.write(self.fd, view[written:written + (1 << 30)])
+        except OSError as error:
+            self.failure = error
+            raise
+        self.size += len(view)
+        return len(view)
+
+    def flush(self) -> None:  # writes go straight to the descriptor
+        pass
+
+    @property
+    def entry(self) -> dict:
+        return {"bytes": self.size, "sha256": self.digest.hexdigest()}
+
+
+def write_file(path: Path, write: Callable[[HashingFile], None]) -> dict:
+    """Write `path` atomically through `write(file)`; returns its manifest entry (size and
+    SHA-256, hashed as it was written)."""
     path = Path(path)
     tmp = temporary_path(path)
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # umask applies, unlike mkstemp's 0600
+    try:
+        file = HashingFile(tmp)
+        try:
+            write(file)
+            os.fsync(file.fd)
+        except Exception:
+            if file.failure is not None:
+                raise file.failure from None
+            raise
+        finally:
+            os.close(file.fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+    return file.entry
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Call `write(tmp_path)` (for writers that want a path) and atomically move the result to `path`."""
+    path = Path(path)
+    tmp = temporary_path(path)
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))  # umask applies
     try:
         write(tmp)
         fsync_path(tmp)
@@ -51,18 +127,245 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     fsync_path(path.parent)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    atomic_write(path, lambda tmp: tmp.write_bytes(data))
+def atomic_write_bytes(path: Path, data: bytes) -> dict:
+    return write_file(path, lambda file: file.write(data))
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+def atomic_write_text(path: Path, text: str) -> dict:
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def remove_temporaries(folder: Path) -> list[str]:
-    """Delete the hidden `.*.tmp` files and folders a killed writer left in `folder`; returns their names."""
-    removed = []
-    for entry in Path(folder).glob(f".*{TEMPORARY_SUFFIX}"):
-        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
-        removed.append(entry.name)
-    return removed
+def open_regular(path: Path) -> int:
+    """A read descriptor of `path`, refused unless it is a regular file reached without a link
+    (a FIFO or device would block or never end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise ValueError(f"{path} is a symbolic link: headlab reads only the files it wrote, never through "
+                             "links; replace the link by the file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"{path} is not a regular file (a FIFO, device or folder): remove it")
+    return fd
+
+
+def read_regular(path: Path) -> bytes:
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a regular file, read in chunks (for files too large to hold twice)."""
+    digest = hashlib.sha256()
+    with os.fdopen(open_regular(path), "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def mismatch(path: Path, manifest: Path) -> ValueError:
+    return ValueError(f"{path} does not match the SHA-256 recorded in {manifest} when headlab wrote it (edited, "
+                      "corrupted, or copied from elsewhere): restore the original, or write the folder again")
+
+
+def below(folder: Path, name) -> Path:
+    """`folder / name` for a name read from a file in `folder`, refused unless it names a path
+    below it: no absolute path, no '..' (links are the reader's to judge)."""
+    folder = Path(folder)
+    if not isinstance(name, str) or not name or os.path.isabs(name) or ".." in Path(name).parts:
+        raise ValueError(f"{name!r} (read from a file in {folder}) is not a path inside {folder}: refusing it")
+    return folder / name
+
+
+def inside(folder: Path, name) -> Path:
+    """`folder / name` for a name read from a file in `folder`, refused unless it stays inside
+    `folder`: no absolute path, no '..', no link leading out."""
+    path = below(folder, name)
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise ValueError(f"{path} leads outside {folder} (through a link): refusing it")
+    return path
+
+
+def remove_owned(path: Path) -> None:
+    """Delete a file or folder headlab made (a link itself, never what it points to)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def refuse_foreign(folder: Path, name: str) -> None:
+    """Refuse a folder holding files but no manifest `name`: headlab did not write it. Writers
+    call it before taking the folder's lock too, so a refused folder does not even get a `.lock`."""
+    folder = Path(folder)
+    if (folder / name).exists() or (folder / name).is_symlink() or not folder.is_dir() or being_written(folder):
+        return  # a manifest to read, nothing yet, or a writer at work (whose lock will say so)
+    stale_manifest = re.compile(rf"^\.{re.escape(name)}\.[0-9a-f]{{8}}\.tmp$")  # a claim killed mid-write
+    foreign = sorted(p.name for p in folder.iterdir() if p.name != LOCK and not stale_manifest.match(p.name))
+    if foreign:
+        raise ValueError(f"{folder} holds files headlab did not write ({', '.join(foreign[:3])}"
+                         f"{', ...' if len(foreign) > 3 else ''}; no {name}): headlab writes only into a new or "
+                         "empty folder, or one it wrote; choose another")
+
+
+class Manifest:
+    """What headlab wrote in one folder: each file's size and SHA-256, names it made that are no
+    longer part of the folder's state (`discard`: removed at the next write), and `meta`."""
+
+    def __init__(self, folder: Path, name: str, kind: str, files: dict | None = None,
+                 discard: list | None = None, meta: dict | None = None):
+        self.folder, self.name, self.kind = Path(folder), name, kind
+        self.files: dict[str, dict] = files or {}
+        self.discard: list[str] = discard or []
+        self.meta: dict = meta or {}
+
+    @property
+    def path(self) -> Path:
+        return self.folder / self.name
+
+    @classmethod
+    def read(cls, folder: Path, name: str, kind: str) -> "Manifest":
+        """The manifest of `folder`, which must be `kind` ('a headlab run', 'an analysis folder', ...)."""
+        path = Path(folder) / name
+        try:
+            payload = json.loads(read_regular(path))
+        except FileNotFoundError:
+            raise ValueError(f"{folder} is not {kind} written by headlab (no {name}): write it again, or check "
+                             "the path") from None
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{path} is not a readable manifest ({error}): write the folder again") from None
+        if not (isinstance(payload, dict) and payload.get("format") == FORMAT and payload.get("kind") == kind
+                and isinstance(payload.get("files"), dict) and isinstance(payload.get("discard"), list)
+                and isinstance(payload.get("meta"), dict)
+                and all(isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
+                        for e in payload["files"].values())):
+            raise ValueError(f"{path} is not the manifest of {kind} (format, kind, files, discard, meta)")
+        return cls(folder, name, kind, payload["files"], payload["discard"], payload["meta"])
+
+    @classmethod
+    def claim(cls, folder: Path, name: str, kind: str) -> "Manifest":
+        """The manifest of `folder` for writing into it: a new one if the folder is empty (but for
+        its lock). A folder holding anything else without a manifest is not headlab's: refused."""
+        folder = Path(folder)
+        if (folder / name).exists() or (folder / name).is_symlink():
+            return cls.read(folder, name, kind)
+        refuse_foreign(folder, name)
+        manifest = cls(folder, name, kind)
+        manifest.save()
+        return manifest
+
+    def save(self) -> None:
+        payload = {"format": FORMAT, "kind": self.kind, "files": self.files, "discard": self.discard, "meta": self.meta}
+        atomic_write_text(self.path, json.dumps(payload, indent=1))
+
+    def file(self, name: str) -> Path:
+        return inside(self.folder, name)
+
+    def write(self, name: str, write: Callable[[HashingFile], None]) -> None:
+        """Write file `name` atomically and record it (saved with the manifest's next `save`)."""
+        self.files[name] = write_file(self.file(name), write)
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        self.write(name, lambda file: file.write(data))
+
+    def entry(self, name: str) -> dict:
+        if name not in self.files:
+            raise ValueError(f"{self.path} does not list {name}: it was not written by headlab; write the folder again")
+        return self.files[name]
+
+    def read_bytes(self, name: str) -> bytes:
+        """The content of file `name`, verified against its recorded SHA-256."""
+        entry, path = self.entry(name), self.file(name)
+        try:
+            data = read_regular(path)
+        except FileNotFoundError:
+            raise ValueError(f"{path} is missing, but {self.path} lists it: restore it, or write the folder "
+                             "again") from None
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise mismatch(path, self.path)
+        return data
+
+    def verify(self, name: str) -> Path:
+        """The path of file `name` once its content is verified (read in chunks: for large files)."""
+        entry, path = self.entry(name), self.file(name)
+        if not path.exists():
+            raise ValueError(f"{path} is missing, but {self.path} lists it: restore it, or write the folder again")
+        if file_digest(path) != entry["sha256"]:
+            raise mismatch(path, self.path)
+        return path
+
+    def remove_leftovers(self) -> list[str]:
+        """Delete what a killed writer left: temporaries whose name says which listed file they
+        were becoming, and the names listed to discard. Nothing else is touched."""
+        ours = set(self.files) | set(self.discard) | {self.name}
+        folders = {self.file(name).parent for name in ours}
+        leftovers = [p for folder in folders if folder.is_dir() and not folder.is_symlink() for p in folder.iterdir()
+                     if (m := TEMPORARY.match(p.name)) and (p.parent / m.group(1)).relative_to(self.folder).as_posix() in ours]
+        leftovers += [self.file(name) for name in self.discard]
+        for path in leftovers:
+            remove_owned(path)
+        if self.discard:
+            self.discard = []
+            self.save()
+        return [p.name for p in leftovers]
+
+
+class FolderLocked(RuntimeError):
+    """Another live process is writing this folder."""
+
+
+class FolderLock:
+    """An exclusive flock on `folder/.lock`, held while this process writes the folder. The
+    lock file is opened without following links; its text (pid, host, start) only names the
+    holder in the error."""
+
+    def __init__(self, folder: Path, writer: str):
+        self.path, self.writer = Path(folder) / LOCK, writer
+        self.fd: int | None = None
+
+    def __enter__(self) -> "FolderLock":
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            raise ValueError(f"{self.path} is a symbolic link: headlab never writes through links; remove it") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ValueError(f"{self.path} is not a regular file: remove it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "unknown process"
+            os.close(fd)
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise FolderLocked(f"{self.path.parent} is being written by another {self.writer} ({holder}): wait for "
+                               "it to finish, then retry, or choose another folder") from None
+        if os.fstat(fd).st_size == 0 or os.pread(fd, 4, 0) == b"pid ":  # never overwrite another tool's file
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)  # closing the descriptor releases the flock
+        self.fd = None
+
+
+def being_written(folder: Path) -> bool:
+    """Whether a live process holds `folder`'s lock (so a failed read may be a write in progress)."""
+    try:
+        fd = os.open(Path(folder) / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)

@@ -1,13 +1,40 @@
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 from headlab import GPT, preset
+from headlab.io import Manifest, file_digest
+from headlab.training.runs import MANIFEST, RUN, MetricsLog, run_manifest, save_checkpoint
 
 # torch's own thread count on this machine, read before the suite pins one thread.
 DEFAULT_THREADS = torch.get_num_threads()
 
 # Every decode path, including MLA's two caches.
 DECODE_CASES = [("mha", True), ("mqa", True), ("gqa", True), ("lrkv", True), ("mla", True), ("mla", False)]
+
+
+def write_run(folder: Path, model: GPT, dtype: torch.dtype | None = None, **config_changes) -> Path:
+    """A headlab run folder as the trainer writes it: a manifest, config.json with a "model" key
+    (`config_changes` applied) and a current step-0 checkpoint of `model`'s weights."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {**model.config.to_dict(), **config_changes}
+    manifest = Manifest.claim(folder, MANIFEST, RUN)
+    manifest.write_bytes("config.json", json.dumps({"format": "headlab", "model": config}).encode())
+    manifest.save()
+    weights = {k: v.to(dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
+    save_checkpoint(folder, weights, [], torch.Generator(), step=0, metrics=MetricsLog(None))
+    return folder
+
+
+def forge_manifest_entry(run: Path, name: str) -> None:
+    """Record file `name`'s present content in the run's manifest, as a forger would: what the
+    content checks behind the hash must then catch on their own."""
+    manifest = run_manifest(run)
+    path = manifest.file(name)
+    manifest.files[name] = {"bytes": path.stat().st_size, "sha256": file_digest(path)}
+    manifest.save()
 
 
 def tiny_model(attention: str, seed: int = 0, **overrides) -> GPT:

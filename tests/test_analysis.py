@@ -9,28 +9,20 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import tiny_model, write_run
 from safetensors.torch import save_file
 
 from headlab.analysis.similarity import COLUMNS, Analysis, analyze, attention_similarity, concat, js_distance_matrix, norm_scale_effect, recorded_attention
 from headlab.cli import main as cli_main
-from headlab.training.runs import save_checkpoint
 
 FAMILIES = ["mha", "gqa", "mqa", "lrkv", "mla"]
 
 
-def _write_run(folder, model, bare: bool = False, dtype=None):
-    """A headlab run folder as the trainer writes it (config.json with a "model" key and a current
-    checkpoint), or with `bare` a ModelConfig dict beside model.safetensors (a model's own folder)."""
+def _write_model_folder(folder, model, dtype=None):
+    """A model's own folder: a ModelConfig dict beside model.safetensors (not a headlab run)."""
     folder.mkdir(parents=True, exist_ok=True)
-    config = model.config.to_dict()
-    weights = {k: v.to(dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
-    if bare:
-        (folder / "config.json").write_text(json.dumps(config))
-        save_file(weights, str(folder / "model.safetensors"))
-    else:
-        (folder / "config.json").write_text(json.dumps({"format": "headlab", "model": config}))
-        save_checkpoint(folder, weights, [], torch.Generator(), step=0)
+    (folder / "config.json").write_text(json.dumps(model.config.to_dict()))
+    save_file({k: v.to(dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
     return folder
 
 
@@ -99,12 +91,12 @@ def test_save_load_round_trip_and_concat(tmp_path):
 def test_run_folder_and_safetensors_file_match_the_model(tmp_path):
     model = tiny_model("mla", q_latent_dim=6)
     expected = analyze(model, circuit="both")
-    for folder in (_write_run(tmp_path / "run", model), _write_run(tmp_path / "bare", model, bare=True)):
+    for folder in (write_run(tmp_path / "run", model), _write_model_folder(tmp_path / "bare", model)):
         pd.testing.assert_frame_equal(analyze(folder, circuit="both").similarity, expected.similarity)
     pd.testing.assert_frame_equal(analyze(tmp_path / "bare" / "model.safetensors").summary,
                                   analyze(model).summary)
     # bf16 checkpoints are read through torch (numpy has no bfloat16)
-    bf16 = _write_run(tmp_path / "bf16", model, bare=True, dtype=torch.bfloat16)
+    bf16 = _write_model_folder(tmp_path / "bf16", model, dtype=torch.bfloat16)
     pd.testing.assert_frame_equal(analyze(bf16).similarity, analyze(model.to(torch.bfloat16)).similarity)
 
 
@@ -249,8 +241,8 @@ def test_identical_heads_have_identical_attention_maps(tokens):
 # ---- command line ------------------------------------------------------------------------------
 
 def test_cli_analyze_writes_tables_and_prints_ranks(tmp_path, capsys):
-    run_a = _write_run(tmp_path / "mha", tiny_model("mha"))
-    run_b = _write_run(tmp_path / "mha-seed1", tiny_model("mha", seed=1))
+    run_a = write_run(tmp_path / "mha", tiny_model("mha"))
+    run_b = write_run(tmp_path / "mha-seed1", tiny_model("mha", seed=1))
     out = tmp_path / "analysis"
     assert cli_main(["analyze", str(run_a), str(run_b), "--out", str(out), "--circuit", "ov"]) == 0
     printed = capsys.readouterr().out
@@ -281,7 +273,7 @@ def test_mla_rope_is_a_recorded_choice_that_moves_only_mla():
 
 
 def test_cli_analyze_mla_rope_option(tmp_path):
-    run = _write_run(tmp_path / "mla", tiny_model("mla"))
+    run = write_run(tmp_path / "mla", tiny_model("mla"))
     ranks = {}
     for setting in ("included", "excluded"):
         assert cli_main(["analyze", str(run), "--out", str(tmp_path / setting), "--mla-rope", setting]) == 0

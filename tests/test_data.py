@@ -26,7 +26,7 @@ def test_synthetic_corpus_is_deterministic_and_split_90_10(isolated_cache):
     regenerated = "".join(data.synthetic_texts(n_chars=20_000)).encode()
     assert bytes(train) + bytes(val) == regenerated
     assert first.tokenizer.decode(train[:3]) == "0: "
-    assert (isolated_cache / "tokens").exists()
+    assert (isolated_cache / "tokens-sha256").exists()
 
 
 def test_text_folder_corpus_reads_txt_files_in_sorted_order(isolated_cache, tmp_path):

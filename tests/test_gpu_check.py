@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from headlab import data
 from headlab.data import sources
 from headlab.training.runs import has_checkpoint
 

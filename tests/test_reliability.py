@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import write_run
 from safetensors.torch import save_file
 
 import headlab
@@ -28,7 +29,7 @@ from headlab import ModelConfig, TrainConfig, TrainingDiverged, load_corpus, loa
 from headlab.analysis.similarity import Analysis, analyze
 from headlab.cli import main
 from headlab.model.gpt import GPT
-from headlab.training.runs import read_metrics, save_checkpoint
+from headlab.training.runs import current_checkpoint, read_metrics
 
 TINY = train_preset("tiny", steps=12, batch_size=4, eval_every=4, eval_batches=1, checkpoint_every=4, log_every=1)
 VOLATILE = ("tokens_per_s", "elapsed_s")  # wall-clock fields of a metrics record
@@ -85,7 +86,7 @@ def _full_disk(*_, **__):
 def test_1_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp_path, corpus, reference, monkeypatch):
     import headlab.training.runs
 
-    real, calls = headlab.training.runs.save_file, {"n": 0}
+    real, calls = headlab.training.runs.serialize_safetensors, {"n": 0}
 
     def weights_fail_second_time(*args, **kwargs):  # state.pt of step 8 is written, its weights are not
         calls["n"] += 1
@@ -94,7 +95,7 @@ def test_1_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp
         return real(*args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(headlab.training.runs, "save_file", weights_fail_second_time)
+        patch.setattr(headlab.training.runs, "serialize_safetensors", weights_fail_second_time)
         with pytest.raises(Exception, match="No space left on device"):
             train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
     train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
@@ -107,7 +108,7 @@ def test_2_a_run_cut_short_inside_its_first_checkpoint_resumes_from_step_0(tmp_p
     import headlab.training.runs
 
     with monkeypatch.context() as patch:
-        patch.setattr(headlab.training.runs, "save_file", _full_disk)  # state.pt may be written, the weights never
+        patch.setattr(headlab.training.runs, "serialize_safetensors", _full_disk)  # state.pt may be written, the weights never
         with pytest.raises(Exception, match="No space left on device"):
             train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
     train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
@@ -214,11 +215,15 @@ def test_5_a_corrupt_metrics_line_is_an_error_naming_file_and_line_and_a_torn_la
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines) + lines[-1][:20])  # a record cut short by a kill
     assert read_metrics(path) == [json.loads(line) for line in lines]
-    corrupt = "".join(lines[:2] + ['{"step": 3, "train_lo\n'] + lines[3:])
-    path.write_text(corrupt)
-    with pytest.raises(ValueError, match=r"metrics\.jsonl line 3 is not a JSON record"):
+    after_checkpoint = "".join(lines + ['{"step": 13, "train_lo\n', lines[-1]])  # lines a cut-short run appended
+    path.write_text(after_checkpoint)
+    with pytest.raises(ValueError, match=rf"metrics\.jsonl line {len(lines) + 1} is not a JSON record"):
         load_run(tmp_path / "run")
-    with pytest.raises(ValueError, match=r"metrics\.jsonl line 3 is not a JSON record"):
+    corrupt = "".join(lines[:2] + ['{"step": 3, "train_lo\n'] + lines[3:])  # a line the checkpoint hashed
+    path.write_text(corrupt)
+    with pytest.raises(ValueError, match=r"metrics\.jsonl does not match the SHA-256 recorded in .*manifest\.json"):
+        load_run(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"metrics\.jsonl does not match the SHA-256"):
         train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
     assert path.read_text() == corrupt  # nothing truncated
 
@@ -266,14 +271,6 @@ def test_8_invalid_utf8_is_an_error_naming_file_and_offset_unless_lossy_is_asked
 
 # ---- 9. analysis trusts the tensors -------------------------------------------------------------------------
 
-def _write_run(folder: Path, model: GPT, **config_changes) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    config = {**model.config.to_dict(), **config_changes}
-    (folder / "config.json").write_text(json.dumps({"format": "headlab", "model": config}))
-    save_checkpoint(folder, {k: v.contiguous() for k, v in model.state_dict().items()}, [], torch.Generator(), step=0)
-    return folder
-
-
 def _gpt2_folder(folder: Path, n_layer: int, n_head: int, layers_on_disk: int = 2, d: int = 16) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(0)
@@ -290,7 +287,7 @@ def test_9_a_head_count_that_does_not_fit_the_weights_is_refused(tmp_path):
     torch.manual_seed(0)
     model = GPT(preset("tiny", "mha"))  # 4 heads of width 8
     with pytest.raises(ValueError, match=r"c_q\.weight has shape \(32, 32\), but the ModelConfig .*n_head=2"):
-        analyze(_write_run(tmp_path / "run", model, n_head=2, n_kv_head=1))
+        analyze(write_run(tmp_path / "run", model, n_head=2, n_kv_head=1))
     with pytest.raises(ValueError, match="3 heads do not divide the query projection"):
         analyze(_gpt2_folder(tmp_path / "gpt2", n_layer=2, n_head=3))
 
@@ -307,7 +304,7 @@ def test_9_non_finite_weights_are_named(tmp_path):
     with torch.no_grad():
         model.blocks[1].attn.c_k.weight[3, 5] = float("nan")
     with pytest.raises(ValueError, match=r"tensor 'blocks\.1\.attn\.c_k\.weight' .* 1 non-finite values"):
-        analyze(_write_run(tmp_path / "run", model))
+        analyze(write_run(tmp_path / "run", model))
 
 
 def test_9_a_truncated_analysis_table_is_refused(tmp_path):
@@ -318,7 +315,7 @@ def test_9_a_truncated_analysis_table_is_refused(tmp_path):
     spectra.write_text("".join(lines[: len(lines) // 2]))  # what a re-analysis killed mid-write left
     with pytest.raises(ValueError, match=r"spectra\.csv does not match"):
         Analysis.load(folder)
-    assert not list(folder.glob(".*"))  # no temporary files left behind
+    assert [p.name for p in folder.glob(".*")] == [".lock"]  # no temporary files left behind
 
 
 def test_9_analysing_very_many_heads_warns_about_size(monkeypatch):
@@ -431,7 +428,7 @@ def test_info_defaults_to_the_same_preset_as_train_and_reproduce(capsys):
 
 def test_cli_analyze_lists_models_in_family_order_not_glob_order(tmp_path, capsys):
     torch.manual_seed(0)
-    folders = [_write_run(tmp_path / name, GPT(preset("tiny", attention)))
+    folders = [write_run(tmp_path / name, GPT(preset("tiny", attention)))
                for name, attention in (("a-mqa", "mqa"), ("b-gqa", "gqa"), ("c-mha", "mha"))]
     assert main(["analyze", *map(str, folders), "--out", str(tmp_path / "analysis")]) == 0
     assert Analysis.load(tmp_path / "analysis").models == ["Standard MHA", "MQA", "GQA (2 KV heads)"]
@@ -454,14 +451,14 @@ def test_random_kills_at_any_instant_resume_to_identical_weights(tmp_path, corpu
 
     real_fsync = headlab.io.fsync_path
 
-    def slow_trainer():  # every fsync of a checkpoint write (files, folders, checkpoint.json) takes 10 ms more
+    def slow_trainer():  # every fsync of a checkpoint write (files, folders, manifest.json) takes 10 ms more
         headlab.training.runs.fsync_path = headlab.io.fsync_path = lambda path: (time.sleep(0.01), real_fsync(path))[1]
         train(preset("tiny", "gqa"), EVERY_STEP, corpus, out=folder, resume=True, progress=False)
 
     def has_leftovers() -> bool:
-        if not (folder / "checkpoint.json").exists():
+        if not (folder / "manifest.json").exists() or (checkpoint := current_checkpoint(folder)) is None:
             return False
-        current = json.loads((folder / "checkpoint.json").read_text())["folder"]
+        current = checkpoint.name
         return any(p.name.startswith(".") and p.name != ".lock" or p.name.startswith("checkpoint-") and p.name != current
                    for p in folder.iterdir())
 
@@ -500,21 +497,12 @@ def test_a_run_without_a_progress_bar_never_takes_tqdms_lock(tmp_path, corpus, m
 def test_a_full_disk_at_each_write_of_a_checkpoint_leaves_a_resumable_run(tmp_path, corpus, reference, monkeypatch):
     """ENOSPC (simulated) at the 1st, 2nd, ... write operation of the second checkpoint, each
     after half the bytes: every time the run resumes to the uninterrupted result."""
-    import headlab.io
-    import headlab.training.runs
-
-    def failing(real, counter, fail_at, partial_path_arg=None):
+    def failing(real, counter, fail_at, half_written=False):
         def call(*args, **kwargs):
             counter["n"] += 1
             if counter["n"] == fail_at:
-                if partial_path_arg is not None:  # write half, then run out of space
-                    real(*args, **kwargs)
-                    target = args[partial_path_arg]
-                    if hasattr(target, "truncate"):  # an open file
-                        target.flush()
-                        target.truncate(target.tell() // 2)
-                    else:
-                        Path(target).write_bytes(Path(target).read_bytes()[: Path(target).stat().st_size // 2])
+                if half_written:  # os.write(fd, data): write half, then run out of space
+                    real(args[0], args[1][:len(args[1]) // 2])
                 _full_disk()
             return real(*args, **kwargs)
         return call
@@ -531,10 +519,9 @@ def test_a_full_disk_at_each_write_of_a_checkpoint_leaves_a_resumable_run(tmp_pa
 
         with monkeypatch.context() as patch:
             patch.setattr(sys.modules["headlab.training.trainer"], "save_checkpoint", count_from_second)
-            patch.setattr(torch, "save", failing(torch.save, counter, fail_at, partial_path_arg=1))
-            patch.setattr(headlab.training.runs, "save_file", failing(headlab.training.runs.save_file, counter, fail_at, partial_path_arg=1))
+            patch.setattr(os, "write", failing(os.write, counter, fail_at, half_written=True))
             patch.setattr(os, "replace", failing(os.replace, counter, fail_at))
-            patch.setattr(os, "rename", failing(os.rename, counter, fail_at))
+            patch.setattr(os, "mkdir", failing(os.mkdir, counter, fail_at))
             try:
                 train(preset("tiny", "gqa"), TINY, corpus, out=folder, progress=False)
                 break  # the second checkpoint has fewer than fail_at writes: every one has failed once
@@ -543,7 +530,7 @@ def test_a_full_disk_at_each_write_of_a_checkpoint_leaves_a_resumable_run(tmp_pa
         train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True, progress=False)
         _assert_same_run(folder, reference)
         fail_at += 1
-    assert fail_at > 4  # state.pt, model.safetensors, the folder rename and checkpoint.json
+    assert fail_at > 4  # state.pt, model.safetensors, the folder, and the manifest (before and after)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"), reason="mounting a tmpfs needs root on Linux")

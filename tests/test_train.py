@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from conftest import forge_manifest_entry
 
 import headlab
 from headlab import ATTENTION_FAMILIES, TrainConfig, TrainingDiverged, load_corpus, load_run, preset, train, train_preset
@@ -34,7 +35,7 @@ def test_every_family_learns_the_synthetic_corpus(attention, synthetic):
 def test_run_folder_holds_the_documented_files_and_loads_back(tmp_path, synthetic, threads):
     run = train(preset("tiny", "lrkv"), TINY_TRAIN, synthetic, out=tmp_path / "run", progress=False)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
-        ".lock", "checkpoint-00000040", "checkpoint.json", "config.json", "metrics.jsonl", "starts.jsonl"]
+        ".lock", "checkpoint-00000040", "config.json", "manifest.json", "metrics.jsonl", "starts.jsonl"]
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoint-00000040").iterdir()) == ["model.safetensors", "state.pt"]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["model"]["attention"] == "lrkv" and config["headlab_version"] == headlab.__version__
@@ -116,23 +117,27 @@ def finished_run(tmp_path, synthetic):
 
 
 def test_truncated_weights_are_refused_naming_the_file(finished_run):
-    path = current_checkpoint(finished_run).weights
+    checkpoint = current_checkpoint(finished_run)
+    path = checkpoint.manifest.file(checkpoint.weights)
     path.write_bytes(path.read_bytes()[:-1000])
-    with pytest.raises(ValueError, match=r"model\.safetensors is \d+ bytes, but .*checkpoint\.json records \d+ bytes"):
+    with pytest.raises(ValueError, match=r"model\.safetensors does not match the SHA-256 recorded in .*manifest\.json"):
         load_run(finished_run)
-    (finished_run / "checkpoint.json").write_text(  # the damage is not caught by the recorded sizes
-        json.dumps({**json.loads((finished_run / "checkpoint.json").read_text()), "sizes": {}}))
+    forge_manifest_entry(finished_run, checkpoint.weights)  # the damage is not caught by the recorded hash
     with pytest.raises(ValueError, match=r"model\.safetensors is not a readable safetensors file"):
         load_run(finished_run)
 
 
 def test_truncated_state_is_refused_on_resume_naming_the_file(finished_run, synthetic):
-    path = current_checkpoint(finished_run).state
+    checkpoint = current_checkpoint(finished_run)
+    path = checkpoint.manifest.file(checkpoint.state)
     path.write_bytes(path.read_bytes()[:200])
-    (finished_run / "checkpoint.json").write_text(  # the damage is not caught by the recorded sizes
-        json.dumps({**json.loads((finished_run / "checkpoint.json").read_text()), "sizes": {}}))
+    resume = lambda: train(preset("tiny", "mla"), TINY_TRAIN.replace(steps=5), synthetic, out=finished_run, resume=True,
+                           progress=False)
+    with pytest.raises(ValueError, match=r"state\.pt does not match the SHA-256 recorded in .*manifest\.json"):
+        resume()
+    forge_manifest_entry(finished_run, checkpoint.state)  # the damage is not caught by the recorded hash
     with pytest.raises(ValueError, match=r"state\.pt is not a readable headlab training state"):
-        train(preset("tiny", "mla"), TINY_TRAIN.replace(steps=5), synthetic, out=finished_run, resume=True, progress=False)
+        resume()
 
 
 class Payload:
@@ -141,21 +146,26 @@ class Payload:
 
 
 def test_foreign_pickles_are_never_unpickled(finished_run, synthetic):
-    torch.save({"step": 5, "optimizers": [], "generator": Payload()}, current_checkpoint(finished_run).state)
-    (finished_run / "checkpoint.json").write_text(
-        json.dumps({**json.loads((finished_run / "checkpoint.json").read_text()), "sizes": {}}))
+    checkpoint = current_checkpoint(finished_run)
+    torch.save({"step": 5, "optimizers": [], "generator": Payload()}, checkpoint.manifest.file(checkpoint.state))
+    forge_manifest_entry(finished_run, checkpoint.state)
     with pytest.raises(ValueError, match=r"state\.pt is not a readable headlab training state.*Unpickl"):
         train(preset("tiny", "mla"), TINY_TRAIN.replace(steps=5), synthetic, out=finished_run, resume=True, progress=False)
 
 
 def test_foreign_safetensors_and_configs_are_refused(finished_run, tmp_path):
     from safetensors.torch import save_file
-    (finished_run / "checkpoint.json").write_text(  # a foreign file of the recorded size is not caught by size
-        json.dumps({**json.loads((finished_run / "checkpoint.json").read_text()), "sizes": {}}))
-    save_file({"x": torch.zeros(2)}, str(current_checkpoint(finished_run).weights))
+    checkpoint = current_checkpoint(finished_run)
+    save_file({"x": torch.zeros(2)}, str(checkpoint.manifest.file(checkpoint.weights)))
+    with pytest.raises(ValueError, match=r"model\.safetensors does not match the SHA-256"):
+        load_run(finished_run)
+    forge_manifest_entry(finished_run, checkpoint.weights)  # a forged hash is not the only check
     with pytest.raises(ValueError, match=r"model\.safetensors was not written by headlab"):
         load_run(finished_run)
     (finished_run / "config.json").write_text('{"hello": 1}')
+    with pytest.raises(ValueError, match=r"config\.json does not match the SHA-256"):
+        load_run(finished_run)
+    forge_manifest_entry(finished_run, "config.json")
     with pytest.raises(ValueError, match=r"config\.json is not a headlab run config"):
         load_run(finished_run)
 
@@ -325,10 +335,10 @@ def test_two_process_fsdp_with_accumulation_equals_single_process_training(tmp_p
 def test_checkpoints_resume_across_world_sizes_to_the_uninterrupted_run(tmp_path, single_process_run):
     fsdp = [*FSDP_ARGS, "--parallel", "fsdp", "--grad-accum", "2", "--out", str(tmp_path / "run")]
     killed = _headlab(tmp_path, fsdp, processes=2, exit_at=2 * 2 + 1)  # in step 3, after the step-2 checkpoint
-    assert killed.returncode != 0 and current_checkpoint(tmp_path / "run").folder.name == "checkpoint-00000002"
+    assert killed.returncode != 0 and current_checkpoint(tmp_path / "run").name == "checkpoint-00000002"
     # one process (DDP settings, no accumulation) takes it over and is killed in step 5 ...
     killed = _headlab(tmp_path, [*FSDP_ARGS, "--resume", "--out", str(tmp_path / "run")], exit_at=3)
-    assert killed.returncode != 0 and current_checkpoint(tmp_path / "run").folder.name == "checkpoint-00000004"
+    assert killed.returncode != 0 and current_checkpoint(tmp_path / "run").name == "checkpoint-00000004"
     # ... and two FSDP processes finish it
     resumed = _headlab(tmp_path, [*fsdp, "--resume"], processes=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

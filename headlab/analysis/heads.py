@@ -53,7 +53,8 @@ from safetensors import SafetensorError, safe_open
 from headlab.analysis.spectrum import Factors
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
-from headlab.training.runs import current_checkpoint
+from headlab.io import below, read_regular
+from headlab.training.runs import parse_weights, read_config, read_current
 
 CIRCUITS = ("qk", "ov")
 MLA_ROPE = ("included", "excluded")  # whether MLA's decoupled RoPE query/key parts enter A_h
@@ -454,7 +455,7 @@ SUPPORTED = "model_type " + ", ".join(sorted(HF_LAYOUTS)) + ", or a headlab run 
 def from_hf(cfg: dict, tensors: TensorStore, label: str) -> ModelHeads:
     """Heads of a Hugging Face checkpoint given its config.json dict and tensors."""
     model_type = cfg.get("model_type")
-    if model_type not in HF_LAYOUTS:
+    if not isinstance(model_type, str) or model_type not in HF_LAYOUTS:
         raise ValueError(f"unsupported checkpoint layout model_type = {model_type!r}: supported are {SUPPORTED}")
     probe, reader = HF_LAYOUTS[model_type]
     w = tensors.under(tensors.prefix_of(probe, model_type))
@@ -487,8 +488,13 @@ def _checked_widths(cfg: dict, weights: LayerWeights, index: int) -> LayerWeight
 def _safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [folder / s for s in shards]
+        try:
+            weight_map = json.loads(read_regular(index))["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map of tensor "
+                             f"names to shard files): {error!r}") from None
+        return [below(folder, shard) for shard in shards]
     if (folder / "model.safetensors").exists():
         return [folder / "model.safetensors"]
     raise ValueError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
@@ -528,11 +534,13 @@ def load_heads(source, label: str | None = None) -> ModelHeads:
         raise ValueError(f"{config_path} is not valid JSON: {error}") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{config_path} holds a JSON {type(cfg).__name__}, not a model config object")
-    if files is None and "model_type" not in cfg:
-        checkpoint = current_checkpoint(folder, files=("model.safetensors",))
-        if checkpoint is None and cfg.get("format") == "headlab":
+    if files is None and cfg.get("format") == "headlab":  # a run folder: read as its manifest verifies it
+        config = ModelConfig.from_dict(read_config(folder)["model"])
+        current = read_current(folder, ("model.safetensors",))
+        if current is None:
             raise ValueError(f"{folder} is a headlab run with no checkpoint yet: train or resume it first")
-        files = [checkpoint.weights] if checkpoint is not None else None
+        checkpoint, data = current
+        return from_state_dict(config, parse_weights(data["model.safetensors"], checkpoint.folder)[0], label)
     tensors = TensorStore.from_safetensors(files or _safetensors_files(folder))
     if "model_type" in cfg:
         packaged = MINILM if folder.parent.name == MINILM_PACKAGE else None  # its config names the base model

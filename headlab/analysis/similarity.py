@@ -98,7 +98,7 @@ class Analysis:
     def save(self, folder: str | Path) -> Path:
         """Write every table as <name>.csv in `folder` (created if needed), then `analysis.json`
         (each table's row count and SHA-256) last (`headlab.analysis.tables`)."""
-        return save_tables(folder, {name: getattr(self, name) for name in COLUMNS}, MANIFEST)
+        return save_tables(folder, {name: getattr(self, name) for name in COLUMNS}, MANIFEST, "an analysis folder")
 
     @classmethod
     def load(cls, folder: str | Path) -> "Analysis":

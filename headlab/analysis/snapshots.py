@@ -10,7 +10,7 @@ from pathlib import Path
 from headlab.analysis.heads import TensorStore, from_state_dict
 from headlab.analysis.similarity import COLUMNS, Analysis, analyze, stack_tables
 from headlab.model.config import ModelConfig
-from headlab.training.runs import current_checkpoint, read_config, read_weights
+from headlab.training.runs import parse_weights, read_config, read_current
 from headlab.training.snapshots import snapshot_files
 
 
@@ -24,16 +24,17 @@ def analyze_snapshots(run_dir: str | Path, label: str | None = None, **options) 
     run_dir = Path(run_dir)
     config = ModelConfig.from_dict(read_config(run_dir)["model"])
     files = snapshot_files(run_dir)
-    checkpoint = current_checkpoint(run_dir, files=("model.safetensors",))
-    if checkpoint is not None:
-        step = int(read_weights(checkpoint.weights)[1].get("step", 0))
-        files.setdefault(step, checkpoint.weights)
+    current = read_current(run_dir, ("model.safetensors",))
+    if current is not None:
+        checkpoint, data = current
+        files.setdefault(checkpoint.step, parse_weights(data["model.safetensors"], checkpoint.folder)[0])
     if not files:
         raise ValueError(f"{run_dir} has no snapshots and no checkpoint: train it with snapshot_every > 0")
     label = label or config.label
     analyses = []
     for step, path in sorted(files.items()):
-        heads = from_state_dict(config, TensorStore.from_safetensors([path]), label, where=str(path))
+        tensors = TensorStore.from_safetensors([path]) if isinstance(path, Path) else path  # or the checkpoint's
+        heads = from_state_dict(config, tensors, label, where=f"{run_dir} step {step}")
         analyses.append(_with_step(analyze(heads, **options), step))
     return Analysis(**{name: stack_tables([getattr(a, name) for a in analyses]) for name in COLUMNS})
 

@@ -1,53 +1,70 @@
-"""Tidy tables on disk: one CSV per table and a manifest written last, naming every table with its
-row count, columns and SHA-256, so a folder cut short (or edited, or mixed from two writers) is
-refused on load instead of read as a whole. `Analysis.save` and a study's tables both use it."""
+"""Tidy tables on disk: one CSV per table, listed with its SHA-256 in the folder's manifest
+(`headlab.io.Manifest`) together with each table's row count and columns, so a folder cut
+short, edited, or mixed from two writers is refused on load instead of read as a whole.
+`Analysis.save` and a study's tables both use it. A writer holds the folder's lock, so a
+second writer is refused; a reader that meets a folder being written is told to retry."""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import io
 from pathlib import Path
 
 import pandas as pd
 
-from headlab.io import atomic_write_bytes, atomic_write_text
+from headlab.io import FolderLock, Manifest, being_written, refuse_foreign
 
 TEXT_COLUMNS = ("model", "role", "kind", "circuit", "measure", "mla_rope", "part", "loss_unit")
 
 
-def save_tables(folder: str | Path, tables: dict[str, pd.DataFrame], manifest: str, meta: dict | None = None) -> Path:
-    """Write each table as <name>.csv in `folder` (created if needed), each file atomically, then
-    the manifest (with `meta` under "meta") last; an older manifest is removed first."""
+def save_tables(folder: str | Path, tables: dict[str, pd.DataFrame], manifest: str, what: str,
+                meta: dict | None = None) -> Path:
+    """Write each table as <name>.csv in `folder` (created if needed; refused if it holds files
+    headlab did not write), then record them (and `meta`) in the manifest; tables of an earlier
+    write that are not written again are removed. `what` names the folder's kind."""
     folder = Path(folder)
+    refuse_foreign(folder, manifest)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / manifest).unlink(missing_ok=True)
-    entries = {}
-    for name, table in tables.items():
-        data = table.to_csv(index=False).encode()
-        atomic_write_bytes(folder / f"{name}.csv", data)
-        entries[f"{name}.csv"] = {"rows": len(table), "columns": list(table.columns),
-                                  "sha256": hashlib.sha256(data).hexdigest()}
-    atomic_write_text(folder / manifest, json.dumps({"tables": entries, "meta": meta or {}}, indent=2))
+    with FolderLock(folder, "writer of tables"):
+        written = Manifest.claim(folder, manifest, what)
+        written.remove_leftovers()
+        # From here readers see an unfinished folder, and the earlier tables are listed as ours to remove.
+        written.discard, written.files, written.meta = sorted(written.files), {}, {}
+        written.save()
+        entries = {}
+        for name, table in tables.items():
+            written.write(f"{name}.csv", lambda file: file.write(table.to_csv(index=False).encode()))
+            entries[f"{name}.csv"] = {"rows": len(table), "columns": list(table.columns)}
+        written.discard = [name for name in written.discard if name not in written.files]
+        written.meta = {"tables": entries, "meta": meta or {}}
+        written.save()
+        written.remove_leftovers()
     return folder
 
 
 def load_tables(folder: str | Path, manifest: str, what: str) -> tuple[dict[str, pd.DataFrame], dict]:
-    """The tables and meta of a folder written by `save_tables`, each table checked against the
+    """The tables and meta of a folder written by `save_tables`, each table verified against the
     manifest; `what` names the folder's kind in errors ('an analysis folder', 'a study folder')."""
     folder = Path(folder)
     try:
-        written = json.loads((folder / manifest).read_text(encoding="utf-8"))
-        entries, meta = written["tables"], written["meta"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"{folder} is not {what} that was completely written ({manifest} is missing or "
-                         f"unreadable: {error}); write it again") from None
+        return _read_tables(folder, manifest, what)
+    except ValueError:
+        if being_written(folder):
+            raise RuntimeError(f"{folder} is being written by another process: retry when it has finished") from None
+        raise
+
+
+def _read_tables(folder: Path, manifest: str, what: str) -> tuple[dict[str, pd.DataFrame], dict]:
+    written = Manifest.read(folder, manifest, what)
+    try:
+        entries, meta = written.meta["tables"], written.meta["meta"]
+    except KeyError:
+        raise ValueError(f"{folder} is not {what} that was completely written ({written.path} lists no tables): "
+                         "write it again") from None
     tables = {}
     for file, expected in entries.items():
-        path = folder / file
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != expected["sha256"]:
-            raise ValueError(f"{path} does not match {folder / manifest} (changed, truncated or from another "
-                             "writer): write the folder again")
+        data = written.read_bytes(file)
         text = {c: str for c in expected["columns"] if c in TEXT_COLUMNS}
-        tables[file.removesuffix(".csv")] = (pd.read_csv(path, dtype=text, keep_default_na=False, na_values=[""])
+        tables[file.removesuffix(".csv")] = (pd.read_csv(io.BytesIO(data), dtype=text, keep_default_na=False,
+                                                         na_values=[""])
                                              if expected["rows"] else pd.DataFrame(columns=expected["columns"]))
     return tables, meta

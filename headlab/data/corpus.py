@@ -34,7 +34,7 @@ import tokenizers
 from headlab.data.bpe import (MAX_TRAINING_BYTES, TOKENIZER_FILE, BPETokenizer, parse_bpe_vocab, split_at_character,
                               utf8_texts)
 from headlab.data.encoding import available_cores
-from headlab.data.shards import Corpus, read_shards, write_shards
+from headlab.data.shards import TOKENS_FOLDER, Corpus, read_shards, write_shards
 from headlab.data.sources import (DOCUMENT_SUFFIXES, cache_dir, document_files, document_texts, hf_texts,
                                   shakespeare_texts, synthetic_texts, text_files, text_path_texts)
 from headlab.data.tokenizers import get_tokenizer
@@ -76,7 +76,7 @@ def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", workers: int
         files = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in text_files(path)]
         texts = lambda: text_path_texts(path, **source_options)  # noqa: E731
         key = f"text-{_options_key({'files': files, **source_options})}"
-    folder = cache_dir() / "tokens" / f"{key}-{tok.name if tok else _bpe_key(tokenizer)}"
+    folder = cache_dir() / TOKENS_FOLDER / f"{key}-{tok.name if tok else _bpe_key(tokenizer)}"
     if not (folder / "meta.json").exists():
         # Build in a private folder and rename it into place: concurrent processes (DDP ranks)
         # may all build, and the first rename wins; a killed build leaves only a scratch folder.

@@ -15,8 +15,10 @@ import torch
 
 from headlab.data.encoding import encode_texts
 from headlab.data.tokenizers import get_tokenizer
-from headlab.io import atomic_write_text
+from headlab.data.bpe import TOKENIZER_FILE
+from headlab.io import atomic_write_text, file_digest, mismatch, read_regular
 
+TOKENS_FOLDER = "tokens-sha256"  # under the cache: shard folders whose meta.json records each file's SHA-256
 VAL_FRACTION = 0.1
 SHARD_TOKENS = 1 << 26  # 64 Mi tokens per shard file
 
@@ -74,6 +76,11 @@ def write_shards(texts: Iterable[str], tokenizer, folder: Path, val_texts: Itera
     meta = {"tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "dtype": np.dtype(tokenizer.dtype).name,
             "bytes_per_token": n_bytes / n_tokens, "sha256": digest.hexdigest(),
             "shards": {split: files.close() for split, files in splits.items()}}
+    # Each file's hash, taken once it is final (the validation tail moves after writing), read back
+    # a shard at a time; read_shards verifies every file against it.
+    owned = [name for names in meta["shards"].values() for name in names]
+    owned += [TOKENIZER_FILE] if (folder / TOKENIZER_FILE).exists() else []  # a BPE trained for these shards
+    meta["files"] = {name: file_digest(folder / name) for name in owned}
     atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
 
 
@@ -143,7 +150,13 @@ class ShardFiles:
 
 
 def read_shards(folder: Path, name: str) -> Corpus:
-    meta = json.loads((folder / "meta.json").read_text())
+    """The corpus in `folder`, every shard (and trained tokenizer) verified against the SHA-256
+    meta.json recorded when it was written."""
+    meta = json.loads(read_regular(folder / "meta.json"))
+    for file, sha256 in meta["files"].items():
+        if file_digest(folder / file) != sha256:
+            raise ValueError(f"{mismatch(folder / file, folder / 'meta.json')}. The token cache is damaged: delete "
+                             f"{folder} and it will be tokenized again")
     dtype = np.dtype(meta["dtype"])
     splits = {split: [np.memmap(folder / f, dtype=dtype, mode="r") for f in files]
               for split, files in meta["shards"].items()}

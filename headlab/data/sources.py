@@ -103,8 +103,14 @@ def _decode(raw: bytes, where, encoding_errors: str = "strict") -> str:
 
 
 def text_files(path: Path) -> list[Path]:
-    """A text file, or every `*.txt` under a folder in sorted order."""
+    """A text file, or every `*.txt` file under a folder in sorted order. Each must be a regular
+    file reached without a link: a FIFO or device would block or never end, and leaving one out
+    would train on less than the folder says."""
     files = [path] if path.is_file() else sorted(path.rglob("*.txt"))
+    irregular = [f.name for f in files if f.is_symlink() or not f.is_file()]
+    if irregular:
+        raise ValueError(f"corpus folder {str(path)!r} holds *.txt entries that are not regular files "
+                         f"({', '.join(irregular[:3])}): a link, FIFO, device or folder; remove or rename them")
     if not files:
         raise ValueError(f"corpus path {str(path)!r} has no *.txt files")
     return files

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 ATTENTION_FAMILIES = ("mha", "mqa", "gqa", "mla", "lrkv")
 MLP_TYPES = ("relu2", "gelu", "swiglu")
@@ -23,6 +23,9 @@ MLP_TYPES = ("relu2", "gelu", "swiglu")
 
 def invalid_field(name: str, value, allowed: str, owner: str = "ModelConfig") -> ValueError:
     return ValueError(f"{owner}.{name} = {value!r} is invalid: {allowed}")
+
+
+MAX_NUMBER = 2 ** 62  # larger sizes are mistakes, and overflow torch's int64 shapes
 
 
 def check_field_types(config) -> None:
@@ -36,6 +39,8 @@ def check_field_types(config) -> None:
             raise invalid_field(f.name, value, f"expected a value of type {f.type}", owner)
         if f.type == "float" and not math.isfinite(value):
             raise invalid_field(f.name, value, "must be a finite number", owner)
+        if isinstance(value, (int, float)) and abs(value) > MAX_NUMBER:
+            raise invalid_field(f.name, value, f"too large (at most {MAX_NUMBER:.0e})", owner)
 
 
 def config_from_dict(cls, data):

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus
 from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
+from headlab.io import Manifest
 from headlab.model.config import ModelConfig, preset
 from headlab.study.roles import comparison_roles
 from headlab.training.config import TrainConfig, train_preset
@@ -42,6 +43,9 @@ from headlab.training.plan import measure_step_seconds
 from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
 from headlab.training.snapshots import study_snapshot_every
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
+
+MANIFEST = "study.json"  # the study folder's manifest: its tables (`headlab.study.tables`)
+STUDY = "a study folder"
 
 
 def loss_unit(tokenizer: str) -> str:
@@ -201,6 +205,9 @@ class Study:
             raise ValueError(f"jobs = {jobs!r} is invalid: must be a positive integer")
         if jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ValueError(f"jobs = {jobs} is invalid under torchrun: every rank trains each run, so jobs must be 1")
+        if int(os.environ.get("RANK", "0")) == 0:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            Manifest.claim(self.folder, MANIFEST, STUDY)  # a folder headlab did not write is refused
         keep_freed_cpu_memory()  # small CPU models train ~10% faster; a study opts in for its processes
         corpus = prepared_corpus(self.load_corpus, self.train_config(0).device)
         if note := repetition_note(self.train_config(0), self.variants[0].seq_len, corpus):

@@ -35,9 +35,7 @@ from headlab.analysis.similarity import analyze, concat, measure_agreement, norm
 from headlab.analysis.snapshots import analyze_snapshots
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.shards import Corpus, random_windows
-from headlab.study.study import Study, StudyRun, loss_unit
-
-MANIFEST = "study.json"
+from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit
 # The figures and claims use the whole pre-softmax score of MLA, as for every other family (see
 # `headlab.analysis.similarity`); the paper's latent-only definition is in the tables beside it.
 FLAGSHIP_MLA_ROPE = "included"
@@ -191,12 +189,12 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
 
 def write_study_tables(tables: StudyTables, folder: str | Path) -> Path:
     """Every table as <name>.csv in `folder`, then study.json (meta, row counts, hashes) last."""
-    return save_tables(folder, tables.tables, MANIFEST, tables.meta)
+    return save_tables(folder, tables.tables, MANIFEST, STUDY, tables.meta)
 
 
 def read_study_tables(folder: str | Path) -> StudyTables:
     """The tables `write_study_tables` left in `folder`, each checked against study.json."""
-    tables, meta = load_tables(folder, MANIFEST, "a study folder")
+    tables, meta = load_tables(folder, MANIFEST, STUDY)
     return StudyTables(tables, meta)
 
 

@@ -45,6 +45,7 @@ measurements.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import math
 import os
@@ -485,6 +486,19 @@ def format_plan(plan: StudyPlan) -> str:
 
 # ---- command line -----------------------------------------------------------------------------
 
+def _positive(kind):
+    """An argparse type: a finite number of `kind` above 0."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not (math.isfinite(value) and 0 < value < 2 ** 62):
+            raise argparse.ArgumentTypeError(f"{text} is invalid: must be a finite number above 0")
+        return value
+    return parse
+
+
 def add_plan_arguments(parser, tokens: bool = True) -> None:
     """The --plan options of `headlab train` (and, without --plan-tokens since it has --tokens,
     `headlab reproduce`)."""
@@ -492,12 +506,12 @@ def add_plan_arguments(parser, tokens: bool = True) -> None:
                         "disk and memory per device, then exit without training")
     parser.add_argument("--plan-gpus", metavar="NxGPU",
                         help="plan for these GPUs instead of the visible devices, e.g. 8xH100")
-    parser.add_argument("--plan-mfu", type=float, default=0.4, metavar="F",
+    parser.add_argument("--plan-mfu", type=_positive(float), default=0.4, metavar="F",
                         help="assumed model FLOPs utilisation (default: %(default)s)")
-    parser.add_argument("--plan-peak-tflops", type=float, metavar="TFLOPS",
+    parser.add_argument("--plan-peak-tflops", type=_positive(float), metavar="TFLOPS",
                         help="peak TFLOP/s per device (default: the data-sheet table, or measured)")
     if tokens:
-        parser.add_argument("--plan-tokens", type=int, metavar="N",
+        parser.add_argument("--plan-tokens", type=_positive(int), metavar="N",
                             help="training tokens per run (default: the preset's steps x batch x context)")
 
 

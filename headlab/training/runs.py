@@ -1,59 +1,63 @@
-"""Run folders that never lose work.
+"""Run folders that never lose work, and are never mistaken for another.
 
+    manifest.json                 what headlab wrote here: each file's size and SHA-256, the
+                                  current checkpoint {"step": 40, "folder": "checkpoint-00000040"}
     config.json                   model + training config, data identity, headlab version, git commit
     tokenizer.json                the trained BPE, for runs on a `bpe:<vocab>` tokenizer
-    metrics.jsonl                 one JSON record per log/eval line
-    checkpoint.json               which checkpoint is current: {"step": 40, "folder": "checkpoint-00000040", ...}
+    metrics.jsonl                 one JSON record per log/eval line (the manifest hashes it up to
+                                  the current checkpoint; lines after it are a cut-short run's)
     checkpoint-00000040/          the current checkpoint, one unit:
         model.safetensors         weights (plain tensors; metadata: format=headlab, step)
         state.pt                  optimizer states (keyed by parameter name), data-generator and
                                   torch RNG state, step
     starts.jsonl                  one record per start or resume: the step, how it executes (processes,
                                   threads, device, compile, ...) and what changed since the previous start
+    snapshots/                    analysis snapshots (`headlab.training.snapshots`), also listed
     .lock                         held (flock) by the one trainer writing the folder
 
-A checkpoint is written into a hidden scratch folder, fsynced, renamed to its step folder, and
-only then made current by atomically replacing `checkpoint.json`; the previous step folder is
-deleted after that. A kill or a full disk at any instant therefore leaves `checkpoint.json`
-naming a complete checkpoint (or no `checkpoint.json`: the run starts from step 0), and the next
-start removes the leftovers.
+A checkpoint's folder is first listed in the manifest as one to discard, then written (each file
+hashed as it is written), and made current by atomically replacing the manifest, which then
+lists the superseded folder to discard. A kill or a full disk at any instant therefore leaves a
+manifest naming a complete checkpoint (or none: the run starts from step 0), and the next start
+removes exactly the leftovers the manifest names (`headlab.io.Manifest`). A folder without a
+manifest is not a run: `train` refuses it unless it is empty.
 
-`state.pt` is read with `torch.load(weights_only=True)`, so nothing beyond tensors and plain
-containers is unpickled. Weights and optimizer states are whole (gathered from FSDP shards) and
-keyed by parameter name, so any number of processes, sharded or not, can resume a checkpoint.
+Every file is verified against its SHA-256 when read. `state.pt` is read with
+`torch.load(weights_only=True)`, so nothing beyond tensors and plain containers is unpickled.
+Weights and optimizer states are whole (gathered from FSDP shards) and keyed by parameter name,
+so any number of processes, sharded or not, can resume a checkpoint.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
+import hashlib
+import io
 import json
 import os
 import shutil
-import socket
 import subprocess
-import time
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pandas as pd
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load as parse_safetensors
+from safetensors.torch import save as serialize_safetensors
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 
 from headlab.data.bpe import TOKENIZER_FILE
-from headlab.io import (atomic_write_bytes, atomic_write_text, default_file_mode, fsync_path, remove_temporaries,
-                        temporary_path)
+from headlab.io import Manifest, atomic_write_bytes, fsync_path, mismatch, read_regular, remove_owned
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
 from headlab.training.config import TrainConfig
 
 FORMAT = "headlab"
-POINTER = "checkpoint.json"
-LOCK = ".lock"
+MANIFEST = "manifest.json"
+RUN = "a headlab run"
+METRICS = "metrics.jsonl"
 CHECKPOINT_PREFIX = "checkpoint-"
 DATA_IDENTITY = ("tokenizer", "vocab_size", "n_train_tokens", "n_val_tokens", "sha256")
 # How the training is spread over processes and run, not what is trained: a run may resume under
@@ -85,10 +89,6 @@ class Run:
         return pd.DataFrame(self.metrics)
 
 
-class RunFolderLocked(RuntimeError):
-    """Another live process is writing this run folder."""
-
-
 class CheckpointWriteFailed(RuntimeError):
     """A checkpoint could not be written (full disk, permissions); the previous one is intact."""
 
@@ -96,7 +96,8 @@ class CheckpointWriteFailed(RuntimeError):
 # ---- metrics ------------------------------------------------------------------------------
 
 class MetricsLog:
-    """Records in memory, appended line by line to `metrics.jsonl` (flushed each time). With
+    """Records in memory, appended line by line to `metrics.jsonl` (flushed each time) and hashed
+    as they are written, so a checkpoint records the file's SHA-256 up to its step. With
     `write=False` (the ranks other than 0) the file is only read: on resume, every rank holds
     the same records."""
 
@@ -104,31 +105,63 @@ class MetricsLog:
         self.path = path
         self.write = write
         self.records: list[dict] = []
+        self.digest, self.size = hashlib.sha256(), 0
 
     def append(self, record: dict) -> None:
         self.records.append(record)
         if self.path is not None and self.write:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+            line = (json.dumps(record) + "\n").encode()
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+            self.digest.update(line)
+            self.size += len(line)
+
+    @property
+    def entry(self) -> dict:
+        return {"bytes": self.size, "sha256": self.digest.hexdigest()}
 
     def reset(self) -> None:
-        self.records = []
+        self.records, self.digest, self.size = [], hashlib.sha256(), 0
         if self.path is not None and self.write:
-            atomic_write_text(self.path, "")
+            atomic_write_bytes(self.path, b"")
 
     def truncate_after(self, step: int) -> None:
-        """Keep the records up to `step` (the checkpoint a resumed run starts from)."""
+        """Keep the records up to `step`, the current checkpoint's: the part of the file its
+        manifest hashed (what a cut-short run wrote after it is dropped)."""
         if self.path is not None:
-            self.records = [r for r in read_metrics(self.path) if r["step"] <= step] if self.path.exists() else []
-        if self.path is not None and self.write:
-            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
+            data, verified = _metrics_bytes(self.path)
+            if self.write:
+                atomic_write_bytes(self.path, data[:verified])
+            self.records = [r for r in _parse_metrics(self.path, data[:verified]) if r["step"] <= step]
+            self.digest, self.size = hashlib.sha256(data[:verified]), verified
+
+
+def _metrics_bytes(path: Path) -> tuple[bytes, int]:
+    """A run's metrics.jsonl and the length of its start that the manifest hashed (checked)."""
+    manifest = run_manifest(path.parent)
+    entry = manifest.files.get(METRICS, {"bytes": 0, "sha256": hashlib.sha256().hexdigest()})
+    try:
+        data = read_regular(path)
+    except FileNotFoundError:
+        data = b""
+    if hashlib.sha256(data[:entry["bytes"]]).hexdigest() != entry["sha256"]:
+        raise mismatch(path, manifest.path)
+    return data, entry["bytes"]
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """Records of a metrics.jsonl. A half-written last line (a killed run) is dropped; any other
-    line that is not a JSON record with an integer `step` is an error naming file and line."""
-    path = Path(path)
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    """Records of a run's metrics.jsonl: the part its manifest hashed is verified, then what a
+    cut-short run appended after its last checkpoint. A half-written last line (a killed run) is
+    dropped; any other line that is not a JSON record with an integer `step` is an error naming
+    file and line."""
+    return _parse_metrics(Path(path), _metrics_bytes(Path(path))[0])
+
+
+def _parse_metrics(path: Path, data: bytes) -> list[dict]:
+    lines = data.decode("utf-8", errors="replace").splitlines()
     records = []
     for number, line in enumerate(lines, start=1):
         try:
@@ -171,7 +204,7 @@ def data_identity(corpus) -> dict:
             "n_val_tokens": corpus.n_val_tokens, "sha256": corpus.sha256}
 
 
-def write_run_config(run_dir: Path, model_config: ModelConfig, train_config: TrainConfig, corpus) -> None:
+def write_run_config(manifest: Manifest, model_config: ModelConfig, train_config: TrainConfig, corpus) -> None:
     payload = {
         "format": FORMAT,
         "headlab_version": installed_version(),
@@ -180,17 +213,21 @@ def write_run_config(run_dir: Path, model_config: ModelConfig, train_config: Tra
         "train": asdict(train_config),
         "data": data_identity(corpus),
     }
-    atomic_write_text(run_dir / "config.json", json.dumps(payload, indent=2))
+    manifest.write_bytes("config.json", json.dumps(payload, indent=2).encode())
     if corpus.tokenizer_name.startswith("bpe:"):  # trained on this corpus: the run keeps its own copy
-        atomic_write_bytes(run_dir / TOKENIZER_FILE, (corpus.folder / TOKENIZER_FILE).read_bytes())
+        manifest.write_bytes(TOKENIZER_FILE, read_regular(corpus.folder / TOKENIZER_FILE))
+
+
+def run_manifest(run_dir: str | Path) -> Manifest:
+    return Manifest.read(Path(run_dir), MANIFEST, RUN)
 
 
 def read_config(run_dir: Path) -> dict:
-    path = run_dir / "config.json"
+    path = Path(run_dir) / "config.json"
     try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is missing or not valid JSON: {error}") from error
+        payload = json.loads(run_manifest(run_dir).read_bytes("config.json"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT or "model" not in payload:
         raise ValueError(f"{path} is not a headlab run config (no format='{FORMAT}' and 'model' entry)")
     return payload
@@ -219,61 +256,81 @@ def resume_differences(run_dir: Path, model_config: ModelConfig, train_config: T
 
 # ---- checkpoints --------------------------------------------------------------------------
 
+READ_ATTEMPTS = 5  # reads of a checkpoint that a live trainer superseded meanwhile, before "busy"
+
+
 @dataclass(frozen=True)
 class Checkpoint:
-    """A complete checkpoint: the folder holding model.safetensors and state.pt."""
+    """A complete checkpoint: the folder holding model.safetensors and state.pt, as the run's
+    manifest lists them."""
 
-    folder: Path
+    manifest: Manifest
+    name: str  # the folder's name
+    step: int
+
+    def __post_init__(self):
+        self.manifest.file(self.name)  # read from a file: refused unless it stays inside the run
 
     @property
-    def weights(self) -> Path:
-        return self.folder / "model.safetensors"
+    def folder(self) -> Path:
+        return self.manifest.file(self.name)
 
     @property
-    def state(self) -> Path:
-        return self.folder / "state.pt"
+    def weights(self) -> str:
+        return f"{self.name}/model.safetensors"
+
+    @property
+    def state(self) -> str:
+        return f"{self.name}/state.pt"
+
+    def read(self, name: str) -> bytes:
+        return self.manifest.read_bytes(name)
 
 
-CHECKPOINT_FILES = ("model.safetensors", "state.pt")
+def current_checkpoint(run_dir: str | Path) -> Checkpoint | None:
+    """The checkpoint the run's manifest names (its files are verified when read); None if the
+    run has none yet."""
+    return checkpoint_of(run_manifest(run_dir))
 
 
-def current_checkpoint(run_dir: str | Path, files: tuple[str, ...] = CHECKPOINT_FILES) -> Checkpoint | None:
-    """The checkpoint `checkpoint.json` names; None if the run has none yet. Any of `files` missing or resized since it was written is an error
-    naming it."""
-    run_dir = Path(run_dir)
-    pointer = run_dir / POINTER
-    if not pointer.exists():
+def checkpoint_of(manifest: Manifest) -> Checkpoint | None:
+    current = manifest.meta.get("checkpoint")
+    if current is None:
         return None
     try:
-        payload = json.loads(pointer.read_text(encoding="utf-8"))
-        checkpoint, sizes = Checkpoint(run_dir / payload["folder"]), payload["sizes"]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
-        raise ValueError(f"{pointer} is not a readable checkpoint pointer: {error}") from error
-    for name, size in sizes.items():
-        if name not in files:
-            continue
-        path = checkpoint.folder / name
-        actual = path.stat().st_size if path.exists() else None
-        if actual != size:
-            raise ValueError(f"{path} is {'missing' if actual is None else f'{actual} bytes'}, but {pointer} "
-                             f"records {size} bytes: the checkpoint was damaged after it was written")
-    return checkpoint
+        return Checkpoint(manifest, current["folder"], int(current["step"]))
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{manifest.path} names no readable checkpoint ({error}): write the run again") from None
 
 
 def has_checkpoint(run_dir: str | Path) -> bool:
-    """Whether `run_dir` holds trained weights (a finished run, or one to resume)."""
-    return (Path(run_dir) / POINTER).exists()
+    """Whether `run_dir` is a run holding trained weights (a finished run, or one to resume)."""
+    path = Path(run_dir) / MANIFEST
+    return path.is_file() and run_manifest(run_dir).meta.get("checkpoint") is not None
+
+
+def read_current(run_dir: str | Path, names: tuple[str, ...]) -> tuple[Checkpoint, dict[str, bytes]] | None:
+    """The current checkpoint and the verified content of its files `names` ("model.safetensors",
+    "state.pt"), all of one checkpoint even while a live trainer replaces it: a read that the
+    next checkpoint overtook is repeated. None if the run has no checkpoint yet."""
+    for _ in range(READ_ATTEMPTS):
+        manifest = run_manifest(run_dir)
+        try:
+            checkpoint = checkpoint_of(manifest)
+            if checkpoint is None:
+                return None
+            return checkpoint, {name: checkpoint.read(f"{checkpoint.name}/{name}") for name in names}
+        except ValueError:
+            if run_manifest(run_dir).meta == manifest.meta:
+                raise  # no newer checkpoint: the files were damaged
+    raise RuntimeError(f"{run_dir} is busy: its trainer replaced the checkpoint {READ_ATTEMPTS} times while it was "
+                       "being read; retry")
 
 
 def checkpoint_step(run_dir: str | Path) -> int:
-    """The step of the run's current checkpoint (0 when it has none), from checkpoint.json alone."""
-    pointer = Path(run_dir) / POINTER
-    if not pointer.exists():
-        return 0
-    try:
-        return int(json.loads(pointer.read_text(encoding="utf-8"))["step"])
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"{pointer} is not a readable checkpoint pointer: {error}") from error
+    """The step of the run's current checkpoint (0 when it has none), from its manifest alone."""
+    checkpoint = current_checkpoint(run_dir) if (Path(run_dir) / MANIFEST).exists() else None
+    return checkpoint.step if checkpoint is not None else 0
 
 
 def _whole(cpu_offload: bool = False):
@@ -291,48 +348,41 @@ def gather_training_state(model: torch.nn.Module, optimizers) -> tuple[dict[str,
 
 
 def save_checkpoint(run_dir: Path, weights: dict[str, torch.Tensor], optimizer_states: list[dict],
-                    generator: torch.Generator, step: int) -> None:
+                    generator: torch.Generator, step: int, metrics: MetricsLog) -> None:
     """Write model.safetensors and state.pt (both recording `step`; the states as from
-    `gather_training_state`) as one new step folder and make it current by replacing
-    checkpoint.json; then delete the checkpoint it supersedes. Raises `CheckpointWriteFailed`
-    (the previous checkpoint intact) if the disk refuses a write."""
+    `gather_training_state`) as one new step folder and make it current by replacing the
+    manifest (with `metrics` hashed up to here); then delete the checkpoint it supersedes.
+    Raises `CheckpointWriteFailed` (the previous checkpoint intact) if the disk refuses a write."""
     state = {"step": step, "optimizers": optimizer_states,
              "generator": generator.get_state(), "torch_rng": torch.get_rng_state()}
-    folder = run_dir / f"{CHECKPOINT_PREFIX}{step:08d}"
-    scratch = temporary_path(folder)
+    manifest = run_manifest(run_dir)
+    checkpoint = Checkpoint(manifest, f"{CHECKPOINT_PREFIX}{step:08d}", step)
+    previous = checkpoint_of(manifest)
     committed = False
     try:
-        scratch.mkdir()
-        with open(scratch / "state.pt", "wb") as f:  # closed even when torch.save fails
-            torch.save(state, f)
-        save_file(weights, str(scratch / "model.safetensors"), metadata={"format": FORMAT, "step": str(step)})
-        sizes = {}
-        for name in CHECKPOINT_FILES:
-            os.chmod(scratch / name, default_file_mode())  # safetensors creates its file 0600
-            fsync_path(scratch / name)
-            sizes[name] = (scratch / name).stat().st_size
-        os.rename(scratch, folder)
+        manifest.discard.append(checkpoint.name)  # ours from its first byte: a kill leaves it to remove
+        manifest.save()
+        checkpoint.folder.mkdir()
+        manifest.write(checkpoint.state, lambda file: torch.save(state, file))
+        weights_bytes = serialize_safetensors(weights, metadata={"format": FORMAT, "step": str(step)})
+        manifest.write(checkpoint.weights, lambda file: file.write(weights_bytes))
         fsync_path(run_dir)
-        atomic_write_text(run_dir / POINTER, json.dumps({"step": step, "folder": folder.name, "sizes": sizes}))
+        manifest.files[METRICS] = metrics.entry
+        manifest.meta["checkpoint"] = {"step": step, "folder": checkpoint.name}
+        manifest.discard = [previous.name] if previous is not None else []
+        for name in [n for n in manifest.files if n.startswith(previous.name + "/")] if previous is not None else []:
+            del manifest.files[name]
+        manifest.save()
         committed = True
     except (OSError, SafetensorError, RuntimeError) as error:  # torch.save reports a full disk as RuntimeError
-        if _pointer_folder(run_dir) != folder.name:
-            shutil.rmtree(folder, ignore_errors=True)
         needed = sum(t.numel() * t.element_size() for t in weights.values())
         raise CheckpointWriteFailed(
             f"could not write the step-{step} checkpoint in {run_dir} ({_describe_write_error(error, run_dir, needed)}); "
             "the previous checkpoint is intact: free space or fix permissions, then resume (--resume)") from error
     finally:
         if not committed:
-            shutil.rmtree(scratch, ignore_errors=True)
-    remove_superseded(run_dir)
-
-
-def _pointer_folder(run_dir: Path) -> str | None:
-    try:
-        return json.loads((run_dir / POINTER).read_text(encoding="utf-8"))["folder"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+            remove_owned(checkpoint.folder)  # listed to discard: ours
+    manifest.remove_leftovers()
 
 
 def _describe_write_error(error: BaseException, folder: Path, needed: int) -> str:
@@ -345,71 +395,62 @@ def _describe_write_error(error: BaseException, folder: Path, needed: int) -> st
     return f"{type(error).__name__}: {str(error)[:300]}"
 
 
-def remove_superseded(run_dir: Path) -> list[str]:
-    """Delete what a killed writer left in `run_dir`: temporary files, step folders that
-    checkpoint.json does not name."""
-    removed = remove_temporaries(run_dir)
-    if not (run_dir / POINTER).exists():
-        current = None
-    else:
-        current = current_checkpoint(run_dir, files=()).folder.name
-    for folder in run_dir.glob(f"{CHECKPOINT_PREFIX}*"):
-        if folder.is_dir() and folder.name != current:
-            shutil.rmtree(folder)
-            removed.append(folder.name)
-    return removed
-
-
-def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+def parse_weights(data: bytes, where: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Tensors and metadata of a headlab safetensors file's (verified) content."""
     try:
-        weights = load_file(str(path))
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
+        weights = parse_safetensors(data)
+        header_size = int.from_bytes(data[:8], "little")
+        metadata = json.loads(data[8:8 + header_size]).get("__metadata__") or {}
     except (SafetensorError, OSError, ValueError) as error:
-        raise ValueError(f"{path} is not a readable safetensors file (truncated or corrupt?): {error}") from error
+        raise ValueError(f"{where} is not a readable safetensors file (truncated or corrupt?): {error}") from error
     if metadata.get("format") != FORMAT:
-        raise ValueError(f"{path} was not written by headlab (metadata format={metadata.get('format')!r})")
+        raise ValueError(f"{where} was not written by headlab (metadata format={metadata.get('format')!r})")
     return weights, metadata
 
 
-def _read_state(path: Path) -> dict:
-    if not path.exists():
-        raise ValueError(f"{path} is missing: the weights beside it cannot be resumed exactly (no optimizer or "
-                         "data-order state); load them with load_run, or train into a new folder")
+def _parse_state(data: bytes, where: Path) -> dict:
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as error:  # truncated zip, foreign pickle (refused by weights_only), ...
-        raise ValueError(f"{path} is not a readable headlab training state (truncated, corrupt or foreign): "
+        raise ValueError(f"{where} is not a readable headlab training state (truncated, corrupt or foreign): "
                          f"{type(error).__name__}: {str(error)[:300]}") from error
     if not isinstance(state, dict) or not {"step", "optimizers", "generator"} <= set(state):
-        raise ValueError(f"{path} is not a headlab training state (keys: {sorted(state) if isinstance(state, dict) else type(state).__name__})")
+        raise ValueError(f"{where} is not a headlab training state (keys: {sorted(state) if isinstance(state, dict) else type(state).__name__})")
     return state
 
 
-def _load_weights_into(model: torch.nn.Module, path: Path) -> int:
+def _load_weights_into(model: torch.nn.Module, data: bytes, where: Path) -> int:
     """Load whole weights into `model` (plain, or FSDP-sharded: each rank keeps its shard)."""
 
-    weights, metadata = read_weights(path)
+    weights, metadata = parse_weights(data, where)
     expected = model.state_dict()
     if set(weights) != set(expected) or any(weights[k].shape != expected[k].shape for k in expected):
-        raise ValueError(f"{path} does not hold weights for this model configuration")
+        raise ValueError(f"{where} does not hold weights for this model configuration")
     bad = [k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if bad:
-        raise ValueError(f"{path} holds non-finite (NaN or inf) values in {', '.join(bad[:5])}")
-    set_model_state_dict(model, weights, options=_whole())
+        raise ValueError(f"{where} holds non-finite (NaN or inf) values in {', '.join(bad[:5])}")
+    # In the model's order: safetensors parses into a hash-ordered dict that differs between
+    # processes, and FSDP scatters the tensors one by one in the order given, on every rank.
+    set_model_state_dict(model, {k: weights[k] for k in expected}, options=_whole())
     return int(metadata.get("step", 0))
 
 
 def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module, optimizers, generator: torch.Generator) -> int:
     """Restore weights, optimizer and RNG state from `checkpoint` into a plain or FSDP-sharded
-    model (every rank reads the whole files); returns the step reached."""
+    model (every rank reads the whole files, each verified); returns the step reached."""
 
-    state = _read_state(checkpoint.state)
-    step = _load_weights_into(model, checkpoint.weights)
-    if step != state["step"]:
-        raise ValueError(f"{checkpoint.folder}: model.safetensors is at step {step} but state.pt at step {state['step']}")
+    state_path = checkpoint.manifest.file(checkpoint.state)
+    try:
+        state = _parse_state(checkpoint.read(checkpoint.state), state_path)
+    except ValueError as error:
+        raise ValueError(f"{error}. Without it the weights beside it cannot be resumed exactly (no optimizer or "
+                         "data-order state); load them with load_run, or train into a new folder") from None
+    step = _load_weights_into(model, checkpoint.read(checkpoint.weights), checkpoint.manifest.file(checkpoint.weights))
+    if step != state["step"] or step != checkpoint.step:
+        raise ValueError(f"{checkpoint.folder}: model.safetensors is at step {step}, state.pt at step {state['step']}, "
+                         f"the manifest says {checkpoint.step}")
     if len(state["optimizers"]) != len(optimizers):
-        raise ValueError(f"{checkpoint.state} holds {len(state['optimizers'])} optimizer states, expected {len(optimizers)}")
+        raise ValueError(f"{state_path} holds {len(state['optimizers'])} optimizer states, expected {len(optimizers)}")
     for optimizer, optimizer_state in zip(optimizers, state["optimizers"]):
         set_optimizer_state_dict(model, optimizer, optimizer_state, options=_whole())
     generator.set_state(state["generator"])
@@ -419,84 +460,65 @@ def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module, optimizers, 
 
 # ---- opening a run folder for training ----------------------------------------------------
 
-class RunLock:
-    """An exclusive advisory lock (flock) on `run_dir/.lock`, held while a trainer writes the
-    folder. The kernel drops it when its process dies, so a dead trainer's lock is never obeyed;
-    the file's text (pid, host, start time) only names the holder in the error."""
-
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / LOCK
-        self.fd: int | None = None
-
-    def __enter__(self) -> "RunLock":
-
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            holder = os.read(fd, 200).decode(errors="replace").strip() or "unknown process"
-            os.close(fd)
-            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            raise RunFolderLocked(f"{self.path.parent} is being written by another trainer ({holder}): wait for it "
-                                  "to finish, or choose another --out") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc) -> None:
-        os.close(self.fd)  # closing the descriptor releases the flock
-        self.fd = None
-
-
 def open_run(run_dir: Path, model_config: ModelConfig, train_config: TrainConfig, corpus, resume: bool,
              write: bool) -> Checkpoint | None:
     """Check that `run_dir` may take this run and return the checkpoint to continue from (None:
-    start at step 0). Without `resume`, a folder with a checkpoint is refused; with it, the
-    saved config must match (the error names every difference). When `write` (the process that
-    owns the folder, holding its lock), leftovers are removed and a fresh start writes config.json."""
-    if write:
-        remove_superseded(run_dir)
-    checkpoint = current_checkpoint(run_dir)
+    start at step 0). A non-empty folder headlab did not write is refused. Without `resume`, a
+    folder with a checkpoint is refused; with it, the saved config must match (the error names
+    every difference). When `write` (the process that owns the folder, holding its lock), and
+    only after these checks, leftovers are removed and a fresh start writes config.json."""
+    manifest = Manifest.claim(run_dir, MANIFEST, RUN) if write else run_manifest(run_dir)
+    checkpoint = checkpoint_of(manifest)
     if checkpoint is not None and not resume:
         raise FileExistsError(f"{run_dir} already holds a run: resume it (resume=True, --resume) or choose another folder")
-    if resume and (run_dir / "config.json").exists():
+    if resume and "config.json" in manifest.files:
         differences = resume_differences(run_dir, model_config, train_config, corpus)
         if differences:
             raise ValueError(f"cannot resume {run_dir}: {len(differences)} setting(s) differ from the saved run: "
                              + "; ".join(differences) + ". Resume with the saved settings, or choose another folder")
     elif checkpoint is not None:
         raise ValueError(f"{run_dir} holds a checkpoint but no config.json, so what it continues cannot be checked")
+    if write:
+        manifest.remove_leftovers()
     if write and checkpoint is None:
-        write_run_config(run_dir, model_config, train_config, corpus)
+        write_run_config(manifest, model_config, train_config, corpus)
+        manifest.save()
     return checkpoint
 
 
 def load_run(path: str | Path, device: str = "cpu") -> Run:
-    """The model, configs and metrics of a run folder (its current checkpoint). Refuses, naming
-    the file, anything truncated, corrupt or not written by headlab."""
+    """The model, configs and metrics of a run folder (its current checkpoint, read whole even
+    while a trainer writes the next one). Refuses, naming the file, anything truncated, corrupt,
+    changed since it was written, or not written by headlab."""
     run_dir = Path(path)
     payload = read_config(run_dir)
     model_config = ModelConfig.from_dict(payload["model"])
-    checkpoint = current_checkpoint(run_dir, files=("model.safetensors",))
-    if checkpoint is None:
-        raise ValueError(f"{run_dir} has no checkpoint yet (no {POINTER}): train or resume it first")
+    current = read_current(run_dir, ("model.safetensors",))
+    if current is None:
+        raise ValueError(f"{run_dir} has no checkpoint yet: train or resume it first")
+    checkpoint, files = current
     model = GPT(model_config)
-    step = _load_weights_into(model, checkpoint.weights)
-    metrics_path = run_dir / "metrics.jsonl"
-    metrics = read_metrics(metrics_path) if metrics_path.exists() else []
+    step = _load_weights_into(model, files["model.safetensors"], checkpoint.manifest.file(checkpoint.weights))
     return Run(model=model.to(device).eval(), model_config=model_config,
-               train_config=TrainConfig.from_dict(payload["train"]), step=step, metrics=metrics, path=run_dir)
+               train_config=TrainConfig.from_dict(payload["train"]), step=step,
+               metrics=read_metrics(run_dir / METRICS), path=run_dir)
 
 
 def record_start(run_dir: Path, step: int, execution: dict) -> dict:
     """Append to starts.jsonl that the run starts (or resumes) at `step` executing as `execution`
     (processes, threads, device, ...), and return what changed since the previous start:
-    {setting: [before, now]}."""
+    {setting: [before, now]}. A log for people, never read back by training."""
     path = run_dir / STARTS
-    previous = read_metrics(path)[-1] if path.exists() and path.stat().st_size else {}
+    try:
+        lines = read_regular(path).decode("utf-8").splitlines()
+        previous = json.loads(lines[-1]) if lines else {}
+    except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
+        previous = {}
     changed = {k: [previous[k], v] for k, v in execution.items() if k in previous and previous[k] != v}
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"step": step, **execution, "changed": changed}) + "\n")
+    line = (json.dumps({"step": step, **execution, "changed": changed}) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
     return changed

@@ -8,7 +8,8 @@ draw) of every `blocks.<i>.attn.*` tensor: exactly what `headlab.analysis.heads`
 model (Q/K/V/O, LRKV's shared and low-rank parts, MLA's latent weights and latent-norm gains;
 the blocks' pre-norm gains are not part of A_h, see `headlab.analysis.heads`). Never optimizer state.
 Layout: <run>/snapshots/step-XXXXXXXX.safetensors (metadata: format=headlab, step), each
-written atomically (`headlab.io`), so a kill leaves a whole snapshot or none. After a resume
+written atomically and listed with its SHA-256 in the run's manifest (`headlab.io`), so a kill
+leaves a whole snapshot or none, and a snapshot is verified when read. After a resume
 from step c, the steps from c on are written again; on CPU training is bit-reproducible, so a
 snapshot rewritten this way is identical to the one a kill interrupted. The last step's weights
 are the run's final checkpoint, which `analyze_snapshots` reads as the last step.
@@ -23,13 +24,13 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save as serialize_safetensors
 
-from headlab.io import atomic_write, remove_temporaries
+from headlab.training.runs import run_manifest
 
 FOLDER = "snapshots"
 FORMAT = "headlab"
-NAME = re.compile(r"^step-(\d{8})\.safetensors$")
+NAME = re.compile(rf"^{FOLDER}/step-(\d{{8}})\.safetensors$")
 
 
 def snapshot_steps(steps: int, every: int) -> list[int]:
@@ -49,8 +50,8 @@ def is_snapshot_step(step: int, every: int) -> bool:
     return every > 0 and (step % every == 0 or (step & (step - 1) == 0 and step < every))
 
 
-def snapshot_path(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / FOLDER / f"step-{step:08d}.safetensors"
+def snapshot_name(step: int) -> str:
+    return f"{FOLDER}/step-{step:08d}.safetensors"
 
 
 def attention_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -72,15 +73,16 @@ def write_snapshot(run_dir: Path, model: torch.nn.Module, step: int, every: int,
     tensors = attention_tensors(model)
     if not write:
         return None
-    path = snapshot_path(run_dir, step)
-    path.parent.mkdir(exist_ok=True)
-    remove_temporaries(path.parent)  # leftovers of a killed write (never read; a glob of a small folder)
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": FORMAT, "step": str(step)}))
-    return path
+    manifest = run_manifest(run_dir)
+    manifest.file(FOLDER).mkdir(exist_ok=True)
+    data = serialize_safetensors(tensors, metadata={"format": FORMAT, "step": str(step)})
+    manifest.write(snapshot_name(step), lambda file: file.write(data))
+    manifest.save()
+    return manifest.file(snapshot_name(step))
 
 
 def snapshot_files(run_dir: str | Path) -> dict[int, Path]:
-    """Step -> snapshot file of a run folder, in step order (hidden temporaries are ignored)."""
-    folder = Path(run_dir) / FOLDER
-    found = {int(m.group(1)): p for p in folder.iterdir() if (m := NAME.match(p.name))} if folder.is_dir() else {}
+    """Step -> snapshot file of a run folder, in step order, each verified against the manifest."""
+    manifest = run_manifest(run_dir)
+    found = {int(m.group(1)): manifest.verify(name) for name in manifest.files if (m := NAME.match(name))}
     return dict(sorted(found.items()))

@@ -26,13 +26,13 @@ from tqdm.auto import tqdm
 
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus, random_windows
+from headlab.io import FolderLock, refuse_foreign
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, eval_mode
-from headlab.training.config import TrainConfig, train_preset
+from headlab.training.config import TrainConfig
 from headlab.training.distributed import (Processes, join_process_group, launched_processes, local_main_first,
-                                         together,
-                                         training_device)
-from headlab.training.runs import (EXECUTION_FIELDS, MetricsLog, Run, RunLock, gather_training_state, load_checkpoint,
+                                         together, training_device)
+from headlab.training.runs import (EXECUTION_FIELDS, MANIFEST, MetricsLog, Run, gather_training_state, load_checkpoint,
                                    open_run, record_start, save_checkpoint)
 from headlab.training.snapshots import is_snapshot_step, write_snapshot
 
@@ -185,8 +185,9 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
     with ExitStack() as held:
         with together(ddp):  # rank 0 alone owns the folder; if it cannot, no rank trains
             if run_dir is not None and ddp.is_main:
+                refuse_foreign(run_dir, MANIFEST)
                 _make_run_folder(run_dir)
-                held.enter_context(RunLock(run_dir))
+                held.enter_context(FolderLock(run_dir, "trainer"))
         return _train(model_config, train_config, corpus, device, ddp, run_dir, resume, progress)
 
 
@@ -224,8 +225,11 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     # every rank holds the metrics (a finished run's included); rank 0 alone writes them
     metrics = MetricsLog(run_dir / "metrics.jsonl" if run_dir is not None else None, write=ddp.is_main)
     if run_dir is not None:
+        with together(ddp):  # the main rank claims and cleans the folder before the others read it
+            checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=True) if ddp.is_main else None
         with together(ddp):
-            checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=ddp.is_main)
+            if not ddp.is_main:
+                checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=False)
             if checkpoint is not None:
                 start_step = load_checkpoint(checkpoint, model, optimizers, generator)
                 metrics.truncate_after(start_step)
@@ -313,7 +317,7 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
                 weights, optimizer_states = gather_training_state(model, optimizers)
             with together(ddp):  # a failed write on rank 0 ends every rank
                 if ddp.is_main:
-                    save_checkpoint(run_dir, weights, optimizer_states, generator, done)
+                    save_checkpoint(run_dir, weights, optimizer_states, generator, done, metrics)
             last_checkpoint = done
     bar.close()
     if ddp.world_size > 1:

@@ -1,0 +1,97 @@
+"""Every CLI option given hostile values ends in one line and a documented exit status, never a
+traceback (issue 22, invariant 4). `--plan` keeps train and reproduce from training."""
+
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from headlab.cli import EXIT_INPUT, EXIT_INTERRUPTED, build_parser, main
+
+HOSTILE = ["", "-1", "0", "99999999999999999999", "-99999999999999999999", "1e999", "nan", "inf", "1.5", "abc",
+           "☃", "../../x", "\x01"]
+EXITS = {0, EXIT_INPUT}
+COMMANDS = {"info": ["info", "--attention", "mha"],
+            "train": ["train", "--preset", "tiny", "--corpus", "synthetic", "--plan"],
+            "reproduce": ["reproduce", "--preset", "tiny", "--plan"]}
+# Values a careless or hostile user types: any short text, and numbers of every size and kind as text.
+VALUES = st.one_of(st.text(max_size=12), st.integers().map(str), st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                   st.integers(min_value=-10 ** 40, max_value=10 ** 40).map(lambda n: f"{n}e{n % 400}"))
+
+
+def _options(command: str) -> list[str]:
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
+    return [a.option_strings[-1] for a in sub._actions
+            if a.option_strings and a.nargs != 0 and a.dest not in ("help", "debug")]
+
+
+def _one_line_or_usage(capsys, argv) -> None:
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's usage and one error line
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, (argv, err)
+    assert code in EXITS, (argv, code, err)
+    if code:
+        assert err.strip().splitlines()[-1].count("error:") == 1, (argv, err)
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_with_a_hostile_value_gives_one_line(tmp_path, capsys, monkeypatch, command, value):
+    monkeypatch.chdir(tmp_path)
+    for option in _options(command):
+        if option not in COMMANDS[command]:
+            _one_line_or_usage(capsys, [*COMMANDS[command], option, value])
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_generated_hostile_values_give_one_line(tmp_path, capsys, monkeypatch, command, data):
+    monkeypatch.chdir(tmp_path)
+    option = data.draw(st.sampled_from([o for o in _options(command) if o not in COMMANDS[command]]), label="option")
+    _one_line_or_usage(capsys, [*COMMANDS[command], option, data.draw(VALUES, label="value")])
+
+
+def test_hostile_files_give_one_line(tmp_path, capsys):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": ["gpt2"], "n_layer": 1}))
+    (hf / "model.safetensors").write_bytes(b"\0" * 8)
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_head": 1}))
+    (index / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "../outside/x.safetensors"}}))
+    nan = tmp_path / "nan.json"
+    nan.write_text('{"n_layer": NaN}')
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"n_head": 99999999999999999999999}')  # torch failed on it with pages of C++ frames
+    fifo = tmp_path / "fifo"
+    os.mkfifo(tmp_path / "fifo.txt")
+    for argv in (["analyze", str(hf), "--out", str(tmp_path / "a")], ["analyze", str(index), "--out", str(tmp_path / "b")],
+                 ["info", "--config", str(nan)], ["info", "--config", str(huge)], ["report", str(tmp_path)], ["report", str(fifo)],
+                 ["train", "--corpus", str(tmp_path / "fifo.txt"), "--steps", "1"]):
+        _one_line_or_usage(capsys, argv)
+
+
+def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch):
+    import headlab.cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(headlab.cli, "cmd_info", interrupted)
+    monkeypatch.setattr(headlab.cli, "build_parser", lambda: _parser_with(interrupted))
+    assert main(["info"]) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "headlab: error: interrupted; a run folder resumes from its last checkpoint (--resume)"]
+
+
+def _parser_with(func):
+    parser = build_parser()
+    parser._subparsers._group_actions[0].choices["info"].set_defaults(func=func)
+    return parser

@@ -1,0 +1,211 @@
+"""The invariants of issue 22, one test each: headlab deletes or overwrites only what its
+manifest says it wrote, verifies content (not size) on every read, never writes through a
+link, and lets one writer at a time into an analysis folder."""
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import tiny_model, write_run
+
+import headlab.io
+from headlab import load_corpus, load_run, preset, train, train_preset
+from headlab.analysis.similarity import Analysis
+from headlab.cli import main
+from headlab.data import sources
+from headlab.data.bpe import TOKENIZER_FILE
+from headlab.io import Manifest
+from headlab.study.study import MANIFEST as STUDY_MANIFEST
+from headlab.study.study import STUDY, Study
+from headlab.training.runs import MANIFEST, current_checkpoint
+
+TINY = train_preset("tiny", steps=4, batch_size=4, eval_every=2, eval_batches=1, checkpoint_every=2, log_every=1)
+TRAIN = ["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "2", "--no-progress"]
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def finished_run(tmp_path):
+    return train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=tmp_path / "run",
+                 progress=False).path
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every entry below `folder`: a file's SHA-256, a link's target, or 'folder'."""
+    entries = {}
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if path.is_symlink():
+            entries[name] = "-> " + os.readlink(path)
+        elif path.is_dir():
+            entries[name] = "folder"
+        else:
+            entries[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return entries
+
+
+def refused_in_one_line(capsys, argv) -> str:
+    """Run the CLI; it must exit 2 with exactly one line on stderr, which is returned."""
+    assert main([str(a) for a in argv]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("headlab: error: "), lines
+    return lines[0]
+
+
+def flip_one_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+# ---- 1. ownership -------------------------------------------------------------------------------------------------
+
+def test_a_foreign_folder_is_refused_as_train_out_and_left_unchanged(tmp_path, capsys):
+    hf = tmp_path / "hf-trainer-output"
+    (hf / "checkpoint-500").mkdir(parents=True)
+    (hf / "checkpoint-500" / "model.safetensors").write_bytes(b"weights of another tool")
+    (hf / "checkpoint-500" / "optimizer.pt").write_bytes(b"optimizer of another tool")
+    (hf / "config.json").write_text('{"model_type": "gpt2"}')
+    (hf / ".config.json.0123abcd.tmp").write_text("named as headlab names its temporaries")
+    (hf / "trainer.tmp").write_text("another tool's temporary")
+    before = snapshot(hf)
+    assert "holds files headlab did not write" in refused_in_one_line(capsys, [*TRAIN, "--out", hf])
+    assert snapshot(hf) == before  # not even a .lock
+
+
+@pytest.mark.parametrize("command", ["train", "train --resume", "reproduce"])
+def test_a_run_whose_manifest_is_gone_is_refused_and_nothing_is_deleted(tmp_path, finished_run, capsys, command):
+    if command == "reproduce":  # a study whose first run lost its manifest
+        study = Study("tiny", 2, tmp_path / "study")
+        study.folder.mkdir()
+        Manifest.claim(study.folder, STUDY_MANIFEST, STUDY)
+        run = study.run_folder(next(iter(study.roles.values())))
+        run.parent.mkdir()
+        shutil.copytree(finished_run, run)
+        argv = ["reproduce", "--preset", "tiny", "--steps", "2", "--seeds", "1", "--corpus", "synthetic",
+                "--out", study.folder]
+    else:
+        run = finished_run
+        argv = [*TRAIN, "--out", run, *(["--resume"] if command.endswith("--resume") else [])]
+    (run / MANIFEST).unlink()
+    before = snapshot(run)
+    assert "checkpoint-00000004" in before
+    assert "holds files headlab did not write" in refused_in_one_line(capsys, argv)
+    assert snapshot(run) == before
+
+
+def test_a_run_killed_while_claiming_its_folder_resumes(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").touch()
+    (run / ".manifest.json.0123abcd.tmp").write_text('{"format": "hea')  # the kill came mid-write
+    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=run, resume=True, progress=False)
+    assert current_checkpoint(run).step == TINY.steps and not list(run.glob(".*.tmp"))
+
+
+# ---- 3. confinement -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["train", "analyze"])
+def test_a_symlinked_lock_is_refused_and_its_target_untouched(tmp_path, capsys, command):
+    target = tmp_path / "precious.txt"
+    target.write_text("not headlab's")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").symlink_to(target)
+    model = write_run(tmp_path / "model", tiny_model("mha"))
+    argv = [*TRAIN, "--out", out] if command == "train" else ["analyze", model, "--out", out]
+    assert "symbolic link" in refused_in_one_line(capsys, argv)
+    assert target.read_text() == "not headlab's" and snapshot(out) == {".lock": f"-> {target}"}
+
+
+@pytest.mark.parametrize("entry", ["fifo", "symlink", "folder"])
+def test_a_corpus_folder_with_a_txt_that_is_not_a_regular_file_is_refused(tmp_path, capsys, entry):
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("plain words " * 400)
+    make = {"fifo": os.mkfifo, "symlink": lambda p: p.symlink_to(texts / "a.txt"), "folder": Path.mkdir}[entry]
+    make(texts / "x.txt")
+    line = refused_in_one_line(capsys, ["train", "--preset", "tiny", "--corpus", texts, "--steps", "1", "--no-progress"])
+    assert "x.txt" in line and "not regular files" in line
+
+
+# ---- 2. content, not size -----------------------------------------------------------------------------------------
+
+def test_a_bit_flip_in_the_weights_is_refused_naming_the_file(finished_run):
+    checkpoint = current_checkpoint(finished_run)
+    flip_one_bit(checkpoint.manifest.file(checkpoint.weights))
+    with pytest.raises(ValueError, match=r"model\.safetensors does not match the SHA-256") as error:
+        load_run(finished_run)
+    assert "\n" not in str(error.value)
+
+
+def test_a_bit_flip_in_the_training_state_is_refused_naming_the_file(finished_run):
+    checkpoint = current_checkpoint(finished_run)
+    flip_one_bit(checkpoint.manifest.file(checkpoint.state))
+    with pytest.raises(ValueError, match=r"state\.pt does not match the SHA-256") as error:
+        train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000),
+              out=finished_run, resume=True, progress=False)
+    assert "\n" not in str(error.value)
+
+
+def test_a_config_edited_after_training_is_refused(finished_run):
+    config = json.loads((finished_run / "config.json").read_text())
+    config["train"]["lr"] *= 2  # still a valid config: only its hash tells
+    (finished_run / "config.json").write_text(json.dumps(config, indent=2))
+    with pytest.raises(ValueError, match=r"config\.json does not match the SHA-256"):
+        load_run(finished_run)
+
+
+def test_an_edited_bpe_tokenizer_is_refused():
+    tokenizer = load_corpus("synthetic", tokenizer="bpe:300").folder / TOKENIZER_FILE
+    edited = json.loads(tokenizer.read_text())
+    tokenizer.write_text(json.dumps(edited, indent=1))  # the same merges, other bytes: still an edit
+    with pytest.raises(ValueError, match=r"tokenizer\.json does not match the SHA-256"):
+        load_corpus("synthetic", tokenizer="bpe:300")
+
+
+def test_a_corrupted_token_shard_is_refused_and_not_trained_on(tmp_path, capsys):
+    shard = load_corpus("synthetic").folder / "train_000.bin"
+    flip_one_bit(shard)
+    line = refused_in_one_line(capsys, [*TRAIN, "--out", tmp_path / "run"])
+    assert "train_000.bin does not match the SHA-256" in line
+    assert not (tmp_path / "run" / MANIFEST).exists()  # no step was trained
+
+
+# ---- 5. one writer per analysis folder ----------------------------------------------------------------------------
+
+def test_a_second_analysis_into_the_same_folder_is_refused_while_the_first_writes(tmp_path, capsys, monkeypatch):
+    first, second = write_run(tmp_path / "mha", tiny_model("mha")), write_run(tmp_path / "mqa", tiny_model("mqa"))
+    out = tmp_path / "analysis"
+    writing, release = threading.Event(), threading.Event()
+    real_write = headlab.io.HashingFile.write
+
+    def paused_write(self, data):  # the first analysis (in its own thread) stops at its first write
+        if threading.current_thread() is not threading.main_thread():
+            writing.set()
+            release.wait(timeout=120)
+        return real_write(self, data)
+
+    monkeypatch.setattr(headlab.io.HashingFile, "write", paused_write)
+    codes = []
+    writer = threading.Thread(target=lambda: codes.append(main(["analyze", str(first), "--out", str(out)])))
+    writer.start()
+    try:
+        assert writing.wait(timeout=120)
+        assert main(["analyze", str(second), "--out", str(out)]) == 2
+    finally:
+        release.set()
+        writer.join()
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert codes == [0] and len(errors) == 1 and "being written by another" in errors[0], errors
+    written = Analysis.load(out)
+    assert written.models == ["Standard MHA"] and set(written.summary["model"]) == {"Standard MHA"}
