@@ -16,7 +16,8 @@ from headlab import preset
 from headlab.training import distributed
 from headlab.training.config import train_preset
 from headlab.training.distributed import join_process_group, training_device
-from headlab.training.runs import STARTS, RunLock
+from headlab.io import FolderLock
+from headlab.training.runs import STARTS
 from headlab.training.trainer import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +64,7 @@ def test_one_rank_failing_ends_every_process_with_one_line(tmp_path):
     processes exit with status 2 within the minute, and the error is printed once."""
     folder = tmp_path / "study" / "runs" / "standard-mha-seed0"
     folder.mkdir(parents=True)
-    with RunLock(folder):
+    with FolderLock(folder, "trainer"):
         failed = _torchrun(tmp_path, [*STUDY, "--out", "study"], timeout=60)
     assert failed.returncode != 0
     errors = [line for line in failed.stderr.splitlines() if line.startswith("headlab: error")]
