@@ -237,21 +237,20 @@ def test_a_report_cut_short_leaves_the_previous_one_whole(study, monkeypatch):
     """report.md is replaced atomically: a write that dies half-way (a full disk) leaves the
     previous report byte for byte, and no temporary file behind."""
     import dataclasses
-    import pathlib
+
+    import headlab.io
 
     out, _, path = study
     before = path.read_bytes()
     tables = read_study_tables(out)
     renamed = dataclasses.replace(tables, meta={**tables.meta, "preset": "another"})  # a different report
-    real_write_text = pathlib.Path.write_text
+    real_write = headlab.io.HashingFile.write
 
-    def dies_half_way(self, text, *args, **kwargs):
-        if self.name.endswith("report.md") or self.name.startswith(".report.md"):
-            real_write_text(self, text[:len(text) // 2], *args, **kwargs)
-            raise OSError(28, "No space left on device", str(self))
-        return real_write_text(self, text, *args, **kwargs)
+    def dies_half_way(self, data):  # every atomic write goes through a HashingFile; report.md is the one here
+        real_write(self, memoryview(data)[:len(data) // 2])
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(pathlib.Path, "write_text", dies_half_way)
+    monkeypatch.setattr(headlab.io.HashingFile, "write", dies_half_way)
     with pytest.raises(OSError):
         write_report(renamed, out)
     assert path.read_bytes() == before

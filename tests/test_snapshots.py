@@ -64,7 +64,7 @@ def test_a_killed_run_resumes_to_snapshots_identical_to_an_uninterrupted_run(tmp
     def write_then_die(run_dir, model, step, every, write=True):
         path = original(run_dir, model, step, every, write)
         if step == 5:
-            (path.parent / ".step-00000010.safetensors.dead.tmp").write_bytes(b"torn")
+            (path.parent / ".step-00000005.safetensors.0123abcd.tmp").write_bytes(b"torn")  # named as headlab names them
             raise _Killed
         return path
 
