@@ -16,7 +16,7 @@ from headlab import preset
 from headlab.training import distributed
 from headlab.training.config import train_preset
 from headlab.training.distributed import join_process_group, training_device
-from headlab.io import FolderLock
+from headlab.io import FolderLock, Manifest
 from headlab.training.runs import STARTS
 from headlab.training.trainer import train
 
@@ -34,9 +34,9 @@ def _torchrun(tmp_path, args, timeout=240):
 
 
 def _saved(runs: Path) -> dict:
-    """What a rerun must leave untouched: each run's checkpoint pointer and metrics, byte for byte."""
-    return {(run.name, name): (run / name).read_bytes()
-            for run in sorted(runs.iterdir()) for name in ("checkpoint.json", "metrics.jsonl")}
+    """What a rerun must leave untouched: each run's checkpoint files and metrics, byte for byte."""
+    return {(run.name, str(path.relative_to(run))): path.read_bytes() for run in sorted(runs.iterdir())
+            for path in sorted([run / "metrics.jsonl", *run.glob("checkpoint-*/*")])}
 
 
 @pytest.mark.slow
@@ -62,6 +62,8 @@ def test_a_finished_study_rerun_under_torchrun_reuses_every_run(tmp_path):
 def test_one_rank_failing_ends_every_process_with_one_line(tmp_path):
     """Rank 0 cannot lock a run folder (another trainer holds it) while rank 1 would train: both
     processes exit with status 2 within the minute, and the error is printed once."""
+    (tmp_path / "study").mkdir()
+    Manifest.claim(tmp_path / "study", "study.json", "a study folder")  # a study headlab began
     folder = tmp_path / "study" / "runs" / "standard-mha-seed0"
     folder.mkdir(parents=True)
     with FolderLock(folder, "trainer"):
