@@ -58,7 +58,7 @@ def main() -> None:
         rows += point_rows(point, per_seed_metrics(tables["summary"], tables["training"]))
         print(f"{folder}: {len(runs)} runs of {steps} steps, report {report} ({time.perf_counter() - start:.0f} s)")
     table = pd.DataFrame(rows)
-    save_tables(args.out, {"sweep": table}, "sweep.json")
+    save_tables(args.out, {"sweep": table}, "sweep.json", "a sweep folder")
     print(f"sweep page: {write_sweep_report(table, args.out)}")
 
 

@@ -27,6 +27,7 @@ from headlab.analysis.inputs import encode_text, input_moments
 from headlab.analysis.similarity import analyze, concat
 from headlab.analysis.snapshots import analyze_snapshots
 from headlab.analysis.tables import load_tables, save_tables
+from headlab.io import Manifest
 from headlab.data.corpus import load_corpus
 from headlab.data.tokenizers import tokenizer_vocab_size
 from headlab.model.config import ATTENTION_FAMILIES, PRESETS, ModelConfig, preset
@@ -293,7 +294,7 @@ def cmd_reproduce(args) -> int:
     return 0
 
 
-SWEEP_MANIFEST = "sweep.json"
+SWEEP_MANIFEST, SWEEP = "sweep.json", "a sweep folder"
 
 
 def sweep_values(text: str) -> tuple[str, list]:
@@ -319,9 +320,11 @@ def cmd_sweep(args) -> int:
     points = grid(args.preset, args.lengths, args.depths, fields)
     print(f"sweep: {len(points)} grid point(s) x {len(Study(args.preset, None, args.out).roles)} variants x "
           f"{args.seeds} seed(s) into {args.out}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    Manifest.claim(args.out, SWEEP_MANIFEST, SWEEP)  # a folder headlab did not write is refused before training
     table = sweep_table(points, args.seeds, args.out, jobs=args.jobs)
-    save_tables(args.out, {"sweep": table}, SWEEP_MANIFEST)
-    tables, _ = load_tables(args.out, SWEEP_MANIFEST, "a sweep folder")
+    save_tables(args.out, {"sweep": table}, SWEEP_MANIFEST, SWEEP)
+    tables, _ = load_tables(args.out, SWEEP_MANIFEST, SWEEP)
     print(f"sweep written: {write_sweep_report(tables['sweep'], args.out)}")
     return 0
 

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -216,7 +217,8 @@ class Study:
         notice = self.training_notice(seeds, jobs)
         if notice:
             log(notice)
-        runs_bar = {"total": len(work), "desc": "runs", "unit": "run", "disable": progress or notice is None}
+        runs_bar = {"total": len(work), "desc": "runs", "unit": "run",
+                    "disable": progress or notice is None or not watched()}
         if jobs == 1:
             runs = []
             for seed, role, config in tqdm(work, **runs_bar):
@@ -248,6 +250,12 @@ def _prepare_worker(threads: int) -> None:
     """A training worker's process: `threads` torch threads and the trainer's allocator setting."""
     torch.set_num_threads(threads)
     keep_freed_cpu_memory()
+
+
+def watched() -> bool:
+    """Whether a person watches this process's output: a terminal, or a notebook's kernel (where
+    tqdm.auto draws a widget); never a pipe or a log file, where a bar is only noise."""
+    return sys.stderr.isatty() or "ipykernel" in sys.modules
 
 
 def _train_one(study: Study, seed: int, config: ModelConfig) -> float:
