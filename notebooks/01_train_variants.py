@@ -62,7 +62,7 @@ elif IN_COLAB and importlib.util.find_spec("headlab") is None:
 # `SMALL = True` is the smoke-test size that CI runs: the `tiny` preset (2 layers, 4 heads) for a
 # few dozen steps, seconds in all; its numbers only show that everything runs. `SMALL = False`
 # trains the `cpu-small` preset (4 layers, 6 heads) for the preset's own number of steps: the runs
-# `make demo` trains, about 11 minutes for all six on two CPU cores. `RUNS` is the folder the runs
+# `make demo` trains, about 17 minutes for all six and three seeds on two CPU cores. `RUNS` is the folder the runs
 # go to, shared by notebooks 01–05. `None` means: with `SMALL = False`, `make demo`'s study
 # (`runs/reproduce` in the project folder), so runs it has finished are reused rather than trained
 # again; with `SMALL = True`, `runs/notebooks/small/<key>`, the key naming the settings, so runs
@@ -70,8 +70,8 @@ elif IN_COLAB and importlib.util.find_spec("headlab") is None:
 # write themselves go to `STUDY.outputs` (`runs/notebooks/<small|full>`), never into the study.
 
 # %% tags=["parameters"]
-SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study, ~11 minutes on 2 CPUs
-SEEDS = 1  # runs per variant (seed 0, 1, ...); several seeds draw a band in the figures
+SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study, ~17 minutes on 2 CPUs
+SEEDS = 1 if SMALL else 3  # runs per variant (seeds 0, 1, ...): full mode reads make demo's three
 RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
 
 # %%

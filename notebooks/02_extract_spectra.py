@@ -61,7 +61,7 @@ elif IN_COLAB and importlib.util.find_spec("headlab") is None:
 # ## Parameters
 # The same switch as notebook 01, whose runs this notebook reuses (with `SMALL = False`, those of
 # `make demo`): when they are there, nothing is trained here; otherwise the six variants are
-# trained first (seconds with `SMALL = True`, about 11 minutes on two CPU cores with `SMALL = False`).
+# trained first (seconds with `SMALL = True`, about 17 minutes on two CPU cores with `SMALL = False`).
 
 # %% tags=["parameters"]
 SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study

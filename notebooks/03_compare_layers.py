@@ -58,7 +58,7 @@ if IN_COLAB:
 
 # %% tags=["parameters"]
 SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study
-SEEDS = 1  # as in notebook 01
+SEEDS = 1 if SMALL else 3  # runs per variant (seeds 0, 1, ...): full mode reads make demo's three
 RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
 
 # %%
