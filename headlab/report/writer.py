@@ -138,15 +138,14 @@ def draw_figures(tables: StudyTables, folder: Path, names: tuple[str, ...] = FIG
 def write_docs(tables: StudyTables, out: str | Path) -> Path:
     """The README's opening, from a study's tables: `DOCS_FIGURES` (PNG and SVG) and headline.md,
     the loss and effective-rank tables (mean ± sd over seeds; differences to MHA paired by seed
-    ± the 95% t half-width) with how long the study took. Returns headline.md's path."""
+    ± the 95% t half-width). Returns headline.md's path. (How long a study took is not a table's:
+    tables are redrawn from reused runs in minutes, so the README states the measured time.)"""
     out = Path(out)
     draw_figures(tables, out, DOCS_FIGURES)
     metrics = per_seed_metrics(tables["summary"], tables["training"])
     meta = tables.meta
-    took = f"{meta['minutes']:.0f} minutes" if meta.get("minutes") else "an unrecorded time"
     lines = [f"`{meta['preset']}`: {meta['n_layer']} layers x {meta['n_head']} heads, {meta['steps']} steps, "
-             f"{len(meta['seeds'])} seeds, {meta['corpus_description']}; the study took {took} "
-             f"(`headlab reproduce`, training and analysis).", "",
+             f"{len(meta['seeds'])} seeds, {meta['corpus_description']}.", "",
              markdown_table(loss_table(metrics, meta["flagship_mla_rope"]), 3), "",
              markdown_table(rank_table(tables["summary"], metrics), 1), ""]
     atomic_write_text(out / "headline.md", "\n".join(lines))
