@@ -58,7 +58,7 @@ if IN_COLAB:
 
 # %% tags=["parameters"]
 SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study
-SEEDS = 1 if SMALL else 3  # runs per variant (seeds 0, 1, ...): full mode reads make demo's three
+SEEDS = None  # runs per variant (seeds 0, 1, ...); None: 1 in small mode, make demo's 3 in full mode
 RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
 
 # %%
@@ -77,6 +77,7 @@ from headlab.study.tables import FLAGSHIP_MLA_ROPE, study_tables
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead
 STUDY = NotebookStudy.choose(SMALL, RUNS)
+SEEDS = SEEDS or (1 if SMALL else 3)
 VARIANTS = STUDY.variants
 
 # %% [markdown]
