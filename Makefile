@@ -34,7 +34,7 @@ docs: $(STAMP)
 	$(PY) -m headlab docs runs/reproduce --out docs
 
 test: $(STAMP) browser
-	$(PY) -m pytest -q --nbmake tests $(wildcard notebooks/*.ipynb)
+	$(PY) -m pytest -q -n 2 --dist loadgroup --nbmake tests $(wildcard notebooks/*.ipynb)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

@@ -69,3 +69,12 @@ def threads(request):
     torch.set_num_threads(request.param)
     yield request.param
     torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(items):
+    """Under `pytest -n 2 --dist loadgroup` (make test), the notebooks and the browser test, which
+    train and read the same small-mode runs under runs/notebooks/small/, run on one worker, one
+    after the other; everything else spreads over both cores."""
+    for item in items:
+        if item.path.suffix == ".ipynb" or item.path.name == "test_browser.py":
+            item.add_marker(pytest.mark.xdist_group("notebooks"))
