@@ -151,6 +151,15 @@ def open_regular(path: Path) -> int:
     return fd
 
 
+def append_line(path: Path, line: bytes) -> None:
+    """Append `line` to `path` (created if missing) in one write, never through a symlink."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
 def read_regular(path: Path) -> bytes:
     fd = open_regular(path)
     with os.fdopen(fd, "rb") as f:

@@ -49,7 +49,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_optimizer_state_dict)
 
 from headlab.data.bpe import TOKENIZER_FILE
-from headlab.io import Manifest, atomic_write_bytes, fsync_path, mismatch, read_regular, remove_owned
+from headlab.io import Manifest, append_line, atomic_write_bytes, fsync_path, mismatch, read_regular, remove_owned
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
 from headlab.training.config import TrainConfig
@@ -111,11 +111,7 @@ class MetricsLog:
         self.records.append(record)
         if self.path is not None and self.write:
             line = (json.dumps(record) + "\n").encode()
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
+            append_line(self.path, line)
             self.digest.update(line)
             self.size += len(line)
 
@@ -515,10 +511,5 @@ def record_start(run_dir: Path, step: int, execution: dict) -> dict:
     except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
         previous = {}
     changed = {k: [previous[k], v] for k, v in execution.items() if k in previous and previous[k] != v}
-    line = (json.dumps({"step": step, **execution, "changed": changed}) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    append_line(path, (json.dumps({"step": step, **execution, "changed": changed}) + "\n").encode())
     return changed
