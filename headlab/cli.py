@@ -34,9 +34,9 @@ from headlab.model.config import ATTENTION_FAMILIES, PRESETS, ModelConfig, prese
 from headlab.model.gpt import count_parameters
 from headlab.report.plots import method_order
 from headlab.report.writer import write_docs, write_report, write_sweep_report
-from headlab.study.roles import comparison_variants
+from headlab.study.roles import ROLES, comparison_variants
 from headlab.study.study import Study
-from headlab.study.sweep import grid, sweep_table
+from headlab.study.sweep import grid, sweep_roles, sweep_table
 from headlab.study.tables import read_study_tables, tabulate_study
 from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, train_preset
 from headlab.training.plan import add_plan_arguments, format_bytes, format_plan, plan_for_args, plan_from_args
@@ -318,11 +318,12 @@ def cmd_sweep(args) -> int:
     figure and sweep.md."""
     fields = dict(args.set or [])
     points = grid(args.preset, args.lengths, args.depths, fields)
-    print(f"sweep: {len(points)} grid point(s) x {len(Study(args.preset, None, args.out).roles)} variants x "
+    only = tuple(args.only) if args.only else None
+    print(f"sweep: {len(points)} grid point(s) x {len(sweep_roles(args.preset, only))} variants x "
           f"{args.seeds} seed(s) into {args.out}")
     args.out.mkdir(parents=True, exist_ok=True)
     Manifest.claim(args.out, SWEEP_MANIFEST, SWEEP)  # a folder headlab did not write is refused before training
-    table = sweep_table(points, args.seeds, args.out, jobs=args.jobs)
+    table = sweep_table(points, args.seeds, args.out, jobs=args.jobs, only=only)
     save_tables(args.out, {"sweep": table}, SWEEP_MANIFEST, SWEEP)
     tables, _ = load_tables(args.out, SWEEP_MANIFEST, SWEEP)
     print(f"sweep written: {write_sweep_report(tables['sweep'], args.out)}")
@@ -535,6 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--seeds", type=positive_int, default=3, metavar="N", help="seeds per variant and point (default: 3)")
     sweep.add_argument("--out", type=Path, default=Path("runs/sweep"), metavar="DIR", help="sweep folder (default: %(default)s)")
     sweep.add_argument("--jobs", type=positive_int, default=1, metavar="N", help="runs trained at once (default: 1)")
+    sweep.add_argument("--only", nargs="+", choices=ROLES, metavar="ROLE",
+                       help=f"train these roles only, mha among them (default: all six: {' '.join(ROLES)})")
     sweep.set_defaults(func=cmd_sweep)
 
     report = sub.add_parser("report", parents=[common], help="redraw a study's report.md and figures from its tables",

@@ -73,3 +73,15 @@ def test_a_bad_grid_is_one_clear_line(capsys):
     assert "kv_rank" in capsys.readouterr().err
     with pytest.raises(ValueError, match="not ModelConfig fields"):
         grid("tiny", [1.0], fields={"colour": [1]})
+
+
+def test_a_sweep_of_some_roles_trains_only_those_and_compares_them_with_mha(tmp_path, capsys):
+    out = tmp_path / "some"
+    assert main(["sweep", "--preset", "tiny", "--lengths", "0.1", "--seeds", "2", "--only", "mha", "mqa",
+                 "--out", str(out)]) == 0
+    table = load_tables(out, "sweep.json", "a sweep folder")[0]["sweep"]
+    assert set(table["role"]) == {"mqa"}
+    assert sorted(p.name for p in (out / "x0.1" / "runs").iterdir()) == [
+        "mqa-seed0", "mqa-seed1", "standard-mha-seed0", "standard-mha-seed1"]
+    assert main(["sweep", "--preset", "tiny", "--only", "mqa", "--out", str(tmp_path / "no-mha")]) == 2
+    assert "include 'mha'" in capsys.readouterr().err and not (tmp_path / "no-mha").exists()

@@ -48,8 +48,9 @@ class GridPoint:
                            for name, value in sorted(self.model_overrides.items()))
         return f"x{self.length:g}{settings}"
 
-    def study(self, folder: Path) -> Study:
-        return Study(self.preset, self.steps, Path(folder) / self.key, model_overrides=self.model_overrides)
+    def study(self, folder: Path, only: tuple[str, ...] | None = None) -> Study:
+        """The point's study in <folder>/<key>; `only`: a subset of the roles (Standard MHA among them)."""
+        return Study(self.preset, self.steps, Path(folder) / self.key, model_overrides=self.model_overrides, only=only)
 
 
 def grid(preset_name: str, lengths: list[float] = (1.0,), depths: list[int] | None = None,
@@ -88,11 +89,22 @@ def point_rows(point: GridPoint, metrics: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def sweep_table(points: list[GridPoint], seeds: int, folder: Path, log=print, jobs: int = 1) -> pd.DataFrame:
-    """Train (or reuse) every point's study and tabulate its comparisons (see the module docstring)."""
+def sweep_roles(preset_name: str, only: tuple[str, ...] | None = None) -> list[str]:
+    """The roles a sweep trains: `only` (None: all six), which must include Standard MHA, since
+    every comparison is with it."""
+    if only is not None and "mha" not in only:
+        raise ValueError(f"only = {tuple(only)!r} is invalid: every comparison is with Standard MHA, so include 'mha'")
+    return list(Study(preset_name, None, Path("."), only=only).roles)
+
+
+def sweep_table(points: list[GridPoint], seeds: int, folder: Path, log=print, jobs: int = 1,
+                only: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """Train (or reuse) every point's study and tabulate its comparisons (see the module docstring).
+    `only`: the roles to train (None: all six; see `sweep_roles`)."""
+    sweep_roles(points[0].preset, only)
     rows = []
     for point in points:
-        study = point.study(folder)
+        study = point.study(folder, only)
         log(f"sweep point {point.key}: {study.train_config().steps} steps, {seeds} seed(s)")
         runs = study.train(seeds, progress=False, log=log, jobs=jobs)
         tables = analysis_tables(runs)
