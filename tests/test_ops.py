@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_model
+from headlab.model.attention import common, mla
 from headlab.model.ops import RMSNorm, relu_squared, rms_norm, rotate_and_normalize, rotate_pairs
 
 
@@ -191,3 +192,26 @@ def test_torch_compile_traces_the_ops_in_one_graph_with_eager_gradients():
     for compiled, eager in zip(compiled_grads, eager_grads):
         torch.testing.assert_close(compiled, eager)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("attention", ["mha", "mla"])
+def test_qk_norm_uses_one_epsilon_in_every_dtype(attention, monkeypatch):
+    """QK-norm's ε is float32's in float32 and under bf16 autocast alike (bf16's own 2⁻⁷ would
+    be another normalisation than the one analysis assumes)."""
+    seen = set()
+
+    def recording(function):
+        def record(*args):
+            seen.add(args[-1])
+            return function(*args)
+        return record
+
+    monkeypatch.setattr(common, "rotate_and_normalize", recording(common.rotate_and_normalize))
+    monkeypatch.setattr(mla, "rms_norm", recording(mla.rms_norm))
+    model = tiny_model(attention, qk_norm=True)
+    tokens = torch.randint(model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model(tokens)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(tokens)
+    assert seen == {torch.finfo(torch.float32).eps}

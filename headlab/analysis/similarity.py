@@ -62,6 +62,7 @@ from headlab.analysis.spectrum import (KINDS, cosine_similarity, data_gram, frob
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.model.attention.common import AttentionCore, attention_probabilities
 from headlab.model.gpt import eval_mode
+from headlab.model.ops import QK_NORM_EPS
 
 COLUMNS = {
     "similarity": ["model", "layer", "circuit", "measure", "mla_rope", "head_i", "head_j", "value"],
@@ -353,8 +354,7 @@ def norm_scale_effect(model, tokens: torch.Tensor, label: str | None = None) -> 
         x = x.double()  # (B, T, d), where the model ran: the score arrays below are B·H·T² numbers
         q = torch.einsum("btd,hde->hbte", x, torch.from_numpy(left.heads()).to(x.device))
         k = torch.einsum("btd,hde->hbte", x, torch.from_numpy(right.heads()).to(x.device))
-        eps = torch.finfo(torch.float32).eps  # QK-norm's eps at the model's float32
-        inv_q, inv_k = torch.rsqrt(q.square().mean(-1) + eps), torch.rsqrt(k.square().mean(-1) + eps)  # (H, B, T)
+        inv_q, inv_k = (torch.rsqrt(t.square().mean(-1) + QK_NORM_EPS) for t in (q, k))  # (H, B, T)
         median_q = np.median(inv_q.reshape(len(q), -1).cpu().numpy(), axis=1)
         median_k = np.median(inv_k.reshape(len(k), -1).cpu().numpy(), axis=1)
         raw = frobenius_gram(left, right)

@@ -30,6 +30,10 @@ import torch.nn.functional as F
 from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
+# QK-norm's ε, float32's machine epsilon in every dtype: under bf16 autocast, bf16's own epsilon
+# (2⁻⁷) would be a different normalisation from the one analysis assumes.
+QK_NORM_EPS = torch.finfo(torch.float32).eps
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """γ ⊙ x / √(mean(x²) + ε) over the last dimension; `weight` None means γ = 1."""

@@ -245,8 +245,8 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
                 else nullcontext())
     step_model = model
     if ddp.world_size > 1 and not sharded:
-        step_model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+        step_model = torch.nn.parallel.DistributedDataParallel(  # the only buffers are RoPE tables: nothing to broadcast
+            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
     synchronizing = _gradient_sync(step_model)
     if train_config.compile and device.type == "cuda" and not sharded:
         step_model = torch.compile(step_model)

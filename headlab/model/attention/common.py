@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headlab.model.ops import rotate_and_normalize, rotate_pairs
+from headlab.model.ops import QK_NORM_EPS, rotate_and_normalize, rotate_pairs
 
 _BACKENDS = ("sdpa", "manual")
 _backend = "sdpa"  # "manual": the explicit softmax, a reference for tests
@@ -31,7 +31,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qk_norm: b
     `qk_norm`, then a parameter-free RMSNorm over the head dimension (QK-norm), in the same pass."""
     cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
     if qk_norm:
-        return rotate_and_normalize(x, cos, sin, torch.finfo(x.dtype).eps)
+        return rotate_and_normalize(x, cos, sin, QK_NORM_EPS)
     return rotate_pairs(x, cos, sin)
 
 

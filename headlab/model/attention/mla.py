@@ -27,7 +27,7 @@ from torch import nn
 
 from headlab.model.attention.common import AttentionCore, LayerCache, apply_rope
 from headlab.model.config import ModelConfig
-from headlab.model.ops import RMSNorm, rms_norm
+from headlab.model.ops import QK_NORM_EPS, RMSNorm, rms_norm
 
 NORM_EPS = 1e-6
 
@@ -80,7 +80,7 @@ class MultiHeadLatentAttention(nn.Module):
         cos, sin = cos[start:start + t], sin[start:start + t]
         q_nope, q_rope = self.queries(x).split([self.head_dim, self.rope_head_dim], dim=-1)
         if self.qk_norm:
-            q_nope = rms_norm(q_nope, None, torch.finfo(q_nope.dtype).eps)
+            q_nope = rms_norm(q_nope, None, QK_NORM_EPS)
         q_rope = apply_rope(q_rope, cos, sin, self.qk_norm)
         latent, k_rope = self.wkv_a(x).split([self.latent_dim, self.rope_head_dim], dim=-1)
         latent = self.kv_norm(latent)
