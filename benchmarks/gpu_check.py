@@ -10,7 +10,7 @@ Targets (GPU only): Standard MHA reaches >= 40 % MFU, and every variant >= 90 % 
 tokens/s. Exit status 0 when they are met (always 0 with --smoke, where they are only
 printed), 1 otherwise. The corpus is `synthetic` (offline) with byte tokens inside the preset's
 50304-token vocabulary: the compute per step is the paper's, but the losses are not a language
-result. MFU counts 6·N + causal attention FLOPs per token (headlab.training.plan.training_flops); tokens/s
+result. MFU is headlab.training.plan.model_flops_utilization (6·N + causal attention FLOPs per token); tokens/s
 is the median of the logged windows after the first one, which holds compilation.
 """
 
@@ -36,7 +36,7 @@ from headlab.analysis import inputs, similarity as analysis  # noqa: E402
 from headlab.model import decoding  # noqa: E402
 from headlab.study.roles import comparison_variants  # noqa: E402
 from headlab.data.corpus import load_corpus  # noqa: E402
-from headlab.training.plan import gpu_peak, measure_peak_flops, training_flops  # noqa: E402
+from headlab.training.plan import gpu_peak, measure_peak_flops, model_flops_utilization  # noqa: E402
 from headlab.study.study import slug  # noqa: E402
 from headlab.training.config import train_preset  # noqa: E402
 from headlab.training.trainer import train  # noqa: E402
@@ -87,8 +87,8 @@ def throughput_rows(runs: dict, peak_flops: float) -> list[dict]:
     for label, run in runs.items():
         windows = [r["tokens_per_s"] for r in run.metrics if "tokens_per_s" in r][1:]
         tokens_per_s = statistics.median(windows)
-        flops_per_token = training_flops(run.model_config, 1)["total"]
-        rows.append({"variant": label, "tokens_per_s": tokens_per_s, "mfu": tokens_per_s * flops_per_token / peak_flops,
+        rows.append({"variant": label, "tokens_per_s": tokens_per_s,
+                     "mfu": model_flops_utilization(run.model_config, tokens_per_s, peak_flops),
                      "final_val_loss": run.final_val_loss})
     mha = rows[0]["tokens_per_s"]
     for row in rows:

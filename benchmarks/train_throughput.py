@@ -2,13 +2,9 @@
 
 A step here is exactly the trainer's: random windows, forward, backward, gradient clipping and
 the AdamW step, at the preset's training batch, with the trainer's CPU allocator setting
-(`keep_freed_cpu_memory`). Model FLOPs per token follow PaLM (App. B):
-
-    6 · N_matmul  +  6 · L · H · T · (d_qk + d_v)
-
-with N_matmul the parameters that take part in matrix products (all but the embedding lookup
-and the norms) and T the context. MFU divides the achieved model FLOP/s by this CPU's fp32
-matmul peak, measured in the same run: large square matmuls are timed in every round beside the
+(`keep_freed_cpu_memory`). MFU is headlab's one definition,
+`headlab.training.plan.model_flops_utilization` (6·N plus the causal attention term per token,
+as `--plan` and benchmarks/gpu_check.py count it), against this CPU's fp32 matmul peak measured in the same run: large square matmuls are timed in every round beside the
 training steps, a round's peak is its best size, and MFU is the median over rounds of each
 round's ratio, so that a shared machine's speed changes reach numerator and denominator alike.
 
@@ -30,24 +26,17 @@ except ImportError:  # run as a script: benchmarks/ itself is on sys.path
 
 import torch  # noqa: E402
 
-from headlab.model.config import ModelConfig  # noqa: E402
 from headlab.study.roles import comparison_variants
 from headlab.data.corpus import load_corpus  # noqa: E402
 from headlab.data.shards import random_windows
 from headlab.model.gpt import GPT  # noqa: E402
 from headlab.training.trainer import keep_freed_cpu_memory, make_optimizers  # noqa: E402
 from headlab.training.config import train_preset
+from headlab.training.plan import model_flops_utilization, training_flops  # noqa: E402
 
 MFU_TARGET = 0.50
 GPU_MFU_TARGET = 0.35
 TOKENS_TARGET = 0.90
-
-
-def model_flops_per_token(model: GPT, config: ModelConfig) -> float:
-    matmul_params = sum(p.numel() for n, p in model.named_parameters() if p.dim() >= 2 and not n.startswith("wte."))
-    qk = config.head_dim + (config.rope_head_dim if config.attention == "mla" else 0)
-    attention = 6 * config.n_layer * config.n_head * config.seq_len * (qk + config.head_dim)
-    return 6 * matmul_params + attention
 
 
 def matmul_probes(device: torch.device, dtype: torch.dtype) -> dict[int, object]:
@@ -82,12 +71,11 @@ def run(quick: bool = False, preset_name: str = "cpu-small", rounds: int | None 
     batch = train_config.batch_size
     generator = torch.Generator().manual_seed(0)
 
-    steps, flops = {}, {}
+    steps = {}
     for config in configs:
         torch.manual_seed(0)
         model = GPT(config).to(device).train()
         optimizers = make_optimizers(model, train_config)
-        flops[config.label] = model_flops_per_token(model, config)
 
         def step(model=model, optimizers=optimizers, config=config):
             x, y = random_windows(corpus.train, batch, config.seq_len, generator)
@@ -115,7 +103,8 @@ def run(quick: bool = False, preset_name: str = "cpu-small", rounds: int | None 
     for config in configs:
         label = config.label
         tokens_per_s = tokens_per_step / common.median(times[label])
-        mfu = common.median([tokens_per_step * flops[label] / t / peak for t, peak in zip(times[label], peaks)])
+        mfu = common.median([model_flops_utilization(config, tokens_per_step / t, peak)
+                             for t, peak in zip(times[label], peaks)])
         relative = common.paired_ratio(times, mha, label)  # tokens/s relative to MHA, same-round pairs
         if label == mha:
             target = GPU_MFU_TARGET if device.type == "cuda" else MFU_TARGET
@@ -124,7 +113,7 @@ def run(quick: bool = False, preset_name: str = "cpu-small", rounds: int | None 
             ok, goal = relative >= TOKENS_TARGET, f">= {TOKENS_TARGET:.0%} of MHA tok/s"
         if not ok:
             misses.append(f"{label}: {goal}")
-        rows.append([label, round(tokens_per_s), round(flops[label] / 1e6, 2), mfu * 100, relative, goal,
+        rows.append([label, round(tokens_per_s), round(training_flops(config, 1)["total"] / 1e6, 2), mfu * 100, relative, goal,
                      common.verdict(ok)])
     table = common.format_table(
         ["variant", "tokens/s", "MFLOP/token", "MFU %", "tok/s vs MHA", "target", "result"], rows)

@@ -277,7 +277,7 @@ def cmd_reproduce(args) -> int:
                                                                    ("parallel", args.parallel),
                                                                    ("grad_accum", args.grad_accum)) if value is not None})
     if args.plan:  # the whole table even when it does not fit: a study's cost is worth seeing either way
-        plan = plan_for_args(args, study.variants, study.train_config(0), seeds=args.seeds, check=False)
+        plan = plan_for_args(args, study.variants, study.train_config(0), seeds=args.seeds, check=False, jobs=args.jobs)
         print(format_plan(plan))
         return 0 if plan.fits else 2
     main_rank = int(os.environ.get("RANK", "0")) == 0

@@ -1,5 +1,6 @@
 """The training planner: FLOPs against 6·N·D, memory against hand-computed bytes, refusals."""
 
+import os
 import re
 
 import pytest
@@ -8,7 +9,9 @@ from headlab import preset
 from headlab.cli import main
 from headlab.study.roles import comparison_variants
 from headlab.model.gpt import count_parameters
-from headlab.training.plan import GiB, Devices, PlanError, activation_bytes, format_plan, gpu_peak, measure_peak_flops, memory_per_device, optimizer_state_bytes, parse_devices, study_plan, training_flops
+from headlab.training.plan import (GiB, Devices, PlanError, StepTime, activation_bytes, evaluations, format_plan, gpu_peak,
+                                   measure_peak_flops, measure_step, memory_per_device, model_flops_utilization,
+                                   optimizer_state_bytes, parse_devices, study_plan, training_flops)
 from headlab.training.config import train_preset
 
 
@@ -104,3 +107,29 @@ def test_train_plan_prints_without_training_and_refuses_in_one_line(capsys, tmp_
                  "--optimizer", "adamw", "--grad-accum", "2"]) == 0  # the plan follows the training's own settings
     text = capsys.readouterr().out
     assert "FSDP, adamw" in text and "micro-batch 2" in text
+
+
+def test_a_plan_of_this_cpu_times_steps_counts_evaluations_and_every_model_held_at_once():
+    variants, config = comparison_variants("tiny"), train_preset("tiny", steps=50)
+    step = StepTime(seconds=0.1, spread=0.0, eval_seconds=0.03, threads=1)
+    need = memory_per_device(variants[0], config.batch_size, 1, "ddp", config.optimizer, config.dtype).total
+    cpu = Devices("cpu", 1, int(1.5 * need / 0.9), 1e11, "measured")  # one model fits, two do not
+    plans = {jobs: study_plan(variants[:1], config, cpu, seeds=3, step_times={variants[0].label: step}, jobs=jobs,
+                              check=False) for jobs in (1, 2)}
+    one = plans[1].variants[0]
+    assert evaluations(config, 50) == 3  # steps 20, 40 and the last
+    assert one.wall_s == pytest.approx(50 * 0.1 + 3 * config.eval_batches * 0.03)
+    assert plans[2].total_wall_s == pytest.approx(3 * one.wall_s / 2)
+    assert one.mfu == pytest.approx(model_flops_utilization(variants[0], config.batch_size * variants[0].seq_len / 0.1, 1e11))
+    assert plans[1].fits and not plans[2].fits
+    assert "ms/step" in format_plan(plans[1]) and "2 models in memory" in format_plan(plans[2])
+    measured = measure_step(variants[0], config, threads=1, repeats=2)
+    assert measured.seconds > 0 and measured.eval_seconds > 0 and measured.threads == 1
+
+
+def test_reproduce_plan_on_this_cpu_measures_each_variant_for_the_jobs_asked(capsys):
+    assert main(["reproduce", "--preset", "tiny", "--plan", "--jobs", "2", "--seeds", "2"]) == 0
+    text = capsys.readouterr().out
+    threads = max(1, (os.cpu_count() or 1) // 2)
+    assert f"measured here on {threads} thread(s), 2 run(s) at once" in text and "load average" in text
+    assert all(variant.label in text for variant in comparison_variants("tiny"))

@@ -40,7 +40,7 @@ from headlab.io import Manifest
 from headlab.model.config import ModelConfig, preset
 from headlab.study.roles import comparison_roles
 from headlab.training.config import TrainConfig, train_preset
-from headlab.training.plan import measure_step_seconds
+from headlab.training.plan import load_note, measure_step, run_seconds
 from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
 from headlab.training.snapshots import study_snapshot_every
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
@@ -180,15 +180,18 @@ class Study:
 
     def training_notice(self, seeds: int = 1, jobs: int = 1) -> str | None:
         """One line saying what `train(seeds)` will train and about how long it takes on this
-        machine (a few training steps are timed now); None when every run is finished."""
+        machine (a step of every variant is timed now, on the threads each of `jobs` runs gets,
+        evaluations counted: `headlab.training.plan.run_seconds`); None when every run is finished."""
         left = {key: steps for key, steps in self.steps_left(seeds).items() if steps}
         if not left:
             return None
-        step = measure_step_seconds(self.variants[0], self.train_config(0).batch_size)
-        minutes = sum(left.values()) * step / jobs / 60
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        config = self.train_config(0)
+        steps = {role: measure_step(variant, config, threads) for role, variant in self.roles.items()}
+        seconds = sum(run_seconds(steps[role], config, n) for (_, role), n in left.items()) / jobs
         return (f"training {len(left)} of {seeds * len(self.roles)} runs ({len(self.roles)} {self.preset} variants x "
-                f"{seeds} seed(s), {sum(left.values()):,} steps) into {self.folder / 'runs'}: about {max(1, round(minutes))} "
-                f"min here ({1000 * step:.0f} ms a step); finished runs are kept, so this happens once")
+                f"{seeds} seed(s), {sum(left.values()):,} steps) into {self.folder / 'runs'}: about "
+                f"{max(1, round(seconds / 60))} min here ({load_note()}); finished runs are kept, so this happens once")
 
     def train(self, seeds: int = 1, progress: bool = True, log=print, jobs: int = 1) -> list[StudyRun]:
         """Every variant for seeds 0 … seeds − 1, seed by seed: finished runs are loaded,

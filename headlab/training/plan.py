@@ -51,14 +51,18 @@ import math
 import os
 import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 import torch
 
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, count_parameters
 from headlab.training.config import PARALLEL
-from headlab.training.trainer import is_muon_matrix
+from headlab.data.shards import random_windows
+from headlab.training.trainer import is_muon_matrix, make_optimizers
 
 STRATEGIES = PARALLEL  # TrainConfig.parallel
 USABLE_MEMORY_FRACTION = 0.9
@@ -178,22 +182,83 @@ def visible_devices(peak_tflops: float | None = None, dtype: str = "bfloat16") -
 
 # ---- FLOPs ------------------------------------------------------------------------------------
 
-def measure_step_seconds(config: ModelConfig, batch_size: int, repeats: int = 3) -> float:
-    """Seconds one training step of `config` (forward, backward and an AdamW update on a batch of
-    `batch_size` sequences) takes here on the CPU, the median of `repeats` after a warm-up step:
-    what a notice of how long training will take is based on."""
-    model = GPT(config)
-    optimizer = torch.optim.AdamW(model.parameters())
-    tokens = torch.randint(config.vocab_size, (batch_size, config.seq_len))
-    seconds = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        _, loss = model(tokens, targets=tokens)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds[1:])
+@dataclass(frozen=True)
+class StepTime:
+    """One model's training step measured here: `seconds`, the median of the repeats; `spread`,
+    (slowest − fastest) / median, how steady the machine was while measuring; `eval_seconds`,
+    one evaluation batch (forward only); `threads`, the torch threads it ran on."""
+
+    seconds: float
+    spread: float
+    eval_seconds: float
+    threads: int
+
+
+def measure_step(config: ModelConfig, train_config, threads: int | None = None, repeats: int = 5) -> StepTime:
+    """Time the trainer's step of `config` at `train_config`'s batch, optimizer and dtype on its
+    device (CPU unless CUDA is asked for or `auto` finds one): a batch of random windows, forward,
+    backward, gradient clipping and the optimizer update, `repeats` times after two warm-up steps,
+    with `threads` torch threads (default: the current count; a study's workers use
+    cpu_count / jobs). This is what a plan's wall time on this machine is made of."""
+    device = torch.device("cuda" if train_config.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads or previous)
+    try:
+        model = GPT(config).to(device)
+        optimizers = make_optimizers(model, train_config)
+        corpus = [np.random.default_rng(0).integers(0, config.vocab_size, 64 * config.seq_len * train_config.batch_size)]
+        generator = torch.Generator().manual_seed(0)
+        autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if train_config.dtype == "bfloat16"
+                    else nullcontext())
+
+        def timed(step) -> float:
+            x, y = random_windows(corpus, train_config.batch_size, config.seq_len, generator)
+            sync()
+            start = time.perf_counter()
+            step(x.to(device), y.to(device))
+            sync()
+            return time.perf_counter() - start
+
+        def train_step(x, y):
+            with autocast:
+                _, loss = model(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+        @torch.no_grad()
+        def eval_step(x, y):
+            with autocast:
+                model(x, y)
+
+        steps = [timed(train_step) for _ in range(repeats + 2)][2:]
+        evals = [timed(eval_step) for _ in range(3)][1:]
+    finally:
+        torch.set_num_threads(previous)
+    median = statistics.median(steps)
+    return StepTime(median, (max(steps) - min(steps)) / median, statistics.median(evals), threads or previous)
+
+
+def evaluations(train_config, steps: int) -> int:
+    """How many evaluations a run of `steps` makes: every eval_every steps and at the last."""
+    return len(set(range(train_config.eval_every, steps + 1, train_config.eval_every)) | {steps})
+
+
+def run_seconds(step: StepTime, train_config, steps: int) -> float:
+    """Wall seconds of a run of `steps` from a measured step: steps · step + evaluations ·
+    eval_batches · one evaluation batch."""
+    return steps * step.seconds + evaluations(train_config, steps) * train_config.eval_batches * step.eval_seconds
+
+
+def load_note() -> str:
+    """This machine's 1-minute load average against its cores, for a timing measured now: other
+    work running at the same time makes every measured step slower than on a quiet machine."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    busy = " (other work is running: expect the figure to be high)" if load > 0.5 else ""
+    return f"load average {load:.1f} on {cores} core(s){busy}"
 
 
 def matmul_parameters(config: ModelConfig) -> int:
@@ -212,6 +277,13 @@ def attention_flops_per_token(config: ModelConfig) -> float:
     """6 · n_layer · n_head · (d_qk + d_v) · T/2: causal scores and weighted values, trained."""
     d_qk, d_v = attention_widths(config)
     return 6 * config.n_layer * config.n_head * (d_qk + d_v) * config.seq_len / 2
+
+
+def model_flops_utilization(config: ModelConfig, tokens_per_second: float, peak_flops: float) -> float:
+    """MFU: the model FLOP/s achieved, tokens/s · `training_flops` per token, over the device's
+    peak FLOP/s. The one definition `--plan`, benchmarks/train_throughput.py and
+    benchmarks/gpu_check.py share (a plan at an assumed MFU inverts it)."""
+    return tokens_per_second * training_flops(config, 1)["total"] / peak_flops
 
 
 def training_flops(config: ModelConfig, tokens: int) -> dict[str, float]:
@@ -305,6 +377,8 @@ class VariantPlan:
     checkpoint_bytes: int
     memory: dict[str, Memory]  # by strategy, per device
     fits: bool  # under the plan's strategy
+    mfu: float  # the assumed one, or the one a measured step implies
+    step: StepTime | None = None  # measured here, or None (wall time from FLOPs at an assumed MFU)
 
 
 @dataclass(frozen=True)
@@ -321,6 +395,12 @@ class StudyPlan:
     optimizer: str
     dtype: str
     suggestions: list[str] = field(default_factory=list)
+    jobs: int = 1  # runs trained at once (each a model in memory)
+    timing_note: str = ""  # the machine's state when steps were measured
+
+    @property
+    def measured(self) -> bool:
+        return all(v.step is not None for v in self.variants)
 
     @property
     def total_flops(self) -> float:
@@ -328,7 +408,8 @@ class StudyPlan:
 
     @property
     def total_wall_s(self) -> float:
-        return self.seeds * sum(v.wall_s for v in self.variants)
+        """Every run's wall time, `jobs` of them at a time."""
+        return self.seeds * sum(v.wall_s for v in self.variants) / self.jobs
 
     @property
     def total_checkpoint_bytes(self) -> int:
@@ -349,11 +430,16 @@ def micro_batch_size(batch_size: int, world_size: int, grad_accum: int) -> int:
 
 def study_plan(variants: list[ModelConfig], train_config, devices: Devices, *, tokens: int | None = None,
                grad_accum: int = 1, strategy: str = "ddp", mfu: float = 0.4, seeds: int = 1,
-               check: bool = True) -> StudyPlan:
+               check: bool = True, step_times: dict[str, StepTime] | None = None, jobs: int = 1,
+               timing_note: str = "") -> StudyPlan:
     """Plan training every config in `variants` (`seeds` runs each) with `train_config`
     (steps, global batch_size, optimizer, dtype) on `devices`; `tokens` replaces the step count
     with ceil(tokens / (batch_size · seq_len)) steps. With `check`, a plan whose largest variant
-    does not fit raises PlanError naming the setups that would."""
+    does not fit raises PlanError naming the setups that would.
+
+    Wall time: from `step_times` (label -> a step measured here: `run_seconds`, evaluations
+    included) when given, else FLOPs / (devices · peak · mfu). `jobs` runs train at once: the
+    total divides by it and memory multiplies by it (every model a study keeps in memory)."""
     if not 0 < mfu <= 1:
         raise PlanError(f"mfu = {mfu} is invalid: must be in (0, 1]")
     if strategy not in STRATEGIES:
@@ -365,18 +451,24 @@ def study_plan(variants: list[ModelConfig], train_config, devices: Devices, *, t
     steps = math.ceil(tokens / tokens_per_step) if tokens is not None else train_config.steps
     micro = micro_batch_size(train_config.batch_size, devices.count, grad_accum)
     plans = []
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise PlanError(f"jobs = {jobs!r} is invalid: must be a positive integer")
     for config in variants:
         flops = training_flops(config, steps * tokens_per_step)
         memory = {s: memory_per_device(config, micro, devices.count, s, train_config.optimizer, train_config.dtype)
                   for s in STRATEGIES}
+        step = (step_times or {}).get(config.label)
+        wall_s = (run_seconds(step, train_config, steps) if step
+                  else flops["total"] / (devices.count * devices.peak_flops * mfu))
         plans.append(VariantPlan(
             label=config.label, params=_counts(config)["total"], matmul_params=matmul_parameters(config),
-            steps=steps, tokens=steps * tokens_per_step, flops=flops,
-            wall_s=flops["total"] / (devices.count * devices.peak_flops * mfu),
+            steps=steps, tokens=steps * tokens_per_step, flops=flops, wall_s=wall_s,
             checkpoint_bytes=checkpoint_bytes(config, train_config.optimizer), memory=memory,
-            fits=memory[strategy].total <= devices.usable_bytes))
+            fits=jobs * memory[strategy].total <= devices.usable_bytes,
+            mfu=model_flops_utilization(config, tokens_per_step / step.seconds, devices.count * devices.peak_flops)
+            if step else mfu, step=step))
     plan = StudyPlan(plans, devices, strategy, mfu, train_config.batch_size, micro, grad_accum, seq_len, seeds,
-                     train_config.optimizer, train_config.dtype)
+                     train_config.optimizer, train_config.dtype, jobs=jobs, timing_note=timing_note)
     if plan.fits:
         return plan
     largest = max(variants, key=lambda c: memory_per_device(c, micro, devices.count, strategy,
@@ -458,27 +550,38 @@ def format_plan(plan: StudyPlan) -> str:
     """The plan as a text table, one row per variant, with totals and the formulas used."""
     d = plan.devices
     first = plan.variants[0]
+    if plan.measured:
+        timing = (f"wall time from a step of each variant measured here on {first.step.threads} thread(s), "
+                  f"{plan.jobs} run(s) at once, evaluations included; MFU is what that step implies")
+    else:
+        timing = f"wall time at an assumed {100 * plan.mfu:.0f}% MFU"
     lines = [
         f"plan: {len(plan.variants)} variant(s) x {plan.seeds} seed(s) on {d.count} x {d.name} "
-        f"({format_bytes(d.memory_bytes)}, peak {_si(d.peak_flops)}FLOP/s {d.peak_source}) "
-        f"at {100 * plan.mfu:.0f}% MFU, {plan.strategy.upper()}, {plan.optimizer}, {plan.dtype}",
+        f"({format_bytes(d.memory_bytes)}, peak {_si(d.peak_flops)}FLOP/s {d.peak_source}), "
+        f"{plan.strategy.upper()}, {plan.optimizer}, {plan.dtype}",
         f"budget per run: {first.steps:,} steps x {plan.batch_size} sequences x {plan.seq_len} tokens = "
         f"{_si(first.tokens)} tokens; micro-batch {plan.micro_batch} per device, gradient accumulation "
         f"{plan.grad_accum}",
-        "FLOPs = 6·N·D + 6·L·H·(d_qk+d_v)·(T/2)·D, N = parameters without the input embedding",
+        "FLOPs = 6·N·D + 6·L·H·(d_qk+d_v)·(T/2)·D, N = parameters without the input embedding; " + timing,
         "",
     ]
-    header = (f"{'variant':<20}{'params':>11}{'N':>11}{'6·N·D':>11}{'+attn':>7}{'FLOPs':>11}{'wall':>9}"
-              f"{'checkpoint':>12}{'DDP/dev':>10}{'FSDP/dev':>10}  fits")
+    step_column = f"{'ms/step':>9}" if plan.measured else ""
+    header = (f"{'variant':<20}{'params':>11}{'N':>11}{'6·N·D':>11}{'+attn':>7}{'FLOPs':>11}{step_column}{'MFU':>6}"
+              f"{'wall':>9}{'checkpoint':>12}{'DDP/dev':>10}{'FSDP/dev':>10}  fits")
     lines += [header, "-" * len(header)]
     for v in plan.variants:
+        step = f"{1000 * v.step.seconds:>9.1f}" if plan.measured else ""
         lines.append(
             f"{v.label:<20}{_si(v.params):>11}{_si(v.matmul_params):>11}{v.flops['6ND']:>11.3g}"
-            f"{100 * v.flops['attention'] / v.flops['6ND']:>6.1f}%{v.flops['total']:>11.3g}{_duration(v.wall_s):>9}"
-            f"{format_bytes(v.checkpoint_bytes):>12}{format_bytes(v.memory['ddp'].total):>10}{format_bytes(v.memory['fsdp'].total):>10}"
-            f"  {'yes' if v.fits else 'NO'}")
-    lines += ["", f"total: {plan.total_flops:.3g} FLOPs, {_duration(plan.total_wall_s)} of training, "
+            f"{100 * v.flops['attention'] / v.flops['6ND']:>6.1f}%{v.flops['total']:>11.3g}{step}{100 * v.mfu:>5.0f}%"
+            f"{_duration(v.wall_s):>9}{format_bytes(v.checkpoint_bytes):>12}{format_bytes(v.memory['ddp'].total):>10}"
+            f"{format_bytes(v.memory['fsdp'].total):>10}  {'yes' if v.fits else 'NO'}")
+    at_once = f" ({plan.jobs} runs at once: {plan.jobs} models in memory)" if plan.jobs > 1 else ""
+    lines += ["", f"total: {plan.total_flops:.3g} FLOPs, {_duration(plan.total_wall_s)} of training{at_once}, "
               f"{format_bytes(plan.total_checkpoint_bytes)} of checkpoints; {format_bytes(d.usable_bytes)} usable per device"]
+    if plan.measured:
+        spread = max(v.step.spread for v in plan.variants)
+        lines.append(f"measured with {plan.timing_note}; repeated steps differed by up to {100 * spread:.0f}%")
     if not plan.fits:
         lines.append("does not fit; would fit: " + _would_fit(plan.suggestions))
     return "\n".join(lines)
@@ -515,14 +618,23 @@ def add_plan_arguments(parser, tokens: bool = True) -> None:
                             help="training tokens per run (default: the preset's steps x batch x context)")
 
 
-def plan_for_args(args, variants: list[ModelConfig], train_config, seeds: int = 1, check: bool = True) -> StudyPlan:
+def plan_for_args(args, variants: list[ModelConfig], train_config, seeds: int = 1, check: bool = True,
+                  jobs: int = 1) -> StudyPlan:
     """The plan for parsed `add_plan_arguments` options under the training's own `parallel`
-    strategy and `grad_accum` (with `check`, raises PlanError if it cannot fit)."""
+    strategy and `grad_accum` (with `check`, raises PlanError if it cannot fit). Planning this
+    CPU (no --plan-gpus, no GPU), the wall time comes from a measured step of every variant on
+    the threads each of `jobs` runs gets; planning GPUs, from FLOPs at --plan-mfu."""
     devices = (parse_devices(args.plan_gpus, args.plan_peak_tflops) if args.plan_gpus
                else visible_devices(args.plan_peak_tflops, train_config.dtype))
+    step_times, note = None, ""
+    if devices.name == "cpu" and not args.plan_peak_tflops:
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        note = load_note()
+        step_times = {config.label: measure_step(config, train_config.replace(device="cpu"), threads)
+                      for config in variants}
     return study_plan(variants, train_config, devices, tokens=getattr(args, "plan_tokens", None),
                       grad_accum=train_config.grad_accum, strategy=train_config.parallel, mfu=args.plan_mfu,
-                      seeds=seeds, check=check)
+                      seeds=seeds, check=check, step_times=step_times, jobs=jobs, timing_note=note)
 
 
 def plan_from_args(args, variants: list[ModelConfig], train_config, seeds: int = 1) -> str:
