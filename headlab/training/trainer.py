@@ -120,6 +120,14 @@ def _set_learning_rates(optimizers, factor: float) -> None:
             group["lr"] = group["base_lr"] * factor
 
 
+def on_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`batch` on `device`. To a GPU through page-locked memory without blocking: the copy is
+    queued behind the kernels already launched, so the host runs ahead to the next step."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, shards: list[np.ndarray], batch_size: int, seq_len: int,
              n_batches: int, device, autocast=nullcontext(), rows: slice = slice(None), seed: int = 1234) -> float:
@@ -132,7 +140,7 @@ def evaluate(model: torch.nn.Module, shards: list[np.ndarray], batch_size: int, 
         for _ in range(n_batches):
             x, y = random_windows(shards, batch_size, seq_len, generator)
             with autocast:
-                total += model(x[rows].to(device), y[rows].to(device))[1].item()
+                total += model(on_device(x[rows], device), on_device(y[rows], device))[1].item()
     return total / n_batches
 
 
@@ -281,10 +289,11 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros((), device=device)
-        for micro, (micro_x, micro_y) in enumerate(zip(x[rows].chunk(n_micro), y[rows].chunk(n_micro))):
+        x, y = on_device(x[rows], device), on_device(y[rows], device)
+        for micro, (micro_x, micro_y) in enumerate(zip(x.chunk(n_micro), y.chunk(n_micro))):
             with synchronizing(micro == n_micro - 1):  # ranks exchange gradients once, after the last
                 with autocast:
-                    _, micro_loss = step_model(micro_x.to(device), micro_y.to(device))
+                    _, micro_loss = step_model(micro_x, micro_y)
                 (micro_loss / n_micro).backward()
             loss += micro_loss.detach() / n_micro
         torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
