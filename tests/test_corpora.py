@@ -13,6 +13,9 @@ import pytest
 import zstandard
 
 from headlab.cli import main
+from headlab.data import encoding
+from headlab.data.bpe import BPETokenizer
+from headlab.data.tokenizers import ByteTokenizer
 from headlab.data.corpus import load_corpus
 from headlab.data.encoding import BATCH_BYTES
 from headlab.training.config import train_preset
@@ -93,3 +96,23 @@ def test_a_budget_beyond_the_corpus_is_told_in_epochs(corpus_folder):
     note = repetition_note(config, 32, corpus)
     assert f"{100_000 * 8 * 32 / corpus.n_train_tokens:.1f} epochs" in note
     assert repetition_note(config.replace(steps=10), 32, corpus) is None
+
+
+def test_worker_processes_start_only_for_a_tokenizer_that_gains_from_them(monkeypatch):
+    """Byte tokens are a copy of the text: shipping it to workers costs more than encoding it."""
+    started = []
+
+    class RecordingPool(encoding.ProcessPoolExecutor):
+        def __init__(self, *args, **kwargs):
+            started.append(True)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(encoding, "ProcessPoolExecutor", RecordingPool)
+    monkeypatch.setattr(encoding, "BATCH_BYTES", 64)
+    texts = [f"document {i} " * 20 for i in range(40)]
+    bpe = BPETokenizer.train(texts, 300, end_of_text=True)
+    for tokenizer, expected in ((ByteTokenizer(), []), (bpe, [True])):
+        started.clear()
+        parallel = b"".join(tokens for tokens, _ in encoding.encode_texts(texts, tokenizer, workers=2, documents=True))
+        assert started == expected
+        assert parallel == b"".join(tokens for tokens, _ in encoding.encode_texts(texts, tokenizer, documents=True))

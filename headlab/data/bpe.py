@@ -41,6 +41,8 @@ def parse_bpe_vocab(name: str) -> int:
 class BPETokenizer:
     """Byte-level BPE with exactly `vocab_size` tokens (256 bytes + merges)."""
 
+    encode_in_workers = True  # merging is compute: worker processes scale it over the cores
+
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
         self.vocab_size = tokenizer.get_vocab_size()

@@ -31,12 +31,13 @@ def available_cores() -> int:
 def encode_texts(texts: Iterable[str], tokenizer, workers: int = 1,
                  documents: bool = False) -> Iterator[tuple[bytes, int]]:
     """(token bytes, UTF-8 bytes of text) of consecutive batches of `texts`, in order. With
-    `documents`, every text is followed by the tokenizer's end-of-text token."""
+    `documents`, every text is followed by the tokenizer's end-of-text token. `workers` > 1
+    start worker processes only for a tokenizer whose `encode_in_workers` says it gains from them."""
     if documents and getattr(tokenizer, "end_of_text", None) is None:
         raise ValueError(f"tokenizer {tokenizer.name!r} has no end-of-text token to separate documents")
     batches = _batches(texts)
     head = list(islice(batches, 2))
-    if workers == 1 or len(head) < 2:  # a text of one batch is not worth starting processes for
+    if workers == 1 or len(head) < 2 or not tokenizer.encode_in_workers:  # one batch is not worth processes
         yield from (encode_batch(tokenizer, batch, documents) for batch in chain(head, batches))
         return
     with ProcessPoolExecutor(workers, mp_context=get_context(WORKER_START), initializer=_use_tokenizer,

@@ -20,6 +20,7 @@ class ByteTokenizer:
     vocab_size = 256
     dtype = np.uint8
     end_of_text = 0  # NUL: no room for a token beyond the bytes, and text never holds it
+    encode_in_workers = False  # a copy of the UTF-8 bytes: shipping text to a worker costs more than encoding it
 
     def encode(self, text: str) -> np.ndarray:
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).copy()
@@ -34,6 +35,7 @@ class GPT2Tokenizer:
     name = "gpt2"
     vocab_size = PADDED_GPT2_VOCAB
     dtype = np.uint16
+    encode_in_workers = True
 
     def __init__(self):
         try:
