@@ -26,7 +26,7 @@ def test_training_starts_with_one_line_saying_what_and_how_long(trained):
     notice = LOGGED[0]
     assert notice.startswith(f"training 12 of 12 runs (6 tiny variants x 2 seed(s), {12 * STEPS} steps) into "
                              f"{study.folder / 'runs'}: about ")
-    assert " min here (" in notice and " ms a step)" in notice
+    assert " min here (load average " in notice and " core(s)" in notice
     assert study.training_notice(seeds=2) is None  # all finished: nothing to say, nothing to train
     assert study.steps_left(seeds=3) == {**dict.fromkeys(((s, r) for s in (0, 1) for r in study.roles), 0),
                                          **dict.fromkeys(((2, r) for r in study.roles), STEPS)}
