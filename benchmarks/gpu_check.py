@@ -1,17 +1,21 @@
-"""The GPU check: paper-128m's six comparison variants trained in bf16 with torch.compile, with
-tokens/s and MFU against this GPU's measured bf16 matmul peak, decode speed-ups at context 2048,
-cache bytes against the formula, the head analysis of the trained models, and the report's
-forward-pass measurements (Σ, attention maps, QK-norm's 1/rms) on the device the models trained on.
+"""The GPU check: paper-128m's six variants on one GPU, and what is checked on them, in one summary table.
 
     benchmarks/gpu_check.sh                 # one GPU, about 6 to 8 minutes on an H100/H200
     python benchmarks/gpu_check.py --smoke  # CPU, tiny preset, a few steps: checks the script
 
-Targets (GPU only): Standard MHA reaches >= 40 % MFU, and every variant >= 90 % of MHA's
-tokens/s. Exit status 0 when they are met (always 0 with --smoke, where they are only
-printed), 1 otherwise. The corpus is `synthetic` (offline) with byte tokens inside the preset's
-50304-token vocabulary: the compute per step is the paper's, but the losses are not a language
-result. MFU is headlab.training.plan.model_flops_utilization (6·N + causal attention FLOPs per token); tokens/s
-is the median of the logged windows after the first one, which holds compilation.
+Stages (each gives rows of the summary table: check, PASS / FAIL / SKIP, detail):
+
+- six variants of paper-128m trained in bf16 with torch.compile on one GPU, and on them: tokens/s
+  and MFU against this GPU's measured bf16 matmul peak (headlab.training.plan.model_flops_utilization),
+  decoding at context 2048 with cache bytes against the formula, the head analysis and the report's
+  forward-pass measurements (Σ, attention maps, QK-norm's 1/rms) on the device the models trained on.
+
+Performance targets (enforced on a GPU; printed as SKIP in --smoke): Standard MHA reaches >= 40 %
+MFU, and every variant >= 90 % of MHA's tokens/s. Exit status 1 when any check FAILs, 0 otherwise
+(2: no CUDA device and no --smoke). The variants' corpus is `synthetic` (offline) with byte tokens
+inside the preset's 50304-token vocabulary: the compute per step is the paper's, but the losses are
+not a language result. Tokens/s is the median of the logged windows after the first one, which
+holds compilation.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+import traceback
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 try:
@@ -41,9 +46,10 @@ from headlab.study.study import slug  # noqa: E402
 from headlab.training.config import train_preset  # noqa: E402
 from headlab.training.trainer import train  # noqa: E402
 
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 MHA_MFU_TARGET = 0.40
 VARIANT_THROUGHPUT_TARGET = 0.90  # of MHA's tokens/s
-
+ELAPSED_TARGET_S = 480
 
 
 @dataclass(frozen=True)
@@ -56,15 +62,60 @@ class Mode:
     peak_seconds: float
     new_tokens: int  # generated after a (context - new_tokens)-token prompt
     timing_s: float  # per cached-step latency measurement
-    report_windows: int  # full-context windows for the report's forward-pass measurements (the report: 8; time scales with it)
+    report_windows: int  # full-context windows of the report's forward-pass measurements (the report: 8)
 
 
 MODES = {"gpu": Mode("paper-128m", 200, 16, 20, 8192, 2.0, 64, 0.2, 2),
          "smoke": Mode("tiny", 6, 4, 2, 128, 0.05, 4, 0.01, 2)}
 
 
+# ---- the summary ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Check:
+    """One row of the summary: what was checked, PASS, FAIL or SKIP, and what was seen (or why not)."""
+
+    check: str
+    result: str
+    detail: str
+
+
+def verdict(check: str, ok: bool, detail: str) -> Check:
+    """PASS when `ok`, else FAIL."""
+    return Check(check, PASS if ok else FAIL, detail)
+
+
+def target(check: str, ok: bool, detail: str, enforced: bool) -> Check:
+    """A performance target: PASS or FAIL where it is enforced (on a GPU); else SKIP, still saying
+    what was measured (a CPU's numbers say nothing about a GPU's)."""
+    return verdict(check, ok, detail) if enforced else Check(check, SKIP, detail + "; not enforced in --smoke")
+
+
+def stage(name: str, function, *args) -> list[Check]:
+    """`function(*args)`'s rows (a Check or a list of them); if it raises, one FAIL row naming the
+    error (traceback on stderr), so that one broken stage neither hides the others nor ends the
+    check without its summary."""
+    try:
+        rows = function(*args)
+        return rows if isinstance(rows, list) else [rows]
+    except Exception as error:
+        traceback.print_exc()
+        message = (str(error).strip().splitlines() or [""])[0][:200]
+        return [Check(name, FAIL, f"raised {type(error).__name__}: {message}")]
+
+
+def summary(checks: list[Check]) -> str:
+    """The summary table, and how many checks passed, failed and were skipped."""
+    failed = sum(c.result == FAIL for c in checks)
+    table = common.format_table(["check", "result", "detail"], [[c.check, c.result, c.detail] for c in checks])
+    return (f"\n## Summary\n\n{table}\n\n{len(checks)} checks: {sum(c.result == PASS for c in checks)} PASS, "
+            f"{failed} FAIL, {sum(c.result == SKIP for c in checks)} SKIP")
+
+
+# ---- the six variants -------------------------------------------------------------------------
+
 def train_variants(preset: str, steps: int, batch_size: int, log_every: int, device: str, runs_dir: Path,
-                   optimizer: str | None = None):
+                   optimizer: str | None = None) -> dict:
     """Train the six comparison variants (with the preset's optimizer unless one is given);
     returns {label: Run}."""
     corpus = load_corpus("synthetic", tokenizer="byte")
@@ -96,6 +147,21 @@ def throughput_rows(runs: dict, peak_flops: float) -> list[dict]:
     return rows
 
 
+def throughput_checks(runs: dict, peak: float, enforced: bool, results: dict) -> list[Check]:
+    """The throughput table and its targets: MHA's MFU, every variant's tokens/s against MHA's."""
+    rows = throughput_rows(runs, peak)
+    results["throughput"] = rows
+    print("\n### Training throughput\n")
+    print(common.format_table(["variant", "tokens/s", "MFU (measured peak)", "of MHA tokens/s", "val loss"],
+                              [[r["variant"], round(r["tokens_per_s"]), r["mfu"], r["of_mha"], r["final_val_loss"]]
+                               for r in rows]))
+    checks = [target("Standard MHA MFU", rows[0]["mfu"] >= MHA_MFU_TARGET,
+                     f"{100 * rows[0]['mfu']:.1f}% (target >= {100 * MHA_MFU_TARGET:.0f}%)", enforced)]
+    return checks + [target(f"tokens/s: {r['variant']}", r["of_mha"] >= VARIANT_THROUGHPUT_TARGET,
+                            f"{100 * r['of_mha']:.0f}% of MHA's (target >= {100 * VARIANT_THROUGHPUT_TARGET:.0f}%)",
+                            enforced) for r in rows[1:]]
+
+
 def decode_tables(runs: dict, new_tokens: int, timing_s: float):
     """Cache bytes vs formula at full context, generation with vs without cache after a
     (context - new_tokens)-token prompt, and one cached step at context - 1, all in bf16
@@ -109,6 +175,19 @@ def decode_tables(runs: dict, new_tokens: int, timing_s: float):
     latency = decoding.step_latency(models, [context - 1], min_run_time=timing_s)
     latency["speed-up vs MHA"] = latency["ms"].iloc[0] / latency["ms"]
     return context, cache, speed, latency
+
+
+def decode_checks(runs: dict, mode: Mode, results: dict) -> list[Check]:
+    """The decoding tables (bf16, batch 1); cache bytes must equal the formula for every variant."""
+    context, cache, speed, latency = decode_tables(runs, mode.new_tokens, mode.timing_s)
+    print(f"\n### Decoding at context {context} (bf16, batch 1)\n")
+    print(cache.to_string(), "\n")
+    print(speed.to_string(), "\n")
+    print(latency.to_string(index=False))
+    results.update(cache=cache.reset_index().to_dict("records"), generation=speed.reset_index().to_dict("records"),
+                   step_latency=latency.to_dict("records"))
+    return [verdict("decode cache bytes = formula", bool(cache["agree"].all()),
+                    f"{len(cache)} cache layouts at context {context}")]
 
 
 def analyze_runs(runs: dict) -> "analysis.Analysis":
@@ -137,81 +216,84 @@ def report_measurements(runs: dict, windows: int) -> list[dict]:
     return rows
 
 
+def analysis_checks(runs: dict, windows: int, runs_dir: Path, results: dict) -> list[Check]:
+    """The head analysis (saved under runs_dir/analysis) and the report's measurements, in fp32:
+    they must run on every model (no target)."""
+    result = analyze_runs(runs)
+    measured = report_measurements(runs, windows)
+    results["report_measurements"] = measured
+    n_layer = next(iter(runs.values())).model_config.n_layer
+    layers = sorted({0, n_layer // 2, n_layer - 1})  # the flagship figure's early / middle / late
+    summary_frame = result.summary
+    picked = summary_frame[summary_frame["layer"].isin(layers)]
+    print("\n### Head analysis (QK circuit), layers " + ", ".join(map(str, layers)) + "\n")
+    print(picked.pivot_table(index="model", columns=["kind", "layer"], values="effective_rank", sort=False)
+          .round(2).to_string())
+    result.save(runs_dir / "analysis")
+    context = next(iter(runs.values())).model_config.seq_len
+    print(f"\n### The report's measurements on the training device ({windows} windows of {context} tokens)\n")
+    print(common.format_table(["variant", "Σ s", "attention maps s", "1/rms effect s"],
+                              [[r["variant"], r["moments_s"], r["behaviour_s"],
+                                "no QK-norm" if r["norm_effect_s"] is None else r["norm_effect_s"]] for r in measured]))
+    return [Check("head analysis and report measurements", PASS,
+                  f"{summary_frame['model'].nunique()} models; saved in {runs_dir / 'analysis'}")]
+
+
+def variant_checks(mode: Mode, steps: int, batch_size: int, optimizer: str | None, device: str, runs_dir: Path,
+                   results: dict) -> list[Check]:
+    """Train the six variants, then every check made on them; the analysis comes before decoding,
+    which casts the models to bf16."""
+    peak = measure_peak_flops(device, torch.bfloat16, size=mode.matmul_size, seconds=mode.peak_seconds)
+    table = gpu_peak(torch.cuda.get_device_name(0)) if device == "cuda" else None
+    print(f"\nmeasured bf16 matmul peak ({mode.matmul_size}^3): {peak / 1e12:.1f} TFLOP/s"
+          + (f" (data sheet {table[1]:.0f} TFLOP/s dense)" if table else ""), flush=True)
+    results["measured_peak_flops"] = peak
+    runs = train_variants(mode.preset, steps, batch_size, mode.log_every, device, runs_dir, optimizer)
+    results["optimizer"] = next(iter(runs.values())).train_config.optimizer
+    return (stage("training throughput", throughput_checks, runs, peak, device == "cuda", results)
+            + stage("head analysis and report measurements", analysis_checks, runs, mode.report_windows, runs_dir,
+                    results)
+            + stage("decoding", decode_checks, runs, mode, results))
+
+
+# ---- command line -----------------------------------------------------------------------------
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="CPU, tiny preset, a few steps (checks the script)")
     p.add_argument("--steps", type=int, help="training steps per variant (default 200; smoke 6)")
     p.add_argument("--batch-size", type=int, help="sequences per step (default 16; smoke 4)")
     p.add_argument("--optimizer", choices=("adamw", "muon"), help="default: the preset's (paper-128m: muon)")
-    p.add_argument("--runs-dir", help="where the six runs go (default: a temporary folder)")
+    p.add_argument("--runs-dir", help="where the runs go (default: a temporary folder)")
     p.add_argument("--json", help="write the results here as JSON")
     args = p.parse_args(argv)
     mode = MODES["smoke" if args.smoke else "gpu"]
-    preset, steps, batch_size = mode.preset, args.steps or mode.steps, args.batch_size or mode.batch_size
+    steps, batch_size = args.steps or mode.steps, args.batch_size or mode.batch_size
     if not args.smoke and not torch.cuda.is_available():
-        print("gpu_check: no CUDA device visible; use --smoke to check the script on CPU", file=sys.stderr)
+        print(f"gpu_check: no CUDA device visible to {sys.executable} (torch {torch.__version__}); "
+              "use --smoke to check the script on CPU", file=sys.stderr)
         return 2
     device = "cpu" if args.smoke else "cuda"
     if args.smoke:
         torch.set_num_threads(1)  # tiny tensors: more threads only fight over a shared CPU
     started = time.perf_counter()
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
-    print(common.machine_header(f"GPU check: {preset}, six variants, bf16" + (", torch.compile" if device == "cuda" else ""),
-                                {"device": name, "steps x batch": f"{steps} x {batch_size}"}, quick=args.smoke), flush=True)
-
-    peak = measure_peak_flops(device, torch.bfloat16, size=mode.matmul_size, seconds=mode.peak_seconds)
-    table = gpu_peak(name) if device == "cuda" else None
-    print(f"measured bf16 matmul peak ({mode.matmul_size}^3): {peak / 1e12:.1f} TFLOP/s"
-          + (f" (data sheet {table[1]:.0f} TFLOP/s dense)" if table else ""), flush=True)
-
+    gpus = torch.cuda.device_count() if device == "cuda" else 0
+    print(common.machine_header(f"GPU check: {mode.preset}, six variants, bf16" + (", torch.compile" if gpus else ""),
+                                {"python": sys.executable, "device": f"{gpus} x {name}" if gpus else name,
+                                 "steps x batch": f"{steps} x {batch_size}"}, quick=args.smoke), flush=True)
     runs_dir = Path(args.runs_dir or tempfile.mkdtemp(prefix="headlab-gpu-check-"))
-    runs = train_variants(preset, steps, batch_size, mode.log_every, device, runs_dir, args.optimizer)
-    result = analyze_runs(runs)  # before decoding casts the models to bf16
-    measured = report_measurements(runs, mode.report_windows)
-    rows = throughput_rows(runs, peak)
-    print("\n### Training throughput\n")
-    print(common.format_table(["variant", "tokens/s", "MFU (measured peak)", "of MHA tokens/s", "val loss"],
-                              [[r["variant"], round(r["tokens_per_s"]), r["mfu"], r["of_mha"], r["final_val_loss"]]
-                               for r in rows]))
-    checks = [(f"Standard MHA MFU {100 * rows[0]['mfu']:.1f}% >= {100 * MHA_MFU_TARGET:.0f}%",
-               rows[0]["mfu"] >= MHA_MFU_TARGET)]
-    checks += [(f"{r['variant']} at {100 * r['of_mha']:.0f}% of MHA tokens/s >= {100 * VARIANT_THROUGHPUT_TARGET:.0f}%",
-                r["of_mha"] >= VARIANT_THROUGHPUT_TARGET) for r in rows[1:]]
-
-    context, cache, speed, latency = decode_tables(runs, mode.new_tokens, mode.timing_s)
-    print(f"\n### Decoding at context {context} (bf16, batch 1)\n")
-    print(cache.to_string(), "\n")
-    print(speed.to_string(), "\n")
-    print(latency.to_string(index=False))
-    checks.append(("cache bytes equal the formula for every variant", bool(cache["agree"].all())))
-
-    n_layer = next(iter(runs.values())).model_config.n_layer
-    layers = sorted({0, n_layer // 2, n_layer - 1})  # the flagship figure's early / middle / late
-    summary = result.summary
-    picked = summary[summary["layer"].isin(layers)]
-    print("\n### Head analysis (QK circuit), layers " + ", ".join(map(str, layers)) + "\n")
-    print(picked.pivot_table(index="model", columns=["kind", "layer"], values="effective_rank", sort=False).round(2).to_string())
-    result.save(runs_dir / "analysis")
-    print(f"\n### The report's measurements on the training device ({mode.report_windows} windows of {context} tokens)\n")
-    print(common.format_table(["variant", "Σ s", "attention maps s", "1/rms effect s"],
-                              [[r["variant"], r["moments_s"], r["behaviour_s"],
-                                "no QK-norm" if r["norm_effect_s"] is None else r["norm_effect_s"]] for r in measured]))
-
-    print("\n### Targets" + (" (printed, not enforced, in --smoke)" if args.smoke else "") + "\n")
-    for text, ok in checks:
-        print(f"- {common.verdict(ok)} {text}")
+    results = {"device": name, "gpus": gpus, "preset": mode.preset, "steps": steps, "batch_size": batch_size}
+    checks = stage("six variants", variant_checks, mode, steps, batch_size, args.optimizer, device, runs_dir, results)
     elapsed = time.perf_counter() - started
-    print(f"\ntotal {elapsed:.0f} s; runs and analysis in {runs_dir}"
-          + ("" if args.smoke or elapsed <= 480 else " (more than the 8 minutes this check is meant to take)"))
+    print(summary(checks))
+    print(f"total {elapsed:.0f} s; runs and analysis in {runs_dir}"
+          + ("" if args.smoke or elapsed <= ELAPSED_TARGET_S else
+             f" (more than the {ELAPSED_TARGET_S // 60} minutes this check is meant to take)"))
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "device": name, "measured_peak_flops": peak, "preset": preset, "steps": steps, "batch_size": batch_size,
-            "optimizer": next(iter(runs.values())).train_config.optimizer,
-            "throughput": rows, "cache": cache.reset_index().to_dict("records"),
-            "generation": speed.reset_index().to_dict("records"), "step_latency": latency.to_dict("records"),
-            "report_measurements": measured,
-            "checks": [{"check": text, "passed": ok} for text, ok in checks], "elapsed_s": elapsed}, indent=2, default=str))
-    return 0 if args.smoke or all(ok for _, ok in checks) else 1
+        results.update(checks=[asdict(c) for c in checks], elapsed_s=elapsed)
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    return 1 if any(c.result == FAIL for c in checks) else 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""benchmarks/gpu_check.py in --smoke mode: the GPU check's every stage runs on CPU (tiny preset)."""
+"""benchmarks/gpu_check.py: --smoke runs every stage on CPU (tiny preset) into one summary; any
+FAIL makes the exit status 1."""
 
 import importlib.util
 import json
@@ -6,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from headlab.data import sources
 from headlab.training.runs import has_checkpoint
@@ -13,21 +15,32 @@ from headlab.training.runs import has_checkpoint
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
 
-def test_gpu_check_smoke_runs_every_stage(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def gpu_check(tmp_path, monkeypatch):
+    """The script as a module, with its corpus cache (its training processes' too) in tmp_path."""
     monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    gpu_check = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # dataclasses look their module up
-    spec.loader.exec_module(gpu_check)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check", module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_smoke_runs_every_stage(gpu_check, tmp_path, capsys):
     runs, results = tmp_path / "runs", tmp_path / "results.json"
     assert gpu_check.main(["--smoke", "--runs-dir", str(runs), "--json", str(results)]) == 0
     report = json.loads(results.read_text())
+    checks = {c["check"]: c for c in report["checks"]}
+    assert len(checks) == len(report["checks"]) and {c["result"] for c in checks.values()} == {"PASS", "SKIP"}
+    for name in ("decode cache bytes = formula", "head analysis and report measurements"):
+        assert checks[name]["result"] == "PASS", checks[name]
+    for name in ("Standard MHA MFU", "tokens/s: MQA"):
+        assert checks[name]["result"] == "SKIP", checks[name]  # performance targets
     throughput = report["throughput"]
     assert [row["variant"] for row in throughput][0] == "Standard MHA" and len(throughput) == 6
     assert all(row["tokens_per_s"] > 0 and 0 < row["mfu"] for row in throughput)
     assert all(row["agree"] for row in report["cache"]) and len(report["generation"]) == 6
-    assert any(c["check"].startswith("Standard MHA MFU") for c in report["checks"])
     assert sum(has_checkpoint(folder) for folder in runs.iterdir()) == 6
     summary = pd.read_csv(runs / "analysis" / "summary.csv")
     assert summary["model"].nunique() == 6 and set(summary["layer"]) == {0, 1}
@@ -36,3 +49,20 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path, monkeypatch, capsys):
     assert [v for v, row in measured.items() if row["norm_effect_s"] is None] == ["MLA (d_c=12)"]  # no QK-norm
     out = capsys.readouterr().out
     assert "### Head analysis" in out and "### The report's measurements on the training device" in out
+    assert "## Summary" in out and "| Standard MHA MFU " in out and f"{len(checks)} checks: " in out
+
+
+def test_a_failed_check_or_a_broken_stage_makes_the_exit_status_1(gpu_check, tmp_path, monkeypatch, capsys):
+    def broken(*args):
+        raise RuntimeError("the GPU fell off the bus")
+
+    monkeypatch.setattr(gpu_check, "variant_checks", broken)
+    assert gpu_check.main(["--smoke", "--runs-dir", str(tmp_path), "--json", str(tmp_path / "r.json")]) == 1
+    checks = json.loads((tmp_path / "r.json").read_text())["checks"]
+    assert checks == [{"check": "six variants", "result": "FAIL",
+                       "detail": "raised RuntimeError: the GPU fell off the bus"}]
+    assert "1 checks: 0 PASS, 1 FAIL, 0 SKIP" in capsys.readouterr().out
+    monkeypatch.setattr(gpu_check, "variant_checks", lambda *args: [gpu_check.Check("MFU", "FAIL", "")])
+    assert gpu_check.main(["--smoke", "--runs-dir", str(tmp_path)]) == 1
+    monkeypatch.setattr(gpu_check, "variant_checks", lambda *args: [gpu_check.Check("MFU", "SKIP", "")])
+    assert gpu_check.main(["--smoke", "--runs-dir", str(tmp_path)]) == 0
