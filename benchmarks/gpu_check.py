@@ -1,10 +1,15 @@
-"""The GPU check: paper-128m's six variants on one GPU, and what is checked on them, in one summary table.
+"""The GPU check: what breaks on a GPU node, checked on what the node has, in one summary table.
 
-    benchmarks/gpu_check.sh                 # one GPU, about 6 to 8 minutes on an H100/H200
+    benchmarks/gpu_check.sh                 # the node's GPUs: about 8 to 10 minutes on an H100/H200 (estimated)
     python benchmarks/gpu_check.py --smoke  # CPU, tiny preset, a few steps: checks the script
 
 Stages (each gives rows of the summary table: check, PASS / FAIL / SKIP, detail):
 
+- torchrun: `python -m torch.distributed.run --standalone --nproc_per_node N -m headlab train` of a
+  tiny run with DDP on the node's N GPUs (NCCL), and FSDP (`--parallel fsdp`) when N >= 2; each
+  must exit 0, write its run folder and end where one process training the same steps ends.
+- checkpoint and exact resume: a run killed in step 5, after its step-4 checkpoint, then continued
+  with `--resume`, ends bit for bit where the uninterrupted run ends.
 - six variants of paper-128m trained in bf16 with torch.compile on one GPU, and on them: tokens/s
   and MFU against this GPU's measured bf16 matmul peak (headlab.training.plan.model_flops_utilization),
   decoding at context 2048 with cache bytes against the formula, the head analysis and the report's
@@ -22,7 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,12 +52,14 @@ from headlab.data.corpus import load_corpus  # noqa: E402
 from headlab.training.plan import gpu_peak, measure_peak_flops, model_flops_utilization  # noqa: E402
 from headlab.study.study import slug  # noqa: E402
 from headlab.training.config import train_preset  # noqa: E402
+from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run  # noqa: E402
 from headlab.training.trainer import train  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 MHA_MFU_TARGET = 0.40
 VARIANT_THROUGHPUT_TARGET = 0.90  # of MHA's tokens/s
-ELAPSED_TARGET_S = 480
+ELAPSED_TARGET_S = 600
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,167 @@ def summary(checks: list[Check]) -> str:
     table = common.format_table(["check", "result", "detail"], [[c.check, c.result, c.detail] for c in checks])
     return (f"\n## Summary\n\n{table}\n\n{len(checks)} checks: {sum(c.result == PASS for c in checks)} PASS, "
             f"{failed} FAIL, {sum(c.result == SKIP for c in checks)} SKIP")
+
+
+# ---- torchrun, checkpoints and exact resume ------------------------------------------------------
+
+# A tiny run, short enough that a process's start-up dominates; lr 1e-3, so a step done wrong (a
+# gradient lost in a collective, an optimizer state not restored) moves weights by about 1e-3.
+TINY_RUN = ["train", "--preset", "tiny", "--attention", "lrkv", "--corpus", "synthetic", "--steps", "6",
+            "--lr", "1e-3", "--log-every", "1", "--eval-every", "3", "--checkpoint-every", "2", "--no-progress"]
+KILLED_IN_STEP, RESUMED_FROM = 5, 4  # one process, no accumulation: forward k is in step k
+# Another split of the batch or an all-reduce sums in another order: weights move by ~1e-6.
+SAME_TRAINING = 1e-4
+# A resume on CUDA with a kernel that has no deterministic version (atomics) cannot be bit-identical.
+CUDA_RESUME_TOLERANCE = 1e-5
+CHILD_TIMEOUT_S = 600  # a hung NCCL rendezvous ends as a FAIL, not a hung check
+# `headlab train` that ends its process, as a kill would, at its GPU_CHECK_KILL_AT-th training
+# forward (0: never), with torch's deterministic kernels on CUDA: two trainings of the same steps
+# can then be compared bit for bit, so the resume check sees the checkpoint, not kernel noise.
+RESUMABLE_TRAIN = """
+import os, sys
+import torch
+from headlab.cli import main
+from headlab.model.gpt import GPT
+
+if torch.cuda.is_available():
+    torch.use_deterministic_algorithms(True, warn_only=True)
+kill_at, forward, calls = int(os.environ["GPU_CHECK_KILL_AT"]), GPT.forward, [0]
+
+def counted_forward(self, *args, **kwargs):
+    if self.training:
+        calls[0] += 1
+        if calls[0] == kill_at:
+            os._exit(3)
+    return forward(self, *args, **kwargs)
+
+GPT.forward = counted_forward
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where the torchrun and resume checks train: `processes` ranks on `device` (one per GPU; two
+    CPU processes in --smoke), with run folders under `folder`."""
+
+    device: str
+    processes: int
+    folder: Path
+
+    @property
+    def batch_size(self) -> int:
+        return 4 * self.processes  # splits evenly across the ranks
+
+    @property
+    def backend(self) -> str:
+        return "NCCL" if self.device == "cuda" else "gloo"
+
+
+def run_child(command: list[str], kill_at: int = 0) -> subprocess.CompletedProcess:
+    """Run `command` with this checkout's headlab first on PYTHONPATH, one OpenMP thread, cuBLAS's
+    deterministic workspace and GPU_CHECK_KILL_AT; after CHILD_TIMEOUT_S its whole process group
+    (torchrun's workers too) is killed."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "GPU_CHECK_KILL_AT": str(kill_at)}
+    child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        stdout, stderr = child.communicate(timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        stdout, stderr = child.communicate()
+        stderr += f"\ntimed out after {CHILD_TIMEOUT_S} s"
+    return subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
+
+
+def train_tiny(launch: Launch, name: str, *extra: str, torchrun: bool = False,
+               kill_at: int = 0) -> tuple[subprocess.CompletedProcess, Path]:
+    """`headlab train` of TINY_RUN into launch.folder/name: under torchrun on all `launch.processes`
+    exactly as a user starts it (`-m headlab`), or as one process through RESUMABLE_TRAIN (killed at
+    its `kill_at`-th training forward if given). Returns the finished process and the run folder."""
+    out = launch.folder / name
+    program = (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={launch.processes}", "-m", "headlab"]
+               if torchrun else [str(launch.folder / "resumable_train.py")])
+    started = time.perf_counter()
+    done = run_child([sys.executable, *program, *TINY_RUN, "--device", launch.device, "--batch-size",
+                      str(launch.batch_size), *extra, "--out", str(out)], kill_at)
+    killed = f" (killed at training forward {kill_at})" if kill_at else ""
+    print(f"  {name}: exit {done.returncode}{killed} in {time.perf_counter() - started:.0f} s", flush=True)
+    if done.returncode and not kill_at:
+        print("\n".join(done.stderr.splitlines()[-20:]), flush=True)
+    return done, out
+
+
+def failure(done: subprocess.CompletedProcess) -> str:
+    """A failed process in one line: its exit status and the last line it wrote to stderr."""
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    return f"exit {done.returncode}: {lines[-1][:160] if lines else 'no error output'}"
+
+
+def max_difference(a: Run, b: Run) -> float:
+    """The largest |difference| between two runs' final weights and logged losses."""
+    if [r["step"] for r in a.metrics] != [r["step"] for r in b.metrics]:
+        raise ValueError(f"the runs logged different steps: {len(a.metrics)} vs {len(b.metrics)} records")
+    weights = b.model.state_dict()
+    losses = [abs(x[k] - y[k]) for x, y in zip(a.metrics, b.metrics) for k in ("train_loss", "val_loss") if k in x]
+    return max([(v - weights[k]).abs().max().item() for k, v in a.model.state_dict().items()] + losses)
+
+
+def parallel_check(launch: Launch, reference: Run, parallel: str) -> Check:
+    """torchrun with `parallel` (ddp or fsdp) on all ranks: exits 0, writes its run folder, and ends
+    within SAME_TRAINING of the one-process reference run of the same steps."""
+    check = f"torchrun {parallel.upper()}"
+    done, out = train_tiny(launch, parallel, "--parallel", parallel, torchrun=True)
+    if done.returncode or not has_checkpoint(out):
+        return Check(check, FAIL, failure(done) if done.returncode else f"no checkpoint in {out}")
+    difference = max_difference(load_run(out), reference)
+    collectives = launch.backend if launch.processes > 1 else "one process: no collectives, NCCL needs >= 2 GPUs"
+    return verdict(check, difference <= SAME_TRAINING, f"{launch.processes} x {launch.device} ({collectives}); max abs "
+                                                       f"difference from 1 process {difference:.1e} (tolerance "
+                                                       f"{SAME_TRAINING:.0e})")
+
+
+def resume_verdict(difference: float, device: str) -> Check:
+    """Exact resume: bit-identical to the uninterrupted run; on CUDA, where a kernel without a
+    deterministic version makes that impossible, within CUDA_RESUME_TOLERANCE (said in the detail)."""
+    check = "checkpoint and exact resume"
+    if difference == 0:
+        return Check(check, PASS, f"killed in step {KILLED_IN_STEP}, resumed from step {RESUMED_FROM} on {device}: "
+                                  "bit-identical weights and losses")
+    if device == "cuda" and difference <= CUDA_RESUME_TOLERANCE:
+        return Check(check, PASS, "not bit-identical (a CUDA kernel without a deterministic version): max abs "
+                                  f"difference {difference:.1e} <= {CUDA_RESUME_TOLERANCE:.0e}")
+    return Check(check, FAIL, f"the resumed run differs from the uninterrupted one by up to {difference:.1e}")
+
+
+def resume_check(launch: Launch, reference: Run) -> Check:
+    """A run killed (os._exit, as a kill would) in step 5 keeps its step-4 checkpoint, and continued
+    with --resume it ends where the uninterrupted reference run ends (`resume_verdict`)."""
+    killed, out = train_tiny(launch, "resumed", kill_at=KILLED_IN_STEP)
+    if killed.returncode == 0 or checkpoint_step(out) != RESUMED_FROM:
+        return Check("checkpoint and exact resume", FAIL, f"killed run: exit {killed.returncode}, checkpoint of step "
+                                                          f"{checkpoint_step(out)} (expected {RESUMED_FROM})")
+    done, out = train_tiny(launch, "resumed", "--resume")
+    if done.returncode:
+        return Check("checkpoint and exact resume", FAIL, "resume " + failure(done))
+    return resume_verdict(max_difference(load_run(out), reference), launch.device)
+
+
+def distributed_checks(launch: Launch) -> list[Check]:
+    """torchrun DDP, torchrun FSDP (>= 2 ranks) and exact resume, each against one uninterrupted
+    one-process reference run of the same tiny training."""
+    print(f"\n### torchrun and exact resume ({launch.processes} x {launch.device}, {launch.backend})\n", flush=True)
+    launch.folder.mkdir(parents=True, exist_ok=True)
+    (launch.folder / "resumable_train.py").write_text(RESUMABLE_TRAIN)
+    done, out = train_tiny(launch, "reference")
+    if done.returncode:
+        return [Check("torchrun and resume: 1-process reference run", FAIL, failure(done))]
+    reference = load_run(out)
+    checks = stage("torchrun DDP", parallel_check, launch, reference, "ddp")
+    checks += (stage("torchrun FSDP", parallel_check, launch, reference, "fsdp") if launch.processes > 1 else
+               [Check("torchrun FSDP", SKIP, "needs >= 2 GPUs; this node has 1")])
+    return checks + stage("checkpoint and exact resume", resume_check, launch, reference)
 
 
 # ---- the six variants -------------------------------------------------------------------------
@@ -284,7 +455,10 @@ def main(argv=None) -> int:
                                  "steps x batch": f"{steps} x {batch_size}"}, quick=args.smoke), flush=True)
     runs_dir = Path(args.runs_dir or tempfile.mkdtemp(prefix="headlab-gpu-check-"))
     results = {"device": name, "gpus": gpus, "preset": mode.preset, "steps": steps, "batch_size": batch_size}
-    checks = stage("six variants", variant_checks, mode, steps, batch_size, args.optimizer, device, runs_dir, results)
+    launch = Launch(device, gpus or 2, runs_dir / "torchrun")  # one rank per GPU; two CPU ranks in --smoke
+    checks = (stage("torchrun and resume", distributed_checks, launch)
+              + stage("six variants", variant_checks, mode, steps, batch_size, args.optimizer, device, runs_dir,
+                      results))
     elapsed = time.perf_counter() - started
     print(summary(checks))
     print(f"total {elapsed:.0f} s; runs and analysis in {runs_dir}"

@@ -1,5 +1,6 @@
-"""benchmarks/gpu_check.py: --smoke runs every stage on CPU (tiny preset) into one summary; any
-FAIL makes the exit status 1."""
+"""benchmarks/gpu_check.py: --smoke runs every stage a CPU can run (torchrun with gloo, FSDP, exact
+resume, the six variants' tables) into one summary; the verdict of exact resume on CUDA is checked
+here on the values it judges; any FAIL makes the exit status 1."""
 
 import importlib.util
 import json
@@ -33,8 +34,11 @@ def test_gpu_check_smoke_runs_every_stage(gpu_check, tmp_path, capsys):
     report = json.loads(results.read_text())
     checks = {c["check"]: c for c in report["checks"]}
     assert len(checks) == len(report["checks"]) and {c["result"] for c in checks.values()} == {"PASS", "SKIP"}
-    for name in ("decode cache bytes = formula", "head analysis and report measurements"):
+    for name in ("torchrun DDP", "torchrun FSDP", "checkpoint and exact resume", "decode cache bytes = formula",
+                 "head analysis and report measurements"):
         assert checks[name]["result"] == "PASS", checks[name]
+    assert "2 x cpu (gloo)" in checks["torchrun FSDP"]["detail"]
+    assert "bit-identical" in checks["checkpoint and exact resume"]["detail"]
     for name in ("Standard MHA MFU", "tokens/s: MQA"):
         assert checks[name]["result"] == "SKIP", checks[name]  # performance targets
     throughput = report["throughput"]
@@ -49,20 +53,26 @@ def test_gpu_check_smoke_runs_every_stage(gpu_check, tmp_path, capsys):
     assert [v for v, row in measured.items() if row["norm_effect_s"] is None] == ["MLA (d_c=12)"]  # no QK-norm
     out = capsys.readouterr().out
     assert "### Head analysis" in out and "### The report's measurements on the training device" in out
-    assert "## Summary" in out and "| Standard MHA MFU " in out and f"{len(checks)} checks: " in out
+    assert "## Summary" in out and "| torchrun DDP " in out and f"{len(checks)} checks: " in out
 
 
 def test_a_failed_check_or_a_broken_stage_makes_the_exit_status_1(gpu_check, tmp_path, monkeypatch, capsys):
     def broken(*args):
         raise RuntimeError("the GPU fell off the bus")
 
+    monkeypatch.setattr(gpu_check, "distributed_checks", lambda launch: [gpu_check.Check("torchrun DDP", "FAIL", "x")])
     monkeypatch.setattr(gpu_check, "variant_checks", broken)
     assert gpu_check.main(["--smoke", "--runs-dir", str(tmp_path), "--json", str(tmp_path / "r.json")]) == 1
     checks = json.loads((tmp_path / "r.json").read_text())["checks"]
-    assert checks == [{"check": "six variants", "result": "FAIL",
-                       "detail": "raised RuntimeError: the GPU fell off the bus"}]
-    assert "1 checks: 0 PASS, 1 FAIL, 0 SKIP" in capsys.readouterr().out
-    monkeypatch.setattr(gpu_check, "variant_checks", lambda *args: [gpu_check.Check("MFU", "FAIL", "")])
-    assert gpu_check.main(["--smoke", "--runs-dir", str(tmp_path)]) == 1
+    assert [(c["check"], c["result"]) for c in checks] == [("torchrun DDP", "FAIL"), ("six variants", "FAIL")]
+    assert checks[1]["detail"] == "raised RuntimeError: the GPU fell off the bus"
+    assert "2 checks: 0 PASS, 2 FAIL, 0 SKIP" in capsys.readouterr().out
+    monkeypatch.setattr(gpu_check, "distributed_checks", lambda launch: [gpu_check.Check("torchrun DDP", "PASS", "")])
     monkeypatch.setattr(gpu_check, "variant_checks", lambda *args: [gpu_check.Check("MFU", "SKIP", "")])
     assert gpu_check.main(["--smoke", "--runs-dir", str(tmp_path)]) == 0
+
+
+def test_exact_resume_on_cuda_is_bit_identical_or_says_it_is_not(gpu_check):
+    assert gpu_check.resume_verdict(0.0, "cuda").result == "PASS"
+    assert "not bit-identical" in gpu_check.resume_verdict(3e-7, "cuda").detail
+    assert gpu_check.resume_verdict(3e-7, "cpu").result == gpu_check.resume_verdict(1e-3, "cuda").result == "FAIL"
