@@ -10,10 +10,12 @@ Stages (each gives rows of the summary table: check, PASS / FAIL / SKIP, detail)
   must exit 0, write its run folder and end where one process training the same steps ends.
 - checkpoint and exact resume: a run killed in step 5, after its step-4 checkpoint, then continued
   with `--resume`, ends bit for bit where the uninterrupted run ends.
-- six variants of paper-128m trained in bf16 with torch.compile on one GPU, and on them: tokens/s
-  and MFU against this GPU's measured bf16 matmul peak (headlab.training.plan.model_flops_utilization),
-  decoding at context 2048 with cache bytes against the formula, the head analysis and the report's
-  forward-pass measurements (Σ, attention maps, QK-norm's 1/rms) on the device the models trained on.
+- six variants of paper-128m trained in bf16 with torch.compile on one GPU, and on them: the SDPA
+  backend each family runs, the peak memory of training against the plan's figure
+  (headlab.training.plan.memory_per_device), recompilations, tokens/s and MFU against this GPU's
+  measured bf16 matmul peak (headlab.training.plan.model_flops_utilization), decoding at context
+  2048 with cache bytes against the formula, the head analysis and the report's forward-pass
+  measurements (Σ, attention maps, QK-norm's 1/rms) on the device the models trained on.
 
 Performance targets (enforced on a GPU; printed as SKIP in --smoke): Standard MHA reaches >= 40 %
 MFU, and every variant >= 90 % of MHA's tokens/s. Exit status 1 when any check FAILs, 0 otherwise
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import statistics
@@ -44,12 +47,14 @@ except ImportError:  # run as a script: benchmarks/ itself is on sys.path
     import common  # type: ignore[no-redef]
 
 import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from headlab.analysis import inputs, similarity as analysis  # noqa: E402
 from headlab.model import decoding  # noqa: E402
 from headlab.study.roles import comparison_variants  # noqa: E402
 from headlab.data.corpus import load_corpus  # noqa: E402
-from headlab.training.plan import gpu_peak, measure_peak_flops, model_flops_utilization  # noqa: E402
+from headlab.training.plan import (format_bytes, gpu_peak, measure_peak_flops, memory_per_device,  # noqa: E402
+                                   micro_batch_size, model_flops_utilization)
 from headlab.study.study import slug  # noqa: E402
 from headlab.training.config import train_preset  # noqa: E402
 from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run  # noqa: E402
@@ -285,22 +290,152 @@ def distributed_checks(launch: Launch) -> list[Check]:
 
 # ---- the six variants -------------------------------------------------------------------------
 
+class RecompileLog(logging.Handler):
+    """While entered, torch's `recompiles` log is on (torch._logging.set_logs, which also prints it)
+    and each message it logs is kept in `messages`: one per function compiled again because the
+    guards of its earlier compilation failed (the message names the guard). A new model's first
+    compilation after torch.compiler.reset() logs none. On exit every torch log is back to its
+    default (a TORCH_LOGS setting is not restored)."""
+
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "recompiles" in record.name:
+            self.messages.append(record.getMessage())
+
+    def __enter__(self) -> "RecompileLog":
+        torch._logging.set_logs(recompiles=True)
+        logging.getLogger("torch._dynamo").addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger("torch._dynamo").removeHandler(self)
+        torch._logging.set_logs()
+
+
+class PeakMemory:
+    """The CUDA memory the block allocated at its peak beyond what was allocated when it began
+    (earlier models still on the GPU): `bytes` after the block; None off CUDA."""
+
+    def __init__(self, device: str):
+        self.cuda, self.bytes, self.start = device == "cuda", None, 0
+
+    def __enter__(self) -> "PeakMemory":
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.start = torch.cuda.memory_allocated()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.bytes = torch.cuda.max_memory_allocated() - self.start
+
+
 def train_variants(preset: str, steps: int, batch_size: int, log_every: int, device: str, runs_dir: Path,
-                   optimizer: str | None = None) -> dict:
-    """Train the six comparison variants (with the preset's optimizer unless one is given);
-    returns {label: Run}."""
+                   optimizer: str | None = None) -> tuple[dict, dict]:
+    """Train the six comparison variants (with the preset's optimizer unless one is given). Returns
+    {label: Run} and {label: {"peak_bytes", "recompiles"}}: what training each allocated at its
+    peak on CUDA (`PeakMemory`) and the recompilations torch.compile logged (`RecompileLog`)."""
     corpus = load_corpus("synthetic", tokenizer="byte")
     config = train_preset(preset, steps=steps, batch_size=batch_size, warmup_steps=max(1, steps // 10),
                           dtype="bfloat16", compile=device == "cuda", device=device, log_every=log_every,
                           eval_every=steps, eval_batches=2, checkpoint_every=steps)
     if optimizer:
         config = config.replace(optimizer=optimizer)
-    runs = {}
+    runs, seen = {}, {}
     for variant in comparison_variants(preset):
         started = time.perf_counter()
-        runs[variant.label] = train(variant, config, corpus, out=runs_dir / slug(variant.label), progress=False)
+        torch.compiler.reset()  # so that this model's first compilation is not a recompilation of the last model's
+        with RecompileLog() as recompiles, PeakMemory(device) as peak:
+            runs[variant.label] = train(variant, config, corpus, out=runs_dir / slug(variant.label), progress=False)
+        seen[variant.label] = {"peak_bytes": peak.bytes, "recompiles": recompiles.messages}
         print(f"  trained {variant.label} in {time.perf_counter() - started:.0f} s", flush=True)
-    return runs
+    return runs, seen
+
+
+# The aten operator scaled_dot_product_attention dispatches to, per backend (torch.nn.attention.SDPBackend).
+SDPA_KERNELS = {
+    "aten::_scaled_dot_product_flash_attention": "FLASH_ATTENTION",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "FLASH_ATTENTION (CPU)",
+    "aten::_scaled_dot_product_efficient_attention": "EFFICIENT_ATTENTION",
+    "aten::_scaled_dot_product_cudnn_attention": "CUDNN_ATTENTION",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "OVERRIDEABLE",
+    "aten::_scaled_dot_product_attention_math": "MATH",
+}
+
+
+def sdpa_backends(model: torch.nn.Module, autocast) -> set[str]:
+    """The backends scaled_dot_product_attention ran in one forward and backward of `model` on two
+    full-context windows under `autocast` (the training's): the aten operators the profiler saw.
+    The model runs eagerly here; compiled, SDPA's backend is chosen by the same rules."""
+    config = model.config
+    device = next(model.parameters()).device
+    tokens = torch.randint(0, 256, (2, config.seq_len), generator=torch.Generator().manual_seed(0)).to(device)
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:  # operators are recorded on the host
+        with autocast:
+            _, loss = model(tokens, tokens)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return {SDPA_KERNELS[event.name] for event in profiler.events() if event.name in SDPA_KERNELS}
+
+
+def sdpa_check(label: str, backends: set[str], device: str) -> Check:
+    """On CUDA, PASS when every attention call ran a fused kernel, FAIL when one fell back to MATH
+    (scores materialized: slow, memory quadratic in the context). On the CPU whatever ran passes.
+    No SDPA call at all FAILs: the model no longer reaches the kernel this check watches."""
+    check = f"SDPA backend: {label}"
+    seen = ", ".join(sorted(backends))
+    if not backends:
+        return Check(check, FAIL, "no scaled_dot_product_attention call seen in a training step")
+    if device != "cuda":
+        return Check(check, PASS, f"{seen} (on the CPU any backend passes)")
+    return verdict(check, "MATH" not in backends, seen + ("; falls back to MATH" if "MATH" in backends else ""))
+
+
+def sdpa_checks(runs: dict, device: str, results: dict) -> list[Check]:
+    """The SDPA backend of each family, in bf16 autocast as it trained."""
+    autocast = torch.autocast(device, dtype=torch.bfloat16)
+    backends = {label: sdpa_backends(run.model, autocast) for label, run in runs.items()}
+    results["sdpa_backends"] = {label: sorted(found) for label, found in backends.items()}
+    return [sdpa_check(label, found, device) for label, found in backends.items()]
+
+
+def memory_check(label: str, measured: int, planned: float) -> Check:
+    """The plan's memory per device is an upper-bound estimate: PASS when the measured peak is at most it."""
+    return verdict(f"peak memory vs plan: {label}", measured <= planned,
+                   f"{format_bytes(measured)} allocated at the peak, plan {format_bytes(planned)} "
+                   f"(ratio {measured / planned:.2f})")
+
+
+def memory_checks(runs: dict, seen: dict, device: str) -> list[Check]:
+    """Each variant's peak CUDA memory in training against headlab.training.plan.memory_per_device
+    for its config, micro-batch, one device under DDP, optimizer and dtype."""
+    if device != "cuda":
+        return [Check("peak memory vs plan", SKIP, "no CUDA device (--smoke)")]
+    checks = []
+    for label, run in runs.items():
+        tc = run.train_config
+        planned = memory_per_device(run.model_config, micro_batch_size(tc.batch_size, 1, tc.grad_accum), 1, "ddp",
+                                    tc.optimizer, tc.dtype).total
+        checks.append(memory_check(label, seen[label]["peak_bytes"], planned))
+    return checks
+
+
+def recompile_checks(seen: dict, compiled: bool) -> list[Check]:
+    """No recompilation after a model's first compilation: every training micro-batch has one
+    shape, and evaluation runs the uncompiled module, so its batches never reach the compiled one.
+    Each recompilation would cost minutes of compile time at scale and hint at a guard on a value
+    that changes during training."""
+    if not compiled:
+        return [Check("recompiles under --compile", SKIP, "headlab compiles on CUDA only (--smoke trains on the CPU)")]
+    return [verdict(f"recompiles: {label}", not s["recompiles"],
+                    "none after the first compilation" if not s["recompiles"] else
+                    f"{len(s['recompiles'])}, first: " + " ".join(s["recompiles"][0].split())[:160])
+            for label, s in seen.items()]
 
 
 def throughput_rows(runs: dict, peak_flops: float) -> list[dict]:
@@ -412,16 +547,20 @@ def analysis_checks(runs: dict, windows: int, runs_dir: Path, results: dict) -> 
 
 def variant_checks(mode: Mode, steps: int, batch_size: int, optimizer: str | None, device: str, runs_dir: Path,
                    results: dict) -> list[Check]:
-    """Train the six variants, then every check made on them; the analysis comes before decoding,
-    which casts the models to bf16."""
+    """Train the six variants, then every check made on them; the SDPA check and the analysis
+    come before decoding, which casts the models to bf16."""
     peak = measure_peak_flops(device, torch.bfloat16, size=mode.matmul_size, seconds=mode.peak_seconds)
     table = gpu_peak(torch.cuda.get_device_name(0)) if device == "cuda" else None
     print(f"\nmeasured bf16 matmul peak ({mode.matmul_size}^3): {peak / 1e12:.1f} TFLOP/s"
           + (f" (data sheet {table[1]:.0f} TFLOP/s dense)" if table else ""), flush=True)
     results["measured_peak_flops"] = peak
-    runs = train_variants(mode.preset, steps, batch_size, mode.log_every, device, runs_dir, optimizer)
+    runs, seen = train_variants(mode.preset, steps, batch_size, mode.log_every, device, runs_dir, optimizer)
     results["optimizer"] = next(iter(runs.values())).train_config.optimizer
-    return (stage("training throughput", throughput_checks, runs, peak, device == "cuda", results)
+    results["peak_memory_bytes"] = {label: s["peak_bytes"] for label, s in seen.items()}
+    return (stage("SDPA backends", sdpa_checks, runs, device, results)
+            + stage("peak memory vs plan", memory_checks, runs, seen, device)
+            + stage("recompiles under --compile", recompile_checks, seen, device == "cuda")
+            + stage("training throughput", throughput_checks, runs, peak, device == "cuda", results)
             + stage("head analysis and report measurements", analysis_checks, runs, mode.report_windows, runs_dir,
                     results)
             + stage("decoding", decode_checks, runs, mode, results))

@@ -1,16 +1,21 @@
 """benchmarks/gpu_check.py: --smoke runs every stage a CPU can run (torchrun with gloo, FSDP, exact
-resume, the six variants' tables) into one summary; the verdict of exact resume on CUDA is checked
-here on the values it judges; any FAIL makes the exit status 1."""
+resume, SDPA backends, the six variants' tables) into one summary; the verdicts of the
+GPU-only stages are checked here on the values they judge; any FAIL makes the exit status 1."""
 
 import importlib.util
 import json
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from headlab.data import sources
+from headlab.model.config import preset
+from headlab.model.gpt import GPT
 from headlab.training.runs import has_checkpoint
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
@@ -39,8 +44,11 @@ def test_gpu_check_smoke_runs_every_stage(gpu_check, tmp_path, capsys):
         assert checks[name]["result"] == "PASS", checks[name]
     assert "2 x cpu (gloo)" in checks["torchrun FSDP"]["detail"]
     assert "bit-identical" in checks["checkpoint and exact resume"]["detail"]
-    for name in ("Standard MHA MFU", "tokens/s: MQA"):
-        assert checks[name]["result"] == "SKIP", checks[name]  # performance targets
+    for name in ("peak memory vs plan", "recompiles under --compile", "Standard MHA MFU", "tokens/s: MQA"):
+        assert checks[name]["result"] == "SKIP", checks[name]  # GPU-only, or a performance target
+    assert report["sdpa_backends"] == {label: ["FLASH_ATTENTION (CPU)"] for label in report["sdpa_backends"]}
+    assert len(report["sdpa_backends"]) == 6 and all(checks[f"SDPA backend: {v}"]["result"] == "PASS"
+                                                     for v in report["sdpa_backends"])
     throughput = report["throughput"]
     assert [row["variant"] for row in throughput][0] == "Standard MHA" and len(throughput) == 6
     assert all(row["tokens_per_s"] > 0 and 0 < row["mfu"] for row in throughput)
@@ -72,7 +80,39 @@ def test_a_failed_check_or_a_broken_stage_makes_the_exit_status_1(gpu_check, tmp
     assert gpu_check.main(["--smoke", "--runs-dir", str(tmp_path)]) == 0
 
 
-def test_exact_resume_on_cuda_is_bit_identical_or_says_it_is_not(gpu_check):
+def test_gpu_only_verdicts_judge_what_a_gpu_would_show(gpu_check):
+    """The CUDA branches of the SDPA, memory, resume and recompile checks, on the values they judge."""
+    assert gpu_check.sdpa_check("GQA", {"FLASH_ATTENTION"}, "cuda").result == "PASS"
+    assert gpu_check.sdpa_check("GQA", {"FLASH_ATTENTION", "MATH"}, "cuda").result == "FAIL"
+    assert gpu_check.sdpa_check("GQA", {"MATH"}, "cpu").result == "PASS"
+    assert gpu_check.sdpa_check("GQA", set(), "cpu").result == "FAIL"
+    assert gpu_check.memory_check("MHA", 9 << 30, 10 << 30).result == "PASS"
+    assert gpu_check.memory_check("MHA", 11 << 30, 10 << 30).detail.endswith("(ratio 1.10)")
+    assert gpu_check.memory_check("MHA", 11 << 30, 10 << 30).result == "FAIL"
     assert gpu_check.resume_verdict(0.0, "cuda").result == "PASS"
     assert "not bit-identical" in gpu_check.resume_verdict(3e-7, "cuda").detail
     assert gpu_check.resume_verdict(3e-7, "cpu").result == gpu_check.resume_verdict(1e-3, "cuda").result == "FAIL"
+    seen = {"MHA": {"recompiles": []}, "MQA": {"recompiles": ["Recompiling function forward\n  - size mismatch"]}}
+    assert [c.result for c in gpu_check.recompile_checks(seen, compiled=True)] == ["PASS", "FAIL"]
+
+
+def test_sdpa_backends_sees_a_fallback_to_math(gpu_check):
+    model = GPT(preset("tiny", "gqa"))
+    with sdpa_kernel(SDPBackend.MATH):
+        assert gpu_check.sdpa_backends(model, nullcontext()) == {"MATH"}
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_recompile_log_counts_recompilations_not_first_compilations(gpu_check):
+    def double(x):
+        return 2 * x
+
+    torch.compiler.reset()
+    compiled = torch.compile(double, backend="eager")  # dynamo's guards without inductor: CPU-cheap
+    with gpu_check.RecompileLog() as log:
+        compiled(torch.ones(3))
+        compiled(torch.ones(3))
+        assert log.messages == []
+        compiled(torch.ones(4))  # another shape fails the first compilation's guards
+    assert len(log.messages) == 1 and "double" in log.messages[0]
+    torch.compiler.reset()
