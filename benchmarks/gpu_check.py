@@ -16,6 +16,7 @@ Stages (each gives rows of the summary table: check, PASS / FAIL / SKIP, detail)
   measured bf16 matmul peak (headlab.training.plan.model_flops_utilization), decoding at context
   2048 with cache bytes against the formula, the head analysis and the report's forward-pass
   measurements (Σ, attention maps, QK-norm's 1/rms) on the device the models trained on.
+- tokenization throughput (benchmarks/tokenization.py's core on a few MB of generated text).
 
 Performance targets (enforced on a GPU; printed as SKIP in --smoke): Standard MHA reaches >= 40 %
 MFU, and every variant >= 90 % of MHA's tokens/s. Exit status 1 when any check FAILs, 0 otherwise
@@ -42,9 +43,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 try:
-    from benchmarks import common
+    from benchmarks import common, tokenization
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
     import common  # type: ignore[no-redef]
+    import tokenization  # type: ignore[no-redef]
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
@@ -78,10 +80,11 @@ class Mode:
     new_tokens: int  # generated after a (context - new_tokens)-token prompt
     timing_s: float  # per cached-step latency measurement
     report_windows: int  # full-context windows of the report's forward-pass measurements (the report: 8)
+    tokenize_megabytes: float  # of generated text for the tokenization throughput
 
 
-MODES = {"gpu": Mode("paper-128m", 200, 16, 20, 8192, 2.0, 64, 0.2, 2),
-         "smoke": Mode("tiny", 6, 4, 2, 128, 0.05, 4, 0.01, 2)}
+MODES = {"gpu": Mode("paper-128m", 200, 16, 20, 8192, 2.0, 64, 0.2, 2, 16),
+         "smoke": Mode("tiny", 6, 4, 2, 128, 0.05, 4, 0.01, 2, 2)}
 
 
 # ---- the summary ------------------------------------------------------------------------------
@@ -566,6 +569,33 @@ def variant_checks(mode: Mode, steps: int, batch_size: int, optimizer: str | Non
             + stage("decoding", decode_checks, runs, mode, results))
 
 
+# ---- tokenization -----------------------------------------------------------------------------
+
+def tokenization_checks(megabytes: float, results: dict) -> list[Check]:
+    """Tokenization throughput (informational, PASS when it ran): M tokens/s writing the shards of
+    `megabytes` of generated .jsonl text with 1 and 2 worker processes, per tokenizer that
+    benchmarks/tokenization.py finds here (byte, a trained BPE, GPT-2 when its files are here)."""
+    print(f"\n### Tokenization ({megabytes:.0f} MB of generated .jsonl text)\n", flush=True)
+    texts = list(tokenization.documents(megabytes))
+    rows, checks = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "jsonl"
+        tokenization.write_corpus(folder, texts, "jsonl")
+        for name, tokenizer in tokenization.tokenizers(texts).items():
+            rate = {}
+            for workers in (1, 2):
+                seconds, _, _, tokens = tokenization.time_shards(folder, tokenizer, workers,
+                                                                 Path(tmp) / f"{name.replace(':', '-')}-{workers}")
+                rate[workers] = tokens / seconds
+                rows.append({"tokenizer": name, "workers": workers, "tokens_per_s": rate[workers]})
+            checks.append(Check(f"tokenization: {name}", PASS, f"{rate[1] / 1e6:.2f} M tokens/s with 1 worker, "
+                                f"{rate[2] / 1e6:.2f} with 2 ({rate[2] / rate[1]:.2f}x); informational"))
+    results["tokenization"] = rows
+    print(common.format_table(["tokenizer", "workers", "M tokens/s"],
+                              [[r["tokenizer"], r["workers"], r["tokens_per_s"] / 1e6] for r in rows]))
+    return checks
+
+
 # ---- command line -----------------------------------------------------------------------------
 
 def main(argv=None) -> int:
@@ -597,7 +627,8 @@ def main(argv=None) -> int:
     launch = Launch(device, gpus or 2, runs_dir / "torchrun")  # one rank per GPU; two CPU ranks in --smoke
     checks = (stage("torchrun and resume", distributed_checks, launch)
               + stage("six variants", variant_checks, mode, steps, batch_size, args.optimizer, device, runs_dir,
-                      results))
+                      results)
+              + stage("tokenization", tokenization_checks, mode.tokenize_megabytes, results))
     elapsed = time.perf_counter() - started
     print(summary(checks))
     print(f"total {elapsed:.0f} s; runs and analysis in {runs_dir}"

@@ -1,5 +1,5 @@
 """benchmarks/gpu_check.py: --smoke runs every stage a CPU can run (torchrun with gloo, FSDP, exact
-resume, SDPA backends, the six variants' tables) into one summary; the verdicts of the
+resume, SDPA backends, the six variants' tables, tokenization) into one summary; the verdicts of the
 GPU-only stages are checked here on the values they judge; any FAIL makes the exit status 1."""
 
 import importlib.util
@@ -40,7 +40,7 @@ def test_gpu_check_smoke_runs_every_stage(gpu_check, tmp_path, capsys):
     checks = {c["check"]: c for c in report["checks"]}
     assert len(checks) == len(report["checks"]) and {c["result"] for c in checks.values()} == {"PASS", "SKIP"}
     for name in ("torchrun DDP", "torchrun FSDP", "checkpoint and exact resume", "decode cache bytes = formula",
-                 "head analysis and report measurements"):
+                 "head analysis and report measurements", "tokenization: byte", "tokenization: bpe:8192"):
         assert checks[name]["result"] == "PASS", checks[name]
     assert "2 x cpu (gloo)" in checks["torchrun FSDP"]["detail"]
     assert "bit-identical" in checks["checkpoint and exact resume"]["detail"]
@@ -49,6 +49,7 @@ def test_gpu_check_smoke_runs_every_stage(gpu_check, tmp_path, capsys):
     assert report["sdpa_backends"] == {label: ["FLASH_ATTENTION (CPU)"] for label in report["sdpa_backends"]}
     assert len(report["sdpa_backends"]) == 6 and all(checks[f"SDPA backend: {v}"]["result"] == "PASS"
                                                      for v in report["sdpa_backends"])
+    assert {(row["tokenizer"], row["workers"]) for row in report["tokenization"]} >= {("byte", 1), ("bpe:8192", 2)}
     throughput = report["throughput"]
     assert [row["variant"] for row in throughput][0] == "Standard MHA" and len(throughput) == 6
     assert all(row["tokens_per_s"] > 0 and 0 < row["mfu"] for row in throughput)
@@ -70,12 +71,14 @@ def test_a_failed_check_or_a_broken_stage_makes_the_exit_status_1(gpu_check, tmp
 
     monkeypatch.setattr(gpu_check, "distributed_checks", lambda launch: [gpu_check.Check("torchrun DDP", "FAIL", "x")])
     monkeypatch.setattr(gpu_check, "variant_checks", broken)
+    monkeypatch.setattr(gpu_check, "tokenization_checks", lambda *args: [gpu_check.Check("tokenization", "PASS", "")])
     assert gpu_check.main(["--smoke", "--runs-dir", str(tmp_path), "--json", str(tmp_path / "r.json")]) == 1
     checks = json.loads((tmp_path / "r.json").read_text())["checks"]
-    assert [(c["check"], c["result"]) for c in checks] == [("torchrun DDP", "FAIL"), ("six variants", "FAIL")]
+    assert [(c["check"], c["result"]) for c in checks] == [("torchrun DDP", "FAIL"), ("six variants", "FAIL"),
+                                                           ("tokenization", "PASS")]
     assert checks[1]["detail"] == "raised RuntimeError: the GPU fell off the bus"
-    assert "2 checks: 0 PASS, 2 FAIL, 0 SKIP" in capsys.readouterr().out
-    monkeypatch.setattr(gpu_check, "distributed_checks", lambda launch: [gpu_check.Check("torchrun DDP", "PASS", "")])
+    assert "3 checks: 1 PASS, 2 FAIL, 0 SKIP" in capsys.readouterr().out
+    monkeypatch.setattr(gpu_check, "distributed_checks", lambda launch: [])
     monkeypatch.setattr(gpu_check, "variant_checks", lambda *args: [gpu_check.Check("MFU", "SKIP", "")])
     assert gpu_check.main(["--smoke", "--runs-dir", str(tmp_path)]) == 0
 
