@@ -1,11 +1,33 @@
 #!/usr/bin/env bash
-# The prepared GPU check (see benchmarks/gpu_check.py): paper-128m's six variants in bf16 with
-# torch.compile on one GPU, tokens/s and MFU against the measured bf16 peak, decoding at context
-# 2048, cache bytes against the formula, and the head analysis. About 6-8 minutes on an H100/H200.
+# The GPU check (see benchmarks/gpu_check.py) on what this node has: torchrun with NCCL (DDP, and
+# FSDP on >= 2 GPUs), checkpoint and exact resume, paper-128m's six variants in bf16 with
+# torch.compile (SDPA backends, peak memory against the plan, recompiles, tokens/s and MFU,
+# decoding, head analysis) and tokenization throughput; one summary table, exit status 1 on any
+# FAIL. About 8-10 minutes on an H100/H200 (estimated: the six variants took 6-8).
 #   benchmarks/gpu_check.sh [--steps N] [--batch-size B] [--optimizer adamw] [--json results.json]
-#   benchmarks/gpu_check.sh --smoke      # CPU, tiny preset, seconds
+#   benchmarks/gpu_check.sh --smoke      # CPU, tiny preset, under a minute
+# The Python: $PYTHON if set, else the first of python3, python, .venv/bin/python whose torch sees
+# a CUDA device (the Makefile's .venv pins a CPU torch), else .venv/bin/python or python3 (and
+# without --smoke the check then says there is no CUDA device and exits 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+sees_cuda() {
+  "$1" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1
+}
+
+if [ -z "${PYTHON:-}" ]; then
+  for candidate in python3 python .venv/bin/python; do
+    if command -v "$candidate" >/dev/null 2>&1 && sees_cuda "$candidate"; then
+      PYTHON=$candidate
+      break
+    fi
+  done
+fi
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
+"$PYTHON" -c 'import sys, torch
+print(f"gpu_check.sh: Python {sys.executable}, torch {torch.__version__} (CUDA build: {torch.version.cuda}), "
+      f"{torch.cuda.device_count()} CUDA device(s)")' \
+  || { echo "gpu_check.sh: $PYTHON cannot import torch; set PYTHON to a Python with headlab's dependencies" >&2; exit 2; }
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 exec "$PYTHON" benchmarks/gpu_check.py "$@"

@@ -1,33 +1,59 @@
-"""benchmarks/gpu_check.py in --smoke mode: the GPU check's every stage runs on CPU (tiny preset)."""
+"""benchmarks/gpu_check.py: --smoke runs every stage a CPU can run (torchrun with gloo, FSDP, exact
+resume, SDPA backends, the six variants' tables, tokenization) into one summary; the verdicts of the
+GPU-only stages are checked here on the values they judge; any FAIL makes the exit status 1."""
 
 import importlib.util
 import json
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import pandas as pd
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from headlab.data import sources
+from headlab.model.config import preset
+from headlab.model.gpt import GPT
 from headlab.training.runs import has_checkpoint
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
 
-def test_gpu_check_smoke_runs_every_stage(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def gpu_check(tmp_path, monkeypatch):
+    """The script as a module, with its corpus cache (its training processes' too) in tmp_path."""
     monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    gpu_check = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # dataclasses look their module up
-    spec.loader.exec_module(gpu_check)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check", module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_smoke_runs_every_stage(gpu_check, tmp_path, capsys):
     runs, results = tmp_path / "runs", tmp_path / "results.json"
     assert gpu_check.main(["--smoke", "--runs-dir", str(runs), "--json", str(results)]) == 0
     report = json.loads(results.read_text())
+    checks = {c["check"]: c for c in report["checks"]}
+    assert len(checks) == len(report["checks"]) and {c["result"] for c in checks.values()} == {"PASS", "SKIP"}
+    for name in ("torchrun DDP", "torchrun FSDP", "checkpoint and exact resume", "decode cache bytes = formula",
+                 "head analysis and report measurements", "tokenization: byte", "tokenization: bpe:8192"):
+        assert checks[name]["result"] == "PASS", checks[name]
+    assert "2 x cpu (gloo)" in checks["torchrun FSDP"]["detail"]
+    assert "bit-identical" in checks["checkpoint and exact resume"]["detail"]
+    for name in ("peak memory vs plan", "recompiles under --compile", "Standard MHA MFU", "tokens/s: MQA"):
+        assert checks[name]["result"] == "SKIP", checks[name]  # GPU-only, or a performance target
+    assert report["sdpa_backends"] == {label: ["FLASH_ATTENTION (CPU)"] for label in report["sdpa_backends"]}
+    assert len(report["sdpa_backends"]) == 6 and all(checks[f"SDPA backend: {v}"]["result"] == "PASS"
+                                                     for v in report["sdpa_backends"])
+    assert {(row["tokenizer"], row["workers"]) for row in report["tokenization"]} >= {("byte", 1), ("bpe:8192", 2)}
     throughput = report["throughput"]
     assert [row["variant"] for row in throughput][0] == "Standard MHA" and len(throughput) == 6
     assert all(row["tokens_per_s"] > 0 and 0 < row["mfu"] for row in throughput)
     assert all(row["agree"] for row in report["cache"]) and len(report["generation"]) == 6
-    assert any(c["check"].startswith("Standard MHA MFU") for c in report["checks"])
     assert sum(has_checkpoint(folder) for folder in runs.iterdir()) == 6
     summary = pd.read_csv(runs / "analysis" / "summary.csv")
     assert summary["model"].nunique() == 6 and set(summary["layer"]) == {0, 1}
@@ -36,3 +62,60 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path, monkeypatch, capsys):
     assert [v for v, row in measured.items() if row["norm_effect_s"] is None] == ["MLA (d_c=12)"]  # no QK-norm
     out = capsys.readouterr().out
     assert "### Head analysis" in out and "### The report's measurements on the training device" in out
+    assert "## Summary" in out and "| torchrun DDP " in out and f"{len(checks)} checks: " in out
+
+
+def test_a_failed_check_or_a_broken_stage_makes_the_exit_status_1(gpu_check, tmp_path, monkeypatch, capsys):
+    def broken(*args):
+        raise RuntimeError("the GPU fell off the bus")
+
+    monkeypatch.setattr(gpu_check, "distributed_checks", lambda launch: [gpu_check.Check("torchrun DDP", "FAIL", "x")])
+    monkeypatch.setattr(gpu_check, "variant_checks", broken)
+    monkeypatch.setattr(gpu_check, "tokenization_checks", lambda *args: [gpu_check.Check("tokenization", "PASS", "")])
+    assert gpu_check.main(["--smoke", "--runs-dir", str(tmp_path), "--json", str(tmp_path / "r.json")]) == 1
+    checks = json.loads((tmp_path / "r.json").read_text())["checks"]
+    assert [(c["check"], c["result"]) for c in checks] == [("torchrun DDP", "FAIL"), ("six variants", "FAIL"),
+                                                           ("tokenization", "PASS")]
+    assert checks[1]["detail"] == "raised RuntimeError: the GPU fell off the bus"
+    assert "3 checks: 1 PASS, 2 FAIL, 0 SKIP" in capsys.readouterr().out
+    monkeypatch.setattr(gpu_check, "distributed_checks", lambda launch: [])
+    monkeypatch.setattr(gpu_check, "variant_checks", lambda *args: [gpu_check.Check("MFU", "SKIP", "")])
+    assert gpu_check.main(["--smoke", "--runs-dir", str(tmp_path)]) == 0
+
+
+def test_gpu_only_verdicts_judge_what_a_gpu_would_show(gpu_check):
+    """The CUDA branches of the SDPA, memory, resume and recompile checks, on the values they judge."""
+    assert gpu_check.sdpa_check("GQA", {"FLASH_ATTENTION"}, "cuda").result == "PASS"
+    assert gpu_check.sdpa_check("GQA", {"FLASH_ATTENTION", "MATH"}, "cuda").result == "FAIL"
+    assert gpu_check.sdpa_check("GQA", {"MATH"}, "cpu").result == "PASS"
+    assert gpu_check.sdpa_check("GQA", set(), "cpu").result == "FAIL"
+    assert gpu_check.memory_check("MHA", 9 << 30, 10 << 30).result == "PASS"
+    assert gpu_check.memory_check("MHA", 11 << 30, 10 << 30).detail.endswith("(ratio 1.10)")
+    assert gpu_check.memory_check("MHA", 11 << 30, 10 << 30).result == "FAIL"
+    assert gpu_check.resume_verdict(0.0, "cuda").result == "PASS"
+    assert "not bit-identical" in gpu_check.resume_verdict(3e-7, "cuda").detail
+    assert gpu_check.resume_verdict(3e-7, "cpu").result == gpu_check.resume_verdict(1e-3, "cuda").result == "FAIL"
+    seen = {"MHA": {"recompiles": []}, "MQA": {"recompiles": ["Recompiling function forward\n  - size mismatch"]}}
+    assert [c.result for c in gpu_check.recompile_checks(seen, compiled=True)] == ["PASS", "FAIL"]
+
+
+def test_sdpa_backends_sees_a_fallback_to_math(gpu_check):
+    model = GPT(preset("tiny", "gqa"))
+    with sdpa_kernel(SDPBackend.MATH):
+        assert gpu_check.sdpa_backends(model, nullcontext()) == {"MATH"}
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_recompile_log_counts_recompilations_not_first_compilations(gpu_check):
+    def double(x):
+        return 2 * x
+
+    torch.compiler.reset()
+    compiled = torch.compile(double, backend="eager")  # dynamo's guards without inductor: CPU-cheap
+    with gpu_check.RecompileLog() as log:
+        compiled(torch.ones(3))
+        compiled(torch.ones(3))
+        assert log.messages == []
+        compiled(torch.ones(4))  # another shape fails the first compilation's guards
+    assert len(log.messages) == 1 and "double" in log.messages[0]
+    torch.compiler.reset()
