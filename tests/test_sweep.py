@@ -75,13 +75,16 @@ def test_a_bad_grid_is_one_clear_line(capsys):
         grid("tiny", [1.0], fields={"colour": [1]})
 
 
-def test_a_sweep_of_some_roles_trains_only_those_and_compares_them_with_mha(tmp_path, capsys):
+def test_a_sweep_of_some_roles_over_a_field_compares_the_same_variant_at_every_point(tmp_path, capsys):
     out = tmp_path / "some"
-    assert main(["sweep", "--preset", "tiny", "--lengths", "0.1", "--seeds", "2", "--only", "mha", "mqa",
-                 "--out", str(out)]) == 0
+    assert main(["sweep", "--preset", "tiny", "--lengths", "0.1", "--set", "kv_residual_init=0,1", "--seeds", "2",
+                 "--only", "mha", "lrkv-large", "--out", str(out)]) == 0
     table = load_tables(out, "sweep.json", "a sweep folder")[0]["sweep"]
-    assert set(table["role"]) == {"mqa"}
-    assert sorted(p.name for p in (out / "x0.1" / "runs").iterdir()) == [
-        "mqa-seed0", "mqa-seed1", "standard-mha-seed0", "standard-mha-seed1"]
+    assert set(table["role"]) == {"lrkv-large"} and table["comparison"].nunique() == 1  # not one name per init
+    assert sorted(table["kv_residual_init"].unique()) == [0.0, 1.0]
+    assert all(len(rows) == 2 for _, rows in table.groupby(["comparison", "metric"]))
+    assert sorted(p.name for p in (out / "x0.1-kv_residual_init0" / "runs").iterdir()) == [
+        "lrkv-r4-init-0-seed0", "lrkv-r4-init-0-seed1", "standard-mha-seed0", "standard-mha-seed1"]
+    assert "nan" not in (out / "sweep.md").read_text()
     assert main(["sweep", "--preset", "tiny", "--only", "mqa", "--out", str(tmp_path / "no-mha")]) == 2
     assert "include 'mha'" in capsys.readouterr().err and not (tmp_path / "no-mha").exists()

@@ -24,6 +24,7 @@ import pandas as pd
 
 from headlab.model.config import ModelConfig, preset
 from headlab.study.claims import METRICS, difference_to_mha, per_seed_metrics, variant_name, variant_rows
+from headlab.study.roles import comparison_roles
 from headlab.study.study import Study, loss_unit
 from headlab.study.tables import FLAGSHIP_MLA_ROPE, analysis_tables, training_table
 from headlab.training.config import train_preset
@@ -73,17 +74,20 @@ def grid(preset_name: str, lengths: list[float] = (1.0,), depths: list[int] | No
 
 
 def point_rows(point: GridPoint, metrics: pd.DataFrame) -> list[dict]:
-    """The paired difference to Standard MHA of every comparison the report makes, at one point."""
+    """The paired difference to Standard MHA of every comparison the report makes, at one point.
+    A comparison is named by its role's preset label, without the point's overrides (the grid's
+    columns hold those), so that it is the same comparison at every point."""
+    names = {role: config.label for role, config in comparison_roles(point.preset).items()}
     rows = []
     for column, (what, unit, _) in METRICS.items():
-        for role, model, mla_rope in variant_rows(metrics):
+        for role, _, mla_rope in variant_rows(metrics):
             if role == "mha" or (column == "val_loss" and mla_rope != FLAGSHIP_MLA_ROPE):
                 continue
             d = difference_to_mha(metrics, role, mla_rope, column)
             rows.append({"point": point.key, "length": point.length, "steps": point.steps,
                          "n_layer": point.model_overrides.get("n_layer", preset(point.preset).n_layer),
                          **{k: v for k, v in point.model_overrides.items() if k != "n_layer"},
-                         "role": role, "comparison": variant_name(role, model, mla_rope), "mla_rope": mla_rope,
+                         "role": role, "comparison": variant_name(role, names[role], mla_rope), "mla_rope": mla_rope,
                          "metric": what, "unit": unit or metrics["loss_unit"].iloc[0],
                          "mean": d.mean, "half_width": d.half_width, "seeds": d.n, "decided": d.decided})
     return rows
