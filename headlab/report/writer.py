@@ -334,7 +334,7 @@ def write_sweep_report(table: pd.DataFrame, out: str | Path) -> Path:
     """sweep.md and figures/sweep.png (.svg) in `out` from a sweep's table: the paired difference
     to Standard MHA ± its 95% half-width at each grid point, and the paragraph of `sweep_sentences`."""
     out = Path(out)
-    figure = plots.save_figure(plots.sweep_figure(table), out / "figures", "sweep")
+    figure = plots.save_figure(plots.sweep_figure(table, axes=grid_axes(table)), out / "figures", "sweep")
     shown = table.assign(difference=[f"{m:+.3f} ± {h:.3f}" if s > 1 else f"{m:+.3f}"
                                      for m, h, s in zip(table["mean"], table["half_width"], table["seeds"])])
     wide = shown.pivot_table(index=["comparison", "metric"], columns="point", values="difference", aggfunc="first",
