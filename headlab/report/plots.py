@@ -585,7 +585,8 @@ def sweep_figure(table: pd.DataFrame, palette: Mapping[str, str] | None = None, 
             x = np.arange(len(points)) + offset
             ax.errorbar(x, line["mean"], yerr=line["half_width"].fillna(0), color=methods.colors[method],
                         marker=methods.markers[method], capsize=3, linewidth=1.4, markersize=5)
-        ax.set_xticks(range(len(points)), labels, rotation=30 if max(map(len, labels)) > 12 else 0, ha="right")
+        tilted = max(map(len, labels)) > 12
+        ax.set_xticks(range(len(points)), labels, rotation=30 if tilted else 0, ha="right" if tilted else "center")
         ax.set(title=metric, ylabel=f"vs Standard MHA ({rows['unit'].iloc[0]})")
     n_seeds = int(data["seeds"].max())
     fig.suptitle(f"Paired difference to Standard MHA across the sweep (mean ± 95% interval, {n_seeds} seeds)",
