@@ -40,7 +40,7 @@ from headlab.io import Manifest
 from headlab.model.config import ModelConfig, preset
 from headlab.study.roles import comparison_roles
 from headlab.training.config import TrainConfig, train_preset
-from headlab.training.plan import load_note, measure_step, run_seconds
+from headlab.training.plan import load_note, measure_step, run_seconds, threads_per_job
 from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
 from headlab.training.snapshots import study_snapshot_every
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
@@ -185,7 +185,7 @@ class Study:
         left = {key: steps for key, steps in self.steps_left(seeds).items() if steps}
         if not left:
             return None
-        threads = max(1, (os.cpu_count() or 1) // jobs)
+        threads = threads_per_job(jobs)
         config = self.train_config(0)
         steps = {role: measure_step(variant, config, threads) for role, variant in self.roles.items()}
         seconds = sum(run_seconds(steps[role], config, n) for (_, role), n in left.items()) / jobs
@@ -231,7 +231,7 @@ class Study:
                 self._log_run(log, config, seed, run, time.perf_counter() - start)
                 runs.append(StudyRun(role, config, seed, folder, run))
             return runs
-        threads = max(1, (os.cpu_count() or 1) // jobs)
+        threads = threads_per_job(jobs)
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_prepare_worker,
                                  initargs=(threads,)) as pool:
             pending = {pool.submit(_train_one, self, seed, config): (seed, role, config) for seed, role, config in work}

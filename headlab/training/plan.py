@@ -62,7 +62,8 @@ from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, count_parameters
 from headlab.training.config import PARALLEL
 from headlab.data.shards import random_windows
-from headlab.training.trainer import is_muon_matrix, make_optimizers
+from headlab.training.distributed import training_device
+from headlab.training.trainer import is_muon_matrix, make_optimizers, on_device
 
 STRATEGIES = PARALLEL  # TrainConfig.parallel
 USABLE_MEMORY_FRACTION = 0.9
@@ -200,7 +201,7 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
     backward, gradient clipping and the optimizer update, `repeats` times after two warm-up steps,
     with `threads` torch threads (default: the current count; a study's workers use
     cpu_count / jobs). This is what a plan's wall time on this machine is made of."""
-    device = torch.device("cuda" if train_config.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+    device = training_device(train_config.device, local_rank=0)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads or previous)
@@ -216,7 +217,7 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
             x, y = random_windows(corpus, train_config.batch_size, config.seq_len, generator)
             sync()
             start = time.perf_counter()
-            step(x.to(device), y.to(device))
+            step(on_device(x, device), on_device(y, device))
             sync()
             return time.perf_counter() - start
 
@@ -240,6 +241,11 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
         torch.set_num_threads(previous)
     median = statistics.median(steps)
     return StepTime(median, (max(steps) - min(steps)) / median, statistics.median(evals), threads or previous)
+
+
+def threads_per_job(jobs: int) -> int:
+    """Torch threads each of `jobs` runs trained at once gets: this machine's cores shared out."""
+    return max(1, (os.cpu_count() or 1) // jobs)
 
 
 def evaluations(train_config, steps: int) -> int:
@@ -628,7 +634,7 @@ def plan_for_args(args, variants: list[ModelConfig], train_config, seeds: int = 
                else visible_devices(args.plan_peak_tflops, train_config.dtype))
     step_times, note = None, ""
     if devices.name == "cpu" and not args.plan_peak_tflops:
-        threads = max(1, (os.cpu_count() or 1) // jobs)
+        threads = threads_per_job(jobs)
         note = load_note()
         step_times = {config.label: measure_step(config, train_config.replace(device="cpu"), threads)
                       for config in variants}
