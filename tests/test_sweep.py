@@ -88,3 +88,5 @@ def test_a_sweep_of_some_roles_over_a_field_compares_the_same_variant_at_every_p
     assert "nan" not in (out / "sweep.md").read_text()
     assert main(["sweep", "--preset", "tiny", "--only", "mqa", "--out", str(tmp_path / "no-mha")]) == 2
     assert "include 'mha'" in capsys.readouterr().err and not (tmp_path / "no-mha").exists()
+    assert main(["sweep", "--preset", "tiny", "--only", "mha", "mha", "--out", str(tmp_path / "mha-alone")]) == 2
+    assert "at least one variant" in capsys.readouterr().err and not (tmp_path / "mha-alone").exists()

@@ -96,8 +96,9 @@ def point_rows(point: GridPoint, metrics: pd.DataFrame) -> list[dict]:
 def sweep_roles(preset_name: str, only: tuple[str, ...] | None = None) -> list[str]:
     """The roles a sweep trains: `only` (None: all six), which must include Standard MHA, since
     every comparison is with it."""
-    if only is not None and "mha" not in only:
-        raise ValueError(f"only = {tuple(only)!r} is invalid: every comparison is with Standard MHA, so include 'mha'")
+    if only is not None and ("mha" not in only or len(set(only)) < 2):
+        raise ValueError(f"only = {tuple(only)!r} is invalid: every comparison is with Standard MHA, so include 'mha' "
+                         "and at least one variant to compare with it")
     return list(Study(preset_name, None, Path("."), only=only).roles)
 
 
