@@ -36,9 +36,9 @@ from headlab.report.plots import method_order
 from headlab.report.writer import write_docs, write_report, write_sweep_report
 from headlab.study.roles import ROLES, comparison_variants
 from headlab.study.study import Study
-from headlab.study.sweep import grid, sweep_roles, sweep_table
+from headlab.study.sweep import UNSWEPT_TRAIN_FIELDS, grid, sweep_roles, sweep_table
 from headlab.study.tables import read_study_tables, tabulate_study
-from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, train_preset
+from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, TrainConfig, train_preset
 from headlab.training.plan import add_plan_arguments, format_bytes, format_plan, plan_for_args, plan_from_args
 from headlab.training.distributed import FailedOnAnotherRank, abandon, in_process_group, launched_processes, leave_process_group
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
@@ -299,11 +299,13 @@ SWEEP_MANIFEST, SWEEP = "sweep.json", "a sweep folder"
 
 def sweep_values(text: str) -> tuple[str, list]:
     """'kv_residual_init=0,0.1,1' -> ('kv_residual_init', [0.0, 0.1, 1.0]), each value of the
-    ModelConfig field's type."""
+    ModelConfig or TrainConfig field's type ('optimizer=adamw,muon')."""
     name, _, values = text.partition("=")
-    fields = ModelConfig.__dataclass_fields__
+    fields = {**TrainConfig.__dataclass_fields__, **ModelConfig.__dataclass_fields__}
+    for unswept in UNSWEPT_TRAIN_FIELDS:
+        fields.pop(unswept)
     if name not in fields or not values:
-        raise argparse.ArgumentTypeError(f"{text!r}: give FIELD=V1,V2,... with a ModelConfig field "
+        raise argparse.ArgumentTypeError(f"{text!r}: give FIELD=V1,V2,... with a ModelConfig or TrainConfig field "
                                          f"({', '.join(sorted(fields))})")
     kind = {"int": int, "float": float, "str": str, "bool": lambda v: {"true": True, "false": False}[v.lower()]}[
         fields[name].type]
@@ -519,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.set_defaults(func=cmd_reproduce, command_parser=reproduce)
 
     sweep = sub.add_parser("sweep", parents=[common], help="the comparison with Standard MHA across a grid of "
-                           "training lengths, depths and ModelConfig settings",
+                           "training lengths, depths and model or training settings",
                            description="Train the six comparison variants at every point of a grid (each point an "
                                        "ordinary study folder: runs are reused and resumed), then write sweep.csv, "
                                        "figures/sweep.png and sweep.md: the paired difference to Standard MHA ± its 95% "
@@ -532,7 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="training lengths as multiples of the preset's steps (default: 1)")
     sweep.add_argument("--depths", type=positive_int, nargs="+", metavar="N", help="n_layer values (default: the preset's)")
     sweep.add_argument("--set", type=sweep_values, action="append", metavar="FIELD=V1,V2",
-                       help="another ModelConfig field to sweep, e.g. kv_residual_init=0,0.1,1 (repeatable)")
+                       help="a ModelConfig or TrainConfig field to sweep, e.g. kv_residual_init=0,0.1,1 or "
+                            "optimizer=adamw,muon (repeatable)")
     sweep.add_argument("--seeds", type=positive_int, default=3, metavar="N", help="seeds per variant and point (default: 3)")
     sweep.add_argument("--out", type=Path, default=Path("runs/sweep"), metavar="DIR", help="sweep folder (default: %(default)s)")
     sweep.add_argument("--jobs", type=positive_int, default=1, metavar="N", help="runs trained at once (default: 1)")

@@ -1,6 +1,8 @@
 """headlab sweep: every grid point an ordinary study, the table's differences are the paired
 statistics of those runs, and the paragraph says what the rule says."""
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -71,8 +73,32 @@ def test_the_paragraph_groups_comparisons_by_verdict():
 def test_a_bad_grid_is_one_clear_line(capsys):
     assert main(["sweep", "--preset", "tiny", "--set", "kv_rank=0"]) == 2
     assert "kv_rank" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="not ModelConfig fields"):
+    with pytest.raises(ValueError, match="not ModelConfig or TrainConfig fields"):
         grid("tiny", [1.0], fields={"colour": [1]})
+    with pytest.raises(SystemExit, match="2"):  # the lengths axis sets the steps
+        main(["sweep", "--preset", "tiny", "--set", "steps=10,20"])
+    assert "FIELD=V1,V2" in capsys.readouterr().err
+
+
+def test_a_grid_over_training_settings_trains_each_point_with_them():
+    points = grid("tiny", [1.0], fields={"optimizer": ["adamw", "muon"], "weight_decay": [0.0, 0.1]})
+    assert [p.key for p in points] == ["x1-optimizeradamw-weight_decay0", "x1-optimizeradamw-weight_decay0.1",
+                                       "x1-optimizermuon-weight_decay0", "x1-optimizermuon-weight_decay0.1"]
+    config = points[3].study(Path("s")).train_config(1)
+    assert (config.optimizer, config.weight_decay, config.seed) == ("muon", 0.1, 1)
+    assert points[3].study(Path("s")).roles == GridPoint("tiny", 1.0).study(Path("s")).roles  # models untouched
+    with pytest.raises(ValueError, match="optimizer"):
+        grid("tiny", [1.0], fields={"optimizer": ["sgd"]})
+
+
+def test_every_grid_point_trains_distinct_runs():
+    keys = [p.key for p in grid("tiny", [1.0], fields={"rope_base": [100000.0, 100000.4]})]
+    assert len(set(keys)) == 2  # not both 'rope_base100000'
+    for lengths, fields in (([0.001, 0.01], {}), ([1.0, 1.0], {}), ([1.0], {"kv_rank": [2, 2]})):
+        with pytest.raises(ValueError, match="train the same runs"):
+            grid("tiny", lengths, fields=fields)
+    with pytest.raises(ValueError, match="give one of them"):
+        grid("tiny", [1.0], depths=[2], fields={"n_layer": [3]})
 
 
 def test_a_sweep_of_some_roles_over_a_field_compares_the_same_variant_at_every_point(tmp_path, capsys):

@@ -1,8 +1,9 @@
 """A scale sweep: the same comparison (six variants x seeds, paired with Standard MHA by seed) at
 every point of a small grid, to see which orderings survive longer training, more depth, or any
-other ModelConfig setting.
+other ModelConfig or TrainConfig setting (the optimizer, learning rates, weight decay, ...).
 
     points = grid("cpu-small", lengths=[1, 4, 10], depths=[4, 12], fields={"kv_residual_init": [0.0, 1.0]})
+    points = grid("cpu-small", fields={"optimizer": ["adamw", "muon"]})        # TrainConfig fields too
     table = sweep_table(points, seeds=3, folder=Path("runs/sweep"))     # trains, reuses, resumes
     sweep_sentences(table)                                              # what holds, flips, shrinks
 
@@ -27,16 +28,33 @@ from headlab.study.claims import METRICS, difference_to_mha, per_seed_metrics, v
 from headlab.study.roles import comparison_roles
 from headlab.study.study import Study, loss_unit
 from headlab.study.tables import FLAGSHIP_MLA_ROPE, analysis_tables, training_table
-from headlab.training.config import train_preset
+from headlab.training.config import TrainConfig, train_preset
+
+# TrainConfig fields a grid cannot set: the lengths axis sets the steps, the seeds axis the seed.
+UNSWEPT_TRAIN_FIELDS = ("steps", "seed")
+
+
+def setting_text(value) -> str:
+    """A swept value as it appears in a folder name: floats in their shortest exact form, so two
+    values never share a folder (100000 and 100000.4 stay apart)."""
+    if isinstance(value, float):
+        return f"{value:g}" if float(f"{value:g}") == value else repr(value)
+    return str(value)
 
 @dataclass(frozen=True)
 class GridPoint:
     """One point of a sweep: `length` times the preset's training steps, with `model_overrides`
-    (n_layer for depth, any other ModelConfig field)."""
+    (n_layer for depth, any other ModelConfig field) and `train_overrides` (TrainConfig fields)."""
 
     preset: str
     length: float
     model_overrides: dict = field(default_factory=dict)
+    train_overrides: dict = field(default_factory=dict)
+
+    @property
+    def overrides(self) -> dict:
+        """Every swept setting of the point, model and training alike."""
+        return {**self.model_overrides, **self.train_overrides}
 
     @property
     def steps(self) -> int:
@@ -44,32 +62,49 @@ class GridPoint:
 
     @property
     def key(self) -> str:
-        """The point's folder name: 'x4-n_layer12-kv_residual_init0'."""
-        settings = "".join(f"-{name}{value:g}" if isinstance(value, float) else f"-{name}{value}"
-                           for name, value in sorted(self.model_overrides.items()))
+        """The point's folder name: 'x4-n_layer12-kv_residual_init0', 'x1-optimizermuon'."""
+        settings = "".join(f"-{name}{setting_text(value)}" for name, value in sorted(self.overrides.items()))
         return f"x{self.length:g}{settings}"
 
     def study(self, folder: Path, only: tuple[str, ...] | None = None) -> Study:
         """The point's study in <folder>/<key>; `only`: a subset of the roles (Standard MHA among them)."""
-        return Study(self.preset, self.steps, Path(folder) / self.key, model_overrides=self.model_overrides, only=only)
+        return Study(self.preset, self.steps, Path(folder) / self.key, model_overrides=self.model_overrides,
+                     train_overrides=self.train_overrides, only=only)
 
 
 def grid(preset_name: str, lengths: list[float] = (1.0,), depths: list[int] | None = None,
          fields: dict[str, list] | None = None) -> list[GridPoint]:
     """Every combination of training length (multiples of the preset's steps), depth (n_layer;
-    None: the preset's) and the values of other ModelConfig `fields`, each checked as a config."""
+    None: the preset's) and the values of other ModelConfig or TrainConfig `fields`, each checked
+    as a config. Two points that would train the same runs (lengths that round to one step count,
+    a value given twice) are refused: a grid shows each setting once."""
     if not lengths or any(not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0 for x in lengths):
         raise ValueError(f"lengths = {list(lengths)!r} is invalid: give positive multiples of the preset's steps")
-    axes = {**({"n_layer": list(depths)} if depths else {}), **(fields or {})}
-    unknown = sorted(set(axes) - {f for f in ModelConfig.__dataclass_fields__} - {"n_layer"})
+    fields = dict(fields or {})
+    if depths and "n_layer" in fields:
+        raise ValueError("depths and a swept n_layer both set the depth: give one of them")
+    axes = {**({"n_layer": list(depths)} if depths else {}), **fields}
+    model_fields, train_fields = set(ModelConfig.__dataclass_fields__), set(TrainConfig.__dataclass_fields__)
+    unknown = sorted(set(axes) - model_fields - (train_fields - set(UNSWEPT_TRAIN_FIELDS)))
     if unknown:
-        raise ValueError(f"sweep field(s) {unknown} are not ModelConfig fields")
+        raise ValueError(f"sweep field(s) {unknown} are not ModelConfig or TrainConfig fields (steps and seed are "
+                         "swept with --lengths and --seeds)")
     points = []
     for length in lengths:
         for values in itertools.product(*axes.values()):
             overrides = dict(zip(axes, values))
-            preset(preset_name, "lrkv", **overrides)  # refuses a bad value, naming the field
-            points.append(GridPoint(preset_name, float(length), overrides))
+            model = {k: v for k, v in overrides.items() if k in model_fields}
+            training = {k: v for k, v in overrides.items() if k not in model_fields}
+            preset(preset_name, "lrkv", **model)  # refuses a bad value, naming the field
+            train_preset(preset_name, **training)
+            points.append(GridPoint(preset_name, float(length), model, training))
+    seen = {}
+    for point in points:
+        same = (point.steps, tuple(sorted((k, setting_text(v)) for k, v in point.overrides.items())))
+        if same in seen:
+            raise ValueError(f"grid points {seen[same]} and {point.key} train the same runs ({point.steps} steps, "
+                             "same settings): give distinct lengths and values")
+        seen[same] = point.key
     return points
 
 
@@ -86,7 +121,7 @@ def point_rows(point: GridPoint, metrics: pd.DataFrame) -> list[dict]:
             d = difference_to_mha(metrics, role, mla_rope, column)
             rows.append({"point": point.key, "length": point.length, "steps": point.steps,
                          "n_layer": point.model_overrides.get("n_layer", preset(point.preset).n_layer),
-                         **{k: v for k, v in point.model_overrides.items() if k != "n_layer"},
+                         **{k: v for k, v in point.overrides.items() if k != "n_layer"},
                          "role": role, "comparison": variant_name(role, names[role], mla_rope), "mla_rope": mla_rope,
                          "metric": what, "unit": unit or metrics["loss_unit"].iloc[0],
                          "mean": d.mean, "half_width": d.half_width, "seeds": d.n, "decided": d.decided})
@@ -120,7 +155,7 @@ def sweep_table(points: list[GridPoint], seeds: int, folder: Path, log=print, jo
 
 def grid_axes(table: pd.DataFrame) -> list[str]:
     """The grid's columns that vary across the sweep, training length first: the columns a row
-    carries before its comparison (length, n_layer, then any swept ModelConfig field)."""
+    carries before its comparison (length, n_layer, then any swept ModelConfig or TrainConfig field)."""
     columns = list(table.columns[:table.columns.get_loc("role")])
     return [c for c in columns if c not in ("point", "steps") and table[c].nunique() > 1]
 
