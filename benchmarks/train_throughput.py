@@ -30,7 +30,8 @@ from headlab.study.roles import comparison_variants
 from headlab.data.corpus import load_corpus  # noqa: E402
 from headlab.data.shards import random_windows
 from headlab.model.gpt import GPT  # noqa: E402
-from headlab.training.trainer import keep_freed_cpu_memory, make_optimizers  # noqa: E402
+from headlab.training.optimizers import make_optimizers  # noqa: E402
+from headlab.training.trainer import keep_freed_cpu_memory  # noqa: E402
 from headlab.training.config import train_preset
 from headlab.training.plan import model_flops_utilization, training_flops  # noqa: E402
 

@@ -13,7 +13,7 @@ from conftest import forge_manifest_entry
 import headlab
 from headlab import ATTENTION_FAMILIES, TrainConfig, TrainingDiverged, load_corpus, load_run, preset, train, train_preset
 from headlab.model.gpt import GPT
-from headlab.training.trainer import make_optimizers
+from headlab.training.optimizers import make_optimizers
 from headlab.training.runs import current_checkpoint, read_metrics
 
 TINY_TRAIN = train_preset("tiny")

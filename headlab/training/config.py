@@ -9,6 +9,7 @@ import torch
 from headlab.model.config import check_field_types, config_from_dict, invalid_field
 
 OPTIMIZERS = ("adamw", "muon")
+LRKV_B_OPTIMIZERS = ("adamw", "muon")
 DTYPES = ("float32", "bfloat16")
 PARALLEL = ("ddp", "fsdp")
 
@@ -43,6 +44,8 @@ class TrainConfig:
     seed: int = 0
     parallel: str = "ddp"
     grad_accum: int = 1
+    lrkv_factor_decay: bool = True  # weight decay on LRKV's U_h, B_h where the recipe decays (headlab.training.optimizers)
+    lrkv_b_optimizer: str = "adamw"  # with optimizer "muon": "muon" orthogonalises each head's B_h too
     snapshot_every: int = 0  # analysis snapshots every K steps and at 0, 1, 2, 4, … < K (headlab.training.snapshots); 0: off
 
     def __post_init__(self):
@@ -52,6 +55,12 @@ class TrainConfig:
                 raise invalid_field(name, getattr(self, name), "must be a positive integer", "TrainConfig")
         if self.optimizer not in OPTIMIZERS:
             raise invalid_field("optimizer", self.optimizer, f"allowed values are {', '.join(OPTIMIZERS)}", "TrainConfig")
+        if self.lrkv_b_optimizer not in LRKV_B_OPTIMIZERS:
+            raise invalid_field("lrkv_b_optimizer", self.lrkv_b_optimizer,
+                                f"allowed values are {', '.join(LRKV_B_OPTIMIZERS)}", "TrainConfig")
+        if self.lrkv_b_optimizer == "muon" and self.optimizer != "muon":
+            raise invalid_field("lrkv_b_optimizer", self.lrkv_b_optimizer, "per-head Muon on B_h needs optimizer = "
+                                "'muon' (under 'adamw' every parameter is AdamW's)", "TrainConfig")
         if self.parallel not in PARALLEL:
             raise invalid_field("parallel", self.parallel, f"allowed values are {', '.join(PARALLEL)}", "TrainConfig")
         if self.parallel == "fsdp" and self.optimizer == "muon":

@@ -63,7 +63,8 @@ from headlab.model.gpt import GPT, count_parameters
 from headlab.training.config import PARALLEL
 from headlab.data.shards import random_windows
 from headlab.training.distributed import training_device
-from headlab.training.trainer import is_muon_matrix, make_optimizers, on_device
+from headlab.training.optimizers import is_muon_matrix, make_optimizers
+from headlab.training.trainer import on_device
 
 STRATEGIES = PARALLEL  # TrainConfig.parallel
 USABLE_MEMORY_FRACTION = 0.9

@@ -1,6 +1,6 @@
 """The trainer: `train(model_config, train_config, data, out=...)`.
 
-AdamW (decay on matrices only), or the paper's Muon + AdamW split; linear warmup then cosine
+AdamW (decay on matrices only), or the paper's Muon + AdamW split (`headlab.training.optimizers`); linear warmup then cosine
 decay; gradient clipping; bf16 autocast and optional torch.compile on GPU; periodic validation
 in nats/token and bits per byte; runs that never lose work (see `headlab.training.runs`); and under
 `torchrun` (NCCL on GPUs, gloo on CPU) DistributedDataParallel or, for models that do not fit
@@ -32,6 +32,7 @@ from headlab.model.gpt import GPT, eval_mode
 from headlab.training.config import TrainConfig
 from headlab.training.distributed import (Processes, join_process_group, launched_processes, local_main_first,
                                          together, training_device)
+from headlab.training.optimizers import make_optimizers
 from headlab.training.runs import (EXECUTION_FIELDS, MANIFEST, MetricsLog, Run, gather_training_state, load_checkpoint,
                                    open_run, record_start, save_checkpoint)
 from headlab.training.snapshots import is_snapshot_step, write_snapshot
@@ -47,46 +48,6 @@ def learning_rate_factor(step: int, config: TrainConfig) -> float:
         return (step + 1) / config.warmup_steps
     progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
     return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def is_muon_matrix(name: str, parameter: torch.Tensor) -> bool:
-    """Whether Muon (not AdamW) updates this parameter: the blocks' 2-D weights."""
-    return name.startswith("blocks.") and parameter.dim() == 2
-
-
-def make_optimizers(model: GPT, config: TrainConfig) -> list[torch.optim.Optimizer]:
-    """AdamW with weight decay on matrices only; or Muon on the blocks' 2-D weights with AdamW
-    for embedding, head, norms and LRKV's 3-D B tensors (torch's Muon takes 2-D only).
-
-    AdamW is torch's fused kernel (CPU and CUDA since torch 2.4): one pass over all parameters
-    instead of a dozen per tensor, about 4 ms less per `cpu-small` step. Each group's `base_lr`
-    is its configured rate, which the schedule scales."""
-    optimizers = _build_optimizers(model, config)
-    for optimizer in optimizers:
-        for group in optimizer.param_groups:
-            group["base_lr"] = group["lr"]  # present from the start, so a saved state loads into a fresh optimizer
-    return optimizers
-
-
-def _build_optimizers(model: GPT, config: TrainConfig) -> list[torch.optim.Optimizer]:
-    betas = (0.9, 0.95)
-    if config.optimizer == "adamw":
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        rest = [p for p in model.parameters() if p.dim() < 2]
-        return [torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                   {"params": rest, "weight_decay": 0.0}], lr=config.lr, betas=betas,
-                                  fused=True)]
-    muon = [p for n, p in model.named_parameters() if is_muon_matrix(n, p)]
-    muon_ids = {id(p) for p in muon}
-    other = [p for n, p in model.named_parameters()
-             if id(p) not in muon_ids and not n.startswith(("wte.", "lm_head."))]
-    adam_groups = [
-        {"params": list(model.wte.parameters()), "lr": config.embedding_lr, "weight_decay": 0.0},
-        {"params": list(model.lm_head.parameters()), "lr": config.unembedding_lr, "weight_decay": 0.0},
-        {"params": other, "lr": config.lr, "weight_decay": 0.0},
-    ]
-    return [torch.optim.Muon(muon, lr=config.matrix_lr, weight_decay=config.weight_decay),
-            torch.optim.AdamW(adam_groups, betas=betas, fused=True)]
 
 
 # glibc mallopt parameters (malloc.h)

@@ -1,0 +1,85 @@
+"""The recipe's optimizers: which parameter each one updates and with what decay, and per-head
+Muon, whose orthogonalisation must be torch's Muon applied to each head's matrix alone."""
+
+import pytest
+import torch
+from torch.optim._muon import _zeropower_via_newtonschulz
+
+from headlab.model.config import preset
+from headlab.model.gpt import GPT
+from headlab.training.config import TrainConfig
+from headlab.training.optimizers import HeadwiseMuon, is_lrkv_factor, make_optimizers, orthogonalize
+
+TINY = TrainConfig(steps=4, batch_size=2)
+
+
+def routes(model, optimizers):
+    """parameter name -> (optimizer class name, weight decay) for every parameter."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    where = {}
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                assert names[id(p)] not in where, f"{names[id(p)]} is stepped twice"
+                where[names[id(p)]] = (type(optimizer).__name__, group["weight_decay"])
+    assert set(where) == set(names.values())
+    return where
+
+
+def test_orthogonalize_is_torchs_muon_iteration_on_each_matrix():
+    torch.manual_seed(0)
+    for shape in ((3, 32, 8), (2, 8, 32)):
+        stack = torch.randn(*shape)
+        ours = orthogonalize(stack)
+        for head in range(shape[0]):
+            reference = _zeropower_via_newtonschulz(stack[head], (3.4445, -4.7750, 2.0315), 5, 1e-7).float()
+            assert torch.allclose(ours[head], reference, atol=1e-3), head  # a reordered bf16 iteration differs by 2e-2
+        singular = torch.linalg.svdvals(ours)
+        assert singular.min() > 0.5 and singular.max() < 1.5
+
+
+def test_headwise_muon_updates_each_head_from_its_own_gradient_alone():
+    torch.manual_seed(1)
+    start = torch.randn(4, 16, 4)
+    gradient = torch.randn(4, 16, 4)
+    updates = []
+    for scale_of_head_3 in (1.0, 50.0):
+        p = torch.nn.Parameter(start.clone())
+        p.grad = gradient.clone()
+        p.grad[3] *= scale_of_head_3
+        HeadwiseMuon([p], lr=0.1, weight_decay=0.5).step()
+        updates.append(p.detach() - start * (1 - 0.1 * 0.5))
+    assert torch.equal(updates[0][:3], updates[1][:3])  # heads 0-2 never see head 3's gradient
+    expected = -0.1 * (16 / 4) ** 0.5 * orthogonalize(gradient[:3] * (1 - 0.95 ** 2))  # Nesterov's first step
+    assert torch.allclose(updates[0][:3], expected, atol=1e-5)
+    with pytest.raises(ValueError, match="heads, m, n"):
+        HeadwiseMuon([torch.nn.Parameter(torch.zeros(3, 3))], lr=0.1)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_the_lrkv_factors_lose_their_weight_decay_only_when_asked(optimizer):
+    model = GPT(preset("tiny", "lrkv"))
+    default = routes(model, make_optimizers(model, TINY.replace(optimizer=optimizer)))
+    off = routes(model, make_optimizers(model, TINY.replace(optimizer=optimizer, lrkv_factor_decay=False)))
+    factors = [n for n in default if is_lrkv_factor(n)]
+    assert len(factors) == 4 * model.config.n_layer
+    for name in default:
+        if is_lrkv_factor(name):
+            assert off[name] == (default[name][0], 0.0)
+        else:
+            assert off[name] == default[name], name
+    expected_u = ("AdamW" if optimizer == "adamw" else "Muon", 0.1)
+    assert all(default[n] == expected_u for n in factors if ".u_" in n)
+    assert all(default[n] == ("AdamW", 0.1 if optimizer == "adamw" else 0.0) for n in factors if ".b_" in n)
+    groups = [len(o.param_groups) for o in make_optimizers(model, TINY.replace(optimizer=optimizer))]
+    assert groups == ([2] if optimizer == "adamw" else [1, 3])  # the default recipe's groups, so old runs resume
+
+
+def test_per_head_muon_on_b_takes_exactly_the_b_tensors():
+    model = GPT(preset("tiny", "lrkv"))
+    where = routes(model, make_optimizers(model, TINY.replace(optimizer="muon", lrkv_b_optimizer="muon")))
+    assert {n for n, (kind, _) in where.items() if kind == "HeadwiseMuon"} == {
+        n for n, p in model.named_parameters() if n.endswith((".b_k", ".b_v"))}
+    assert all(decay == 0.1 for kind, decay in where.values() if kind == "HeadwiseMuon")
+    with pytest.raises(ValueError, match="lrkv_b_optimizer"):
+        TINY.replace(lrkv_b_optimizer="muon")  # AdamW's recipe has no Muon to put B_h in
