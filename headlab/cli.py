@@ -276,15 +276,16 @@ def cmd_reproduce(args) -> int:
                   train_overrides={name: value for name, value in (("compile", args.compile or None),
                                                                    ("parallel", args.parallel),
                                                                    ("grad_accum", args.grad_accum)) if value is not None})
+    jobs = args.jobs or study.default_jobs(args.seeds)
     if args.plan:  # the whole table even when it does not fit: a study's cost is worth seeing either way
-        plan = plan_for_args(args, study.variants, study.train_config(0), seeds=args.seeds, check=False, jobs=args.jobs)
+        plan = plan_for_args(args, study.variants, study.train_config(0), seeds=args.seeds, check=False, jobs=jobs)
         print(format_plan(plan))
         return 0 if plan.fits else 2
     main_rank = int(os.environ.get("RANK", "0")) == 0
     say = print if main_rank else (lambda message: None)
     say(f"training {len(study.roles)} variants x {args.seeds} seed(s) on preset {args.preset} "
         f"into {study.folder / 'runs'}")
-    runs = study.train(args.seeds, progress=main_rank and sys.stderr.isatty(), log=say, jobs=args.jobs)
+    runs = study.train(args.seeds, progress=main_rank and sys.stderr.isatty(), log=say, jobs=jobs)
     leave_process_group()  # every run is checkpointed: the ranks part here, and rank 0 writes the report
     if not main_rank:
         return 0
@@ -514,9 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "do not fit one device) (default: the preset's, ddp)")
     reproduce.add_argument("--grad-accum", type=positive_int, metavar="K",
                            help="micro-batches per optimizer step on each process (default: the preset's, 1)")
-    reproduce.add_argument("--jobs", type=positive_int, default=1, metavar="N",
-                           help="runs trained at once, in worker processes sharing the CPU cores (CPU studies; "
-                                "1 under torchrun) (default: %(default)s)")
+    reproduce.add_argument("--jobs", type=positive_int, metavar="N",
+                           help="runs trained at once, in worker processes, each on one thread (CPU studies; "
+                                "1 under torchrun) (default: one per CPU core, 1 on a GPU)")
     add_plan_arguments(reproduce, tokens=False)
     reproduce.set_defaults(func=cmd_reproduce, command_parser=reproduce)
 
@@ -538,7 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "optimizer=adamw,muon (repeatable)")
     sweep.add_argument("--seeds", type=positive_int, default=3, metavar="N", help="seeds per variant and point (default: 3)")
     sweep.add_argument("--out", type=Path, default=Path("runs/sweep"), metavar="DIR", help="sweep folder (default: %(default)s)")
-    sweep.add_argument("--jobs", type=positive_int, default=1, metavar="N", help="runs trained at once (default: 1)")
+    sweep.add_argument("--jobs", type=positive_int, metavar="N",
+                       help="runs trained at once, each on one thread (default: one per CPU core, 1 on a GPU)")
     sweep.add_argument("--only", nargs="+", choices=ROLES, metavar="ROLE",
                        help=f"train these roles only, mha among them (default: all six: {' '.join(ROLES)})")
     sweep.set_defaults(func=cmd_sweep)

@@ -1,6 +1,7 @@
 """headlab.study: one way to train, reuse and resume a study's runs, as typed records keyed by
 role; where the notebooks find their runs and where they write."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,18 @@ def test_reproduce_trains_three_seeds_by_default(capsys):
         main(["reproduce", "--preset", "tiny", "--seeds", "0", "--out", "unused"])
     assert exit_.value.code == 2
     assert "--seeds: 0 is invalid: must be a positive integer" in capsys.readouterr().err
+
+
+def test_a_study_gives_the_same_bits_whatever_its_jobs(tmp_path):
+    """Every run trains on the study's own thread count, so `jobs` (runs at once) never moves a number."""
+    import torch
+
+    alone, together = (Study("tiny", 12, tmp_path / name, model_overrides={"d_model": 128}, only=("mha", "lrkv-large"))
+                       for name in ("jobs1", "jobs2"))
+    with_one = alone.train(seeds=1, progress=False, log=lambda message: None, jobs=1)
+    with_two = together.train(seeds=1, progress=False, log=lambda message: None, jobs=2)
+    for one, two in zip(with_one, with_two):
+        assert one.run.final_val_loss == two.run.final_val_loss
+        weights = two.run.model.state_dict()
+        assert all(torch.equal(tensor, weights[name]) for name, tensor in one.run.model.state_dict().items())
+    assert alone.default_jobs(seeds=1) == min(2, os.cpu_count())  # one run per core, at most one per run

@@ -26,6 +26,7 @@ import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -40,7 +41,7 @@ from headlab.io import Manifest
 from headlab.model.config import ModelConfig, preset
 from headlab.study.roles import comparison_roles
 from headlab.training.config import TrainConfig, train_preset
-from headlab.training.plan import load_note, measure_step, run_seconds, threads_per_job
+from headlab.training.plan import RUN_THREADS, load_note, measure_step, run_seconds
 from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
 from headlab.training.snapshots import study_snapshot_every
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
@@ -185,24 +186,31 @@ class Study:
         left = {key: steps for key, steps in self.steps_left(seeds).items() if steps}
         if not left:
             return None
-        threads = threads_per_job(jobs)
         config = self.train_config(0)
-        steps = {role: measure_step(variant, config, threads) for role, variant in self.roles.items()}
+        steps = {role: measure_step(variant, config, RUN_THREADS) for role, variant in self.roles.items()}
         seconds = sum(run_seconds(steps[role], config, n) for (_, role), n in left.items()) / jobs
         return (f"training {len(left)} of {seeds * len(self.roles)} runs ({len(self.roles)} {self.preset} variants x "
                 f"{seeds} seed(s), {sum(left.values()):,} steps) into {self.folder / 'runs'}: about "
                 f"{max(1, round(seconds / 60))} min here ({load_note()}); finished runs are kept, so this happens once")
+
+    def default_jobs(self, seeds: int = 1) -> int:
+        """Runs to train at once when none is said: one per CPU core (at most one per run), since
+        every run trains on `RUN_THREADS`; 1 under torchrun or on a GPU, where each run has the device."""
+        on_gpu = self.train_config(0).device.startswith("cuda") or (self.train_config(0).device == "auto"
+                                                                    and torch.cuda.is_available())
+        if on_gpu or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return 1
+        return max(1, min(os.cpu_count() or 1, seeds * len(self.roles)))
 
     def train(self, seeds: int = 1, progress: bool = True, log=print, jobs: int = 1) -> list[StudyRun]:
         """Every variant for seeds 0 … seeds − 1, seed by seed: finished runs are loaded,
         interrupted ones resumed, missing ones trained. When anything is to be trained, `log` gets
         `training_notice` first, and without per-step bars (`progress` False) a bar counts the runs.
 
-        `jobs` > 1 trains that many runs at once in worker processes, each on cpu_count / jobs
-        threads: small CPU models keep two cores busier as two one-thread runs than as one
-        two-thread run. A run's numbers depend on its thread count in the last bits only, so an
-        interrupted run resumes under another `jobs` (its starts.jsonl records the change). Not under torchrun, where every rank trains each
-        run together."""
+        `jobs` > 1 trains that many runs at once in worker processes (`default_jobs`: one per core).
+        Every run trains on `RUN_THREADS` torch threads whatever `jobs` is, so a study's numbers
+        are the same bits under any `jobs` on one machine. Not under torchrun, where every rank
+        trains each run together."""
         if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
             raise ValueError(f"seeds = {seeds!r} is invalid: must be a positive integer")
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
@@ -227,13 +235,13 @@ class Study:
             for seed, role, config in tqdm(work, **runs_bar):
                 start = time.perf_counter()
                 folder = self.run_folder(config, seed)
-                run = train(config, self.train_config(seed), corpus, out=folder, resume=True, progress=progress)
+                with torch_threads(RUN_THREADS):
+                    run = train(config, self.train_config(seed), corpus, out=folder, resume=True, progress=progress)
                 self._log_run(log, config, seed, run, time.perf_counter() - start)
                 runs.append(StudyRun(role, config, seed, folder, run))
             return runs
-        threads = threads_per_job(jobs)
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_prepare_worker,
-                                 initargs=(threads,)) as pool:
+                                 initargs=(RUN_THREADS,)) as pool:
             pending = {pool.submit(_train_one, self, seed, config): (seed, role, config) for seed, role, config in work}
             finished = {}
             for future in tqdm(as_completed(pending), **runs_bar):
@@ -247,6 +255,17 @@ class Study:
     def _log_run(self, log, config: ModelConfig, seed: int, run: Run, elapsed: float) -> None:
         log(f"  {config.label:<20} seed {seed}: validation loss {run.final_val_loss:.3f} {self.loss_unit} "
             f"({elapsed:.0f} s)")
+
+
+@contextmanager
+def torch_threads(threads: int):
+    """This process's torch threads set to `threads` for the block, then restored."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _prepare_worker(threads: int) -> None:

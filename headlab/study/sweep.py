@@ -137,16 +137,17 @@ def sweep_roles(preset_name: str, only: tuple[str, ...] | None = None) -> list[s
     return list(Study(preset_name, None, Path("."), only=only).roles)
 
 
-def sweep_table(points: list[GridPoint], seeds: int, folder: Path, log=print, jobs: int = 1,
+def sweep_table(points: list[GridPoint], seeds: int, folder: Path, log=print, jobs: int | None = None,
                 only: tuple[str, ...] | None = None) -> pd.DataFrame:
     """Train (or reuse) every point's study and tabulate its comparisons (see the module docstring).
-    `only`: the roles to train (None: all six; see `sweep_roles`)."""
+    `only`: the roles to train (None: all six; see `sweep_roles`); `jobs`: runs at once (None:
+    `Study.default_jobs`)."""
     sweep_roles(points[0].preset, only)
     rows = []
     for point in points:
         study = point.study(folder, only)
         log(f"sweep point {point.key}: {study.train_config().steps} steps, {seeds} seed(s)")
-        runs = study.train(seeds, progress=False, log=log, jobs=jobs)
+        runs = study.train(seeds, progress=False, log=log, jobs=jobs or study.default_jobs(seeds))
         tables = analysis_tables(runs)
         metrics = per_seed_metrics(tables["summary"], training_table(runs, loss_unit(study.tokenizer)))
         rows += point_rows(point, metrics)

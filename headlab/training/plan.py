@@ -244,9 +244,11 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
     return StepTime(median, (max(steps) - min(steps)) / median, statistics.median(evals), threads or previous)
 
 
-def threads_per_job(jobs: int) -> int:
-    """Torch threads each of `jobs` runs trained at once gets: this machine's cores shared out."""
-    return max(1, (os.cpu_count() or 1) // jobs)
+# Torch threads of every run a study trains on a CPU, however many run at once: a matmul's
+# reduction order (and so a run's last bits) depends on its thread count, so a study fixed to one
+# thread per run gives the same numbers under any `jobs`; two one-thread runs also keep two cores
+# ~12% busier than one two-thread run.
+RUN_THREADS = 1
 
 
 def evaluations(train_config, steps: int) -> int:
@@ -630,14 +632,13 @@ def plan_for_args(args, variants: list[ModelConfig], train_config, seeds: int = 
     """The plan for parsed `add_plan_arguments` options under the training's own `parallel`
     strategy and `grad_accum` (with `check`, raises PlanError if it cannot fit). Planning this
     CPU (no --plan-gpus, no GPU), the wall time comes from a measured step of every variant on
-    the threads each of `jobs` runs gets; planning GPUs, from FLOPs at --plan-mfu."""
+    the `RUN_THREADS` each of `jobs` runs gets; planning GPUs, from FLOPs at --plan-mfu."""
     devices = (parse_devices(args.plan_gpus, args.plan_peak_tflops) if args.plan_gpus
                else visible_devices(args.plan_peak_tflops, train_config.dtype))
     step_times, note = None, ""
     if devices.name == "cpu" and not args.plan_peak_tflops:
-        threads = threads_per_job(jobs)
         note = load_note()
-        step_times = {config.label: measure_step(config, train_config.replace(device="cpu"), threads)
+        step_times = {config.label: measure_step(config, train_config.replace(device="cpu"), RUN_THREADS)
                       for config in variants}
     return study_plan(variants, train_config, devices, tokens=getattr(args, "plan_tokens", None),
                       grad_accum=train_config.grad_accum, strategy=train_config.parallel, mfu=args.plan_mfu,
