@@ -266,16 +266,33 @@ def format_effective_ranks(summary) -> str:
 
 # ---- reproduce --------------------------------------------------------------------------------------
 
+def study_settings(settings: list[tuple[str, list]]) -> tuple[dict, dict]:
+    """`--set FIELD=VALUE` pairs of a study -> (ModelConfig overrides, TrainConfig overrides); one
+    value each (a sweep takes several)."""
+    model, training = {}, {}
+    for name, values in settings:
+        if len(values) != 1:
+            raise ValueError(f"--set {name}={','.join(map(str, values))}: a study takes one value per field "
+                             "(headlab sweep takes several)")
+        if name in model or name in training:
+            raise ValueError(f"--set {name} is given twice: give it once")
+        (model if name in ModelConfig.__dataclass_fields__ else training)[name] = values[0]
+    return model, training
+
+
 def cmd_reproduce(args) -> int:
     """Train every variant (data-parallel on all ranks under torchrun), then rank 0 alone analyses
     and writes the report while the other ranks leave."""
     started = time.perf_counter()
     source_options = _source_options(args)
+    model_overrides, train_overrides = study_settings(args.set or [])
+    flags = {name: value for name, value in (("compile", args.compile or None), ("parallel", args.parallel),
+                                             ("grad_accum", args.grad_accum)) if value is not None}
+    if both := sorted(set(flags) & set(train_overrides)):
+        raise ValueError(f"{', '.join(both)} given both as a flag and with --set: give it once")
     study = Study(args.preset, args.steps, Path(args.out), corpus=args.corpus, tokenizer=args.tokenizer,
-                  corpus_options=source_options, tokens=args.tokens,
-                  train_overrides={name: value for name, value in (("compile", args.compile or None),
-                                                                   ("parallel", args.parallel),
-                                                                   ("grad_accum", args.grad_accum)) if value is not None})
+                  corpus_options=source_options, tokens=args.tokens, model_overrides=model_overrides,
+                  train_overrides={**train_overrides, **flags})
     jobs = args.jobs or study.default_jobs(args.seeds)
     if args.plan:  # the whole table even when it does not fit: a study's cost is worth seeing either way
         plan = plan_for_args(args, study.variants, study.train_config(0), seeds=args.seeds, check=False, jobs=jobs)
@@ -518,6 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--jobs", type=positive_int, metavar="N",
                            help="runs trained at once, in worker processes, each on one thread (CPU studies; "
                                 "1 under torchrun) (default: one per CPU core, 1 on a GPU)")
+    reproduce.add_argument("--set", type=sweep_values, action="append", metavar="FIELD=VALUE",
+                           help="a ModelConfig or TrainConfig setting that replaces the preset's, e.g. "
+                                "optimizer=adamw or weight_decay=0 (repeatable; recorded in study.json and the report)")
     add_plan_arguments(reproduce, tokens=False)
     reproduce.set_defaults(func=cmd_reproduce, command_parser=reproduce)
 

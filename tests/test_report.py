@@ -10,6 +10,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 import headlab.analysis.similarity
+import headlab.report.writer
 import headlab.study.tables
 from headlab.cli import main
 from headlab.report.writer import DOCS_FIGURES, FIGURES, rank_table, write_report
@@ -300,3 +301,32 @@ def test_headlab_docs_writes_the_readme_figures_and_headline_table(study, tmp_pa
     for role, config in ROLES.items():
         assert f"| {role} | {config.label} |" in headline  # a row per variant in the loss table
     assert "2 seeds" in headline and " ± " in headline
+
+
+def test_the_report_states_the_training_recipe_and_what_changed_from_the_preset(study):
+    out, runs, report = study
+    meta = read_study_tables(out).meta
+    assert meta["train"]["optimizer"] == "adamw" and meta["changed"] == {}
+    assert "Trained with AdamW (lr 0.003, weight decay 0.1 on every matrix, LRKV's factors U_h, B_h included)" in \
+        report.read_text()
+    muon = {**meta, "train": {**meta["train"], "optimizer": "muon", "lrkv_factor_decay": False},
+            "changed": {"optimizer": "muon", "lrkv_factor_decay": False}}
+    text = headlab.report.writer.recipe_text(muon)
+    assert "Muon on the blocks' matrices (lr 0.02" in text and "no weight decay on LRKV's factors" in text
+    assert text.endswith("Changed from the preset `tiny`: `optimizer = muon`, `lrkv_factor_decay = False`.")
+
+
+def test_reproduce_set_replaces_preset_settings_and_records_them(tmp_path, capsys):
+    out = tmp_path / "study"
+    assert main(["reproduce", "--preset", "tiny", "--steps", "2", "--seeds", "1", "--corpus", "synthetic",
+                 "--set", "weight_decay=0", "--set", "n_layer=1", "--out", str(out)]) == 0
+    meta = read_study_tables(out).meta
+    assert meta["changed"] == {"weight_decay": 0.0, "n_layer": 1} and meta["n_layer"] == 1
+    assert "`weight_decay = 0.0`, `n_layer = 1`" in (out / "report.md").read_text()
+    capsys.readouterr()
+    for argv, says in ((["--set", "optimizer=adamw,muon"], "one value per field"),
+                       (["--set", "parallel=ddp", "--parallel", "ddp"], "given both as a flag and with --set"),
+                       (["--set", "lr=0.1", "--set", "lr=0.2"], "given twice")):
+        assert main(["reproduce", "--preset", "tiny", "--out", str(tmp_path / "refused"), *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err and len(err.splitlines()) == 1 and not (tmp_path / "refused").exists()

@@ -106,6 +106,28 @@ def markdown_table(frame: pd.DataFrame, decimals: int) -> str:
     return "\n".join([header, rule, *rows])
 
 
+def recipe_text(meta: dict) -> str:
+    """The study's training recipe in one sentence, and every setting it changed from its preset."""
+    train = meta.get("train")
+    if train is None:  # tables written before the recipe was recorded
+        return "The training recipe is not recorded in these tables."
+    factors = "" if train["lrkv_factor_decay"] else "; no weight decay on LRKV's factors U_h, B_h"
+    if train["optimizer"] == "adamw":
+        text = (f"Trained with AdamW (lr {train['lr']:g}, weight decay {train['weight_decay']:g} on every matrix"
+                f"{', LRKV' + chr(39) + 's factors U_h, B_h included' if train['lrkv_factor_decay'] else ''}){factors}")
+    else:
+        b = ("B_h by per-head Muon" if train["lrkv_b_optimizer"] == "muon"
+             else "LRKV's 3-D B_h and the norms by AdamW at lr " + f"{train['lr']:g}" + " without decay")
+        text = (f"Trained with the paper's split: Muon on the blocks' matrices (lr {train['matrix_lr']:g}, weight "
+                f"decay {train['weight_decay']:g}), AdamW on the embedding (lr {train['embedding_lr']:g}) and the "
+                f"head (lr {train['unembedding_lr']:g}), {b}{factors}")
+    text += f"; {train['warmup_steps']} warmup steps, cosine decay to {train['min_lr_ratio']:g} of the peak, " \
+            f"{train['batch_size']} sequences per step."
+    changed = meta.get("changed") or {}
+    settings = ", ".join(f"`{name} = {value}`" for name, value in changed.items())
+    return text + (f" Changed from the preset `{meta['preset']}`: {settings}." if changed else "")
+
+
 # ---- figures ---------------------------------------------------------------------------------------
 
 def draw_figures(tables: StudyTables, folder: Path, names: tuple[str, ...] = FIGURES) -> list[Path]:
@@ -145,7 +167,7 @@ def write_docs(tables: StudyTables, out: str | Path) -> Path:
     metrics = per_seed_metrics(tables["summary"], tables["training"])
     meta = tables.meta
     lines = [f"`{meta['preset']}`: {meta['n_layer']} layers x {meta['n_head']} heads, {meta['steps']} steps, "
-             f"{len(meta['seeds'])} seeds, {meta['corpus_description']}.", "",
+             f"{len(meta['seeds'])} seeds, {meta['corpus_description']}. {recipe_text(meta)}", "",
              markdown_table(loss_table(metrics, meta["flagship_mla_rope"]), 3), "",
              markdown_table(rank_table(tables["summary"], metrics), 1), ""]
     atomic_write_text(out / "headline.md", "\n".join(lines))
@@ -257,6 +279,8 @@ def write_report(tables: StudyTables, out: str | Path) -> Path:
         "this page from them); columns marked 'paper' quote arXiv 2601.11471 v3 at 128M (6 heads), matched to our "
         "variants by role, not by position. Numbers are mean ± standard deviation over seeds; brackets give the "
         "range over layers of the seed means.",
+        "",
+        recipe_text(meta),
         "",
         "![Eigenvalue spectra of head similarity matrices](figures/spectra_uncentered.png)",
         "",

@@ -16,13 +16,14 @@ Tables (CSV, one row per observation):
     measure_agreement Spearman correlation between the views
     snapshot_summary  the QK summary of every snapshot step of every run
 The meta (study.json) records the preset, the model's shape, the corpus and tokenizer, the
-analysis options, and how long training and analysis took.
+training recipe (`train`: every TrainConfig field that moves a number) and each setting changed
+from the preset (`changed`), the analysis options, and how long training and analysis took.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,10 @@ from headlab.analysis.similarity import analyze, concat, measure_agreement, norm
 from headlab.analysis.snapshots import analyze_snapshots
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.shards import Corpus, random_windows
+from headlab.study.roles import comparison_roles
 from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit
+from headlab.training.config import train_preset
+from headlab.training.runs import EXECUTION_FIELDS
 # The figures and claims use the whole pre-softmax score of MLA, as for every other family (see
 # `headlab.analysis.similarity`); the paper's latent-only definition is in the tables beside it.
 FLAGSHIP_MLA_ROPE = "included"
@@ -164,6 +168,27 @@ def corpus_description(corpus: Corpus) -> str:
     return f"{name} ({'byte-level' if corpus.tokenizer_name == 'byte' else corpus.tokenizer_name + ' tokens'})"
 
 
+# TrainConfig fields that say how a run is executed or which seed it is, not how it is trained
+NOT_RECIPE = ("seed", "steps", *EXECUTION_FIELDS)
+
+
+def training_recipe(runs: list[StudyRun]) -> dict:
+    """The TrainConfig fields that move a number, as the runs were trained (one recipe per study)."""
+    return {k: v for k, v in asdict(runs[0].run.train_config).items() if k not in NOT_RECIPE}
+
+
+def changed_settings(runs: list[StudyRun], preset_name: str) -> dict:
+    """Every model or training setting in which the runs differ from `preset_name`'s own (besides the
+    vocabulary, which follows the tokenizer, and the steps, which the meta states): 'field': value."""
+    roles = comparison_roles(preset_name)
+    preset_recipe = {k: v for k, v in asdict(train_preset(preset_name)).items() if k not in NOT_RECIPE}
+    changed = {k: v for k, v in training_recipe(runs).items() if preset_recipe[k] != v}
+    for r in runs:
+        ours, theirs = r.config.to_dict(), roles[r.role].replace(vocab_size=r.config.vocab_size).to_dict()
+        changed.update({k: v for k, v in ours.items() if theirs[k] != v and k != "label"})
+    return changed
+
+
 def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: float | None = None) -> StudyTables:
     """Every table of the study of `runs` (trained on `corpus`), and its meta; `started` is the
     `time.perf_counter()` at which the study began, for the minutes it records."""
@@ -179,7 +204,7 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
         "head_dim": config.head_dim, "n_runs": len(runs), "seeds": sorted({r.seed for r in runs}),
         "corpus": corpus.name, "tokenizer": corpus.tokenizer_name, "corpus_description": corpus_description(corpus),
         "bytes_per_token": corpus.bytes_per_token, "loss_unit": unit, "flagship_mla_rope": FLAGSHIP_MLA_ROPE,
-        "circuits": CIRCUITS,
+        "circuits": CIRCUITS, "train": training_recipe(runs), "changed": changed_settings(runs, preset),
         "moment_seconds": moment_seconds, "moment_tokens": moment_tokens,
         "steps": max(r.run.step for r in runs),
         "minutes": None if started is None else (time.perf_counter() - started) / 60,
