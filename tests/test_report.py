@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
+import headlab.analysis.heads
 import headlab.analysis.similarity
+import headlab.study.stats
 import headlab.report.writer
 import headlab.study.tables
 from headlab.cli import main
@@ -330,3 +332,26 @@ def test_reproduce_set_replaces_preset_settings_and_records_them(tmp_path, capsy
         assert main(["reproduce", "--preset", "tiny", "--out", str(tmp_path / "refused"), *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert says in err and len(err.splitlines()) == 1 and not (tmp_path / "refused").exists()
+
+
+def test_the_lrkv_factor_section_is_read_from_tables_that_match_the_weights(study):
+    out, runs, report = study
+    tables = read_study_tables(out)
+    factors, through, bound = tables["lrkv_factors"], tables["factor_training"], tables["rank_bound"]
+    assert set(factors["role"]) == {"lrkv-small", "lrkv-large"} and set(factors["seed"]) == {0, 1}
+    run = next(r for r in runs if r.role == "lrkv-large" and r.seed == 1)
+    shared, residuals = headlab.analysis.heads.load_heads(run.run.model).layer(0).decomposition("key")
+    rows = factors[(factors["role"] == "lrkv-large") & (factors["seed"] == 1) & (factors["layer"] == 0)
+                   & (factors["projection"] == "key")]
+    assert rows["norm_ratio"].to_numpy() == pytest.approx(np.linalg.norm(residuals, axis=(1, 2))
+                                                          / np.linalg.norm(shared))
+    last = through[(through["step"] == STEPS) & (through["role"] == "lrkv-large") & (through["seed"] == 1)]
+    assert last.set_index("layer")["norm_ratio"].to_numpy() == pytest.approx(
+        factors[(factors["role"] == "lrkv-large") & (factors["seed"] == 1) & (factors["projection"] == "key")]
+        .groupby("layer")["norm_ratio"].mean().to_numpy())  # the last snapshot is the final checkpoint
+    assert set(bound["role"]) == {"mha"} and set(bound["rank"]) == {c.kv_rank for c in ROLES.values()
+                                                                     if c.attention == "lrkv"}
+    cells = _report_row(report.read_text(), "## LRKV's factors", run.label)
+    per_seed = factors[(factors["role"] == "lrkv-large") & (factors["projection"] == "key")].groupby("seed")
+    assert cells[3] == headlab.study.stats.spread(per_seed["norm_ratio"].mean().to_numpy()).format(3)
+    assert (out / "figures" / "lrkv_norm_ratio_through_training.png").stat().st_size > 1000

@@ -512,6 +512,25 @@ def rank_through_training_figure(summary: pd.DataFrame, kind: str = "centered", 
 
 
 @_styled
+def factor_norm_figure(factor_training: pd.DataFrame, layers: Sequence[int] | None = None,
+                       palette: Mapping[str, str] | None = None) -> Figure:
+    """LRKV's key residual-to-shared norm ratio (mean over heads of ‖U_h B_hᵀ‖_F / ‖W_shared‖_F)
+    against training step, a line per LRKV variant, one panel per layer (early, middle and late
+    by default); symmetric-log step axis, as the snapshots are log-spaced early.
+
+    factor_training: model, step, layer, norm_ratio [, seed] (`headlab.study.tables.snapshot_tables`).
+    """
+    data = _checked(factor_training, "factor_training", ["model", "step", "layer", "norm_ratio"])
+    fig = _layer_panel_figure(data, "factor_training", layers, "step", "norm_ratio", "Training step",
+                              "‖U_h B_hᵀ‖ / ‖W_shared‖ (keys)", "LRKV's residual-to-shared norm ratio through training",
+                              "qk", palette)
+    for ax in fig.axes:
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlim(left=0)
+    return fig
+
+
+@_styled
 def measures_figure(summary: pd.DataFrame, kind: str = "centered", measures: Sequence[str] | None = None,
                     palette: Mapping[str, str] | None = None) -> Figure:
     """Effective rank (% of H) per layer under each measure of head similarity, one panel per

@@ -27,7 +27,7 @@ from headlab.study.claims import (claims, difference_to_mha, final_losses, halfw
                                   per_seed_ranks, per_step_metrics, rule_text, training_claims, values, variant_name,
                                   variant_rows)
 from headlab.study.paper import PAPER
-from headlab.study.stats import spread
+from headlab.study.stats import paired_difference, spread
 from headlab.study.sweep import grid_axes, sweep_sentences
 from headlab.study.study import loss_unit
 from headlab.study.tables import StudyTables
@@ -201,6 +201,77 @@ def training_section(tables: StudyTables, folder: Path) -> list[str]:
     ]
 
 
+def factors_section(tables: StudyTables, folder: Path) -> list[str]:
+    """"LRKV's factors": the residual-to-shared norm ratio (at the end and through training), the
+    principal angles between the shared and residual subspaces, and MHA's rank-r bound; nothing
+    for a study without LRKV (or with tables older than these diagnostics)."""
+    if "lrkv_factors" not in tables.tables or tables["lrkv_factors"].empty:
+        return []
+    factors, through, bound = tables["lrkv_factors"], tables["factor_training"], tables["rank_bound"]
+    colours = plots.palette(tables["summary"]["model"].unique())
+    figure = plots.save_figure(plots.factor_norm_figure(through, palette=colours), folder,
+                               "lrkv_norm_ratio_through_training")
+    halfway_step = min(through["step"].unique(), key=lambda step: abs(step - through["step"].max() / 2))
+    at_halfway = through[through["step"] == halfway_step].groupby(["model", "seed"])["norm_ratio"].mean()
+    rows = []
+    for (model, projection), group in factors.groupby(["model", "projection"], sort=False):
+        per_seed = group.groupby("seed")[["norm_ratio", "angle_mean"]].mean()
+        rows.append({"variant": model, "projection": projection,
+                     f"norm ratio at step {halfway_step}": spread(at_halfway[model].to_numpy()).format(3)
+                     if projection == "key" else "",
+                     "norm ratio, final": spread(per_seed["norm_ratio"].to_numpy()).format(3),
+                     "mean principal angle (°)": spread(per_seed["angle_mean"].to_numpy()).format(1),
+                     "random subspace (°)": f"{group['angle_random'].iloc[0]:.1f}"})
+    lines = [
+        "## LRKV's factors",
+        "",
+        "Each LRKV head's key (value) projection is W_shared + U_h B_hᵀ. Norm ratio: ‖U_h B_hᵀ‖_F / ‖W_shared‖_F, "
+        "mean over layers and heads (the paper's Fig. 8 shows these norms; it gives no ratio). Principal angles: "
+        "between the column spaces of W_shared and U_h B_hᵀ in the residual stream, mean over the r angles, layers "
+        "and heads; 0° means a residual only re-weights what the shared projection reads, and 'random subspace' is "
+        "the mean angle of a random subspace of the same shape (the paper says it computed these angles and "
+        "reports none). Mean ± sd over seeds (`headlab.analysis.lrkv`).",
+        "",
+        markdown_table(pd.DataFrame(rows), 3),
+        "",
+        f"![lrkv norm ratio](figures/{figure.name})",
+        "",
+    ]
+    if bound.empty:
+        return lines
+    metrics = per_seed_metrics(tables["summary"], tables["training"])
+    flagship = metrics[metrics["mla_rope"] == tables.meta["flagship_mla_rope"]]
+    mha = flagship[flagship["role"] == "mha"].set_index("seed")
+    lrkv_by_rank = dict(zip(factors["rank"], factors["role"]))
+    bound_rows = []
+    for rank, group in bound.groupby("rank"):
+        per_seed = group.groupby(["seed", "kind"])[["key_energy_kept", "effective_rank_pct_of_heads"]].mean()
+        rebuilt = per_seed["effective_rank_pct_of_heads"].unstack("kind")
+        kept = per_seed["key_energy_kept"].unstack("kind")["uncentered"]
+        row = {"rank r": rank, "key deviation energy a rank-r residual keeps (%)": spread(100 * kept.to_numpy()).format(1)}
+        for kind in KINDS:
+            row[f"MHA rebuilt, {kind} (% of H)"] = spread(rebuilt[kind].to_numpy()).format(1)
+        role = lrkv_by_rank.get(rank)
+        if role is not None:
+            trained = flagship[flagship["role"] == role].set_index("seed").loc[rebuilt.index, "uncentered"]
+            d = paired_difference(trained.to_numpy(), rebuilt["uncentered"].to_numpy())
+            row["trained LRKV − MHA rebuilt, uncentered"] = d.format(1) if d.decided else f"noise, {d.format(1)}"
+        bound_rows.append(row)
+    mha_rank = spread(mha["uncentered"].to_numpy()).format(1)
+    return lines + [
+        "### The best a rank-r residual could do",
+        "",
+        "Standard MHA's key and value projections W_h, with their mean W̄ over heads: the truncated SVD of "
+        "W_h − W̄ is the best rank-r residual (Eckart–Young), so MHA rebuilt as W̄ + [W_h − W̄]_r is what an LRKV "
+        f"of rank r sharing W_shared = W̄ could at best express of these MHA heads. MHA itself: {mha_rank} % of H "
+        "(uncentered); 'trained LRKV − MHA rebuilt': the paired difference ± 95% half-width (points), within seed "
+        "noise unless marked.",
+        "",
+        markdown_table(pd.DataFrame(bound_rows), 1),
+        "",
+    ]
+
+
 def measures_section(tables: StudyTables, folder: Path) -> list[str]:
     """'Do the measures agree?': the three views' ranks, their agreement and `measure_claims`."""
     summary, agreement = tables["measures"], tables["measure_agreement"]
@@ -330,6 +401,7 @@ def write_report(tables: StudyTables, out: str | Path) -> Path:
         "of any method whose heads share keys, so a rise under centering is weak evidence of a learned mechanism.",
         "",
         *training_section(tables, figures_folder),
+        *factors_section(tables, figures_folder),
         *measures_section(tables, figures_folder),
         "## What A_h leaves out: QK-norm's 1/rms",
         "",

@@ -15,6 +15,9 @@ Tables (CSV, one row per observation):
     measures          the three views (weights, data-aware, behaviour) of every run (summary rows)
     measure_agreement Spearman correlation between the views
     snapshot_summary  the QK summary of every snapshot step of every run
+    factor_training   LRKV: the key residual-to-shared norm ratio per layer at every snapshot step
+    lrkv_factors      LRKV: norm ratio and principal angles per layer, projection and head (final weights)
+    rank_bound        MHA: what a rank-r residual could keep of W_h − W̄, and MHA rebuilt from it
 The meta (study.json) records the preset, the model's shape, the corpus and tokenizer, the
 training recipe (`train`: every TrainConfig field that moves a number) and each setting changed
 from the preset (`changed`), the analysis options, and how long training and analysis took.
@@ -31,6 +34,7 @@ import pandas as pd
 import torch
 
 from headlab.analysis.heads import MLA_ROPE, load_heads
+from headlab.analysis.lrkv import deviation_table, factor_table, rank_r_model
 from headlab.analysis.measures import measure_views
 from headlab.analysis.similarity import analyze, concat, measure_agreement, norm_scale_effect
 from headlab.analysis.snapshots import analyze_snapshots
@@ -154,12 +158,57 @@ def measures_tables(runs: list[StudyRun], corpus: Corpus) -> tuple[pd.DataFrame,
     return summary, measure_agreement(summary, pair_pattern_with="qk"), seconds, tokens
 
 
-def snapshot_table(runs: list[StudyRun]) -> pd.DataFrame:
+def snapshot_tables(runs: list[StudyRun]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The QK summary of every snapshot (and the last checkpoint) of every run at both `mla_rope`
     settings, with step, seed and role columns: the claims' half-way point and the figure through
-    training."""
-    return pd.concat([analyze_snapshots(r.folder, r.label, mla_rope=setting).summary.assign(seed=r.seed, role=r.role)
-                      for r in runs for setting in MLA_ROPE], ignore_index=True)
+    training; and for LRKV runs the key residual-to-shared norm ratio through training (model,
+    seed, role, step, layer, norm_ratio: the mean over heads of ‖U_h B_hᵀ‖_F over ‖W_shared‖_F)."""
+    summaries, ratios = [], []
+    for r in runs:
+        for setting in MLA_ROPE:
+            analysis = analyze_snapshots(r.folder, r.label, mla_rope=setting)
+            summaries.append(analysis.summary.assign(seed=r.seed, role=r.role))
+        if r.config.attention == "lrkv":  # LRKV's norms do not depend on mla_rope
+            norms = analysis.norms.pivot_table(index=["model", "step", "layer"], columns="part",
+                                               values="frobenius_norm").reset_index()
+            ratios.append(norms.assign(norm_ratio=norms["key_residual"] / norms["key_shared"], seed=r.seed, role=r.role)
+                          [["model", "seed", "role", "step", "layer", "norm_ratio"]])
+    columns = ["model", "seed", "role", "step", "layer", "norm_ratio"]
+    return (pd.concat(summaries, ignore_index=True),
+            pd.concat(ratios, ignore_index=True) if ratios else pd.DataFrame(columns=columns))
+
+
+def lrkv_factor_table(runs: list[StudyRun]) -> pd.DataFrame:
+    """`headlab.analysis.lrkv.factor_table` of every LRKV run's final weights, with seed, role and rank."""
+    tables = [factor_table(r.run.model, r.label).assign(seed=r.seed, role=r.role, rank=r.config.kv_rank)
+              for r in runs if r.config.attention == "lrkv"]
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(
+        columns=["model", "layer", "projection", "head", "norm_ratio", "angle_mean", "angle_min", "angle_max",
+                 "angle_random", "seed", "role", "rank"])
+
+
+def rank_bound_table(runs: list[StudyRun]) -> pd.DataFrame:
+    """The best a rank-r residual could do, for every Standard MHA run and each LRKV rank r of
+    the study (`headlab.analysis.lrkv`): per layer the mean over heads of the key and value
+    deviation energy W_h − W̄ that the rank-r truncated SVD keeps, and the QK effective rank (% of
+    H, both kinds) of MHA rebuilt as W̄ + [W_h − W̄]_r. Columns: model, seed, role, layer, rank,
+    key_energy_kept, value_energy_kept, kind, effective_rank_pct_of_heads."""
+    ranks = tuple(sorted({r.config.kv_rank for r in runs if r.config.attention == "lrkv"}))
+    rows = []
+    for r in runs:
+        if r.role != "mha" or not ranks:
+            continue
+        energy = (deviation_table(r.run.model, ranks, r.label).groupby(["layer", "rank", "projection"])["energy_kept"]
+                  .mean().unstack("projection"))
+        for rank in ranks:
+            summary = analyze(rank_r_model(r.run.model, rank, r.label)).summary
+            for row in summary.itertuples():
+                rows.append({"model": r.label, "seed": r.seed, "role": r.role, "layer": row.layer, "rank": rank,
+                             "key_energy_kept": energy.loc[(row.layer, rank), "key"],
+                             "value_energy_kept": energy.loc[(row.layer, rank), "value"], "kind": row.kind,
+                             "effective_rank_pct_of_heads": row.effective_rank_pct_of_heads})
+    return pd.DataFrame(rows, columns=["model", "seed", "role", "layer", "rank", "key_energy_kept",
+                                       "value_energy_kept", "kind", "effective_rank_pct_of_heads"])
 
 
 def corpus_description(corpus: Corpus) -> str:
@@ -197,7 +246,8 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
     measures, agreement, moment_seconds, moment_tokens = measures_tables(runs, corpus)
     tables.update(training=training_table(runs, unit), cache=cache_table(runs), norm_effect=norm_effect_table(runs, corpus),
                   rope_ratio=rope_ratio_table(runs), measures=measures, measure_agreement=agreement,
-                  snapshot_summary=snapshot_table(runs))
+                  lrkv_factors=lrkv_factor_table(runs), rank_bound=rank_bound_table(runs))
+    tables["snapshot_summary"], tables["factor_training"] = snapshot_tables(runs)
     config = runs[0].config
     meta = {
         "preset": preset, "n_layer": config.n_layer, "n_head": config.n_head, "d_model": config.d_model,
