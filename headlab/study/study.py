@@ -36,11 +36,12 @@ from tqdm.auto import tqdm
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus
 from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
-from headlab.io import Manifest
+from headlab.io import LOCK, Manifest, being_written
 from headlab.model.config import ModelConfig, preset
 from headlab.study.roles import comparison_roles
 from headlab.training.config import TrainConfig, train_preset
 from headlab.training.plan import load_note, measure_step, run_seconds, threads_per_job
+from headlab.training.runs import MANIFEST as RUN_MANIFEST
 from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
 from headlab.training.snapshots import study_snapshot_every
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
@@ -210,8 +211,7 @@ class Study:
         if jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ValueError(f"jobs = {jobs} is invalid under torchrun: every rank trains each run, so jobs must be 1")
         if int(os.environ.get("RANK", "0")) == 0:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            Manifest.claim(self.folder, MANIFEST, STUDY)  # a folder headlab did not write is refused
+            claim_study_folder(self.folder)  # a folder headlab did not write is refused
         keep_freed_cpu_memory()  # small CPU models train ~10% faster; a study opts in for its processes
         corpus = prepared_corpus(self.load_corpus, self.train_config(0).device)
         if note := repetition_note(self.train_config(0), self.variants[0].seq_len, corpus):
@@ -247,6 +247,27 @@ class Study:
     def _log_run(self, log, config: ModelConfig, seed: int, run: Run, elapsed: float) -> None:
         log(f"  {config.label:<20} seed {seed}: validation loss {run.final_val_loss:.3f} {self.loss_unit} "
             f"({elapsed:.0f} s)")
+
+
+def claim_study_folder(folder: Path) -> Manifest:
+    """The study manifest of `folder`, made (with the folder) if missing. A folder whose only
+    content is runs/ of headlab runs, each vouched for by its own manifest, is a study begun by
+    training a variant into `Study.run_folder` before `Study.train` (notebook 01 does): headlab
+    wrote all of it, so it is taken up, whichever came first. Anything else there is refused."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / MANIFEST).exists() and holds_only_runs(folder):
+        Manifest(folder, MANIFEST, STUDY).save()
+    return Manifest.claim(folder, MANIFEST, STUDY)
+
+
+def holds_only_runs(folder: Path) -> bool:
+    """Whether `folder` holds nothing but a runs/ folder of headlab run folders (each with its
+    manifest, or locked by a trainer writing it)."""
+    runs = folder / "runs"
+    if sorted(p.name for p in folder.iterdir() if p.name != LOCK) != ["runs"] or runs.is_symlink() or not runs.is_dir():
+        return False
+    return all(run.is_dir() and not run.is_symlink() and ((run / RUN_MANIFEST).is_file() or being_written(run))
+               for run in runs.iterdir())
 
 
 def _prepare_worker(threads: int) -> None:
