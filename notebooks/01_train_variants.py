@@ -78,6 +78,7 @@ if IN_COLAB and importlib.util.find_spec("headlab") is None:
 # write themselves go to `STUDY.outputs` (`runs/notebooks/<small|full>`), never into the study.
 
 # %% tags=["parameters"]
+# In a saved notebook, the line printed below names the mode its outputs were made in.
 SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study, ~17 minutes on 2 CPUs
 SEEDS = None  # runs per variant (seeds 0, 1, ...); None: 1 in small mode, make demo's 3 in full mode
 RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
@@ -145,7 +146,7 @@ run.metrics_frame().dropna(subset=["val_loss"])[["step", "tokens", "val_loss", "
 # (the layout `headlab reproduce` uses), reusing the runs that are complete (the LRKV above).
 
 # %%
-runs = STUDY.train(SEEDS, progress=False)  # a line per variant as it finishes
+runs = STUDY.train(SEEDS, progress=False)  # a line per run it trains, one for the finished runs it reuses
 tables = study_tables(STUDY, SEEDS)  # the study's tidy tables (analysed once, then read from disk)
 training = tables["training"]
 training.head()

@@ -54,6 +54,7 @@ def test_finished_runs_are_reused_not_retrained(trained):
     again = study.train(seeds=2, progress=False, log=said.append)
     assert {r.folder: (r.folder / "metrics.jsonl").read_bytes() for r in again} == metrics
     assert not any(line.startswith("training ") for line in said)  # no notice when nothing is trained
+    assert said == [f"  12 finished run(s) in {study.folder / 'runs'} reused"]  # not a "(0 s)" line per run
     for seed in (0, 1):
         assert study.finished_runs(seed) == [study.run_folder(config, seed) for config in study.variants]
     assert Study("tiny", STEPS, study.folder / "elsewhere").finished_runs() == []

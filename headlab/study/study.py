@@ -197,7 +197,8 @@ class Study:
     def train(self, seeds: int = 1, progress: bool = True, log=print, jobs: int = 1) -> list[StudyRun]:
         """Every variant for seeds 0 … seeds − 1, seed by seed: finished runs are loaded,
         interrupted ones resumed, missing ones trained. When anything is to be trained, `log` gets
-        `training_notice` first, and without per-step bars (`progress` False) a bar counts the runs.
+        `training_notice` first, and without per-step bars (`progress` False) a bar counts the runs;
+        then a line per run trained (its loss and seconds) and one line for the finished runs reused.
 
         `jobs` > 1 trains that many runs at once in worker processes, each on cpu_count / jobs
         threads: small CPU models keep two cores busier as two one-thread runs than as one
@@ -217,6 +218,9 @@ class Study:
         if note := repetition_note(self.train_config(0), self.variants[0].seq_len, corpus):
             log(note)
         work = [(seed, role, config) for seed in range(seeds) for role, config in self.roles.items()]
+        reused = {key for key, steps in self.steps_left(seeds).items() if not steps}
+        if reused:
+            log(f"  {len(reused)} finished run(s) in {self.folder / 'runs'} reused")
         notice = self.training_notice(seeds, jobs)
         if notice:
             log(notice)
@@ -228,7 +232,8 @@ class Study:
                 start = time.perf_counter()
                 folder = self.run_folder(config, seed)
                 run = train(config, self.train_config(seed), corpus, out=folder, resume=True, progress=progress)
-                self._log_run(log, config, seed, run, time.perf_counter() - start)
+                if (seed, role) not in reused:
+                    self._log_run(log, config, seed, run, time.perf_counter() - start)
                 runs.append(StudyRun(role, config, seed, folder, run))
             return runs
         threads = threads_per_job(jobs)
@@ -241,7 +246,8 @@ class Study:
                 elapsed = future.result()
                 finished[seed, role] = StudyRun(role, config, seed, self.run_folder(config, seed),
                                                 load_run(self.run_folder(config, seed)))
-                self._log_run(log, config, seed, finished[seed, role].run, elapsed)
+                if (seed, role) not in reused:
+                    self._log_run(log, config, seed, finished[seed, role].run, elapsed)
         return [finished[seed, role] for seed, role, _ in work]
 
     def _log_run(self, log, config: ModelConfig, seed: int, run: Run, elapsed: float) -> None:
@@ -318,5 +324,10 @@ def settings_key(preset: str, steps: int | None) -> str:
     """8 hex digits naming every setting of a study's runs (model and training configs), so runs
     left by a checkout with other settings are never resumed: changed settings start fresh runs."""
     study = Study(preset, steps, Path("."))
-    settings = [[config.to_dict(), asdict(study.train_config(0))] for config in study.variants]
+    return settings_digest([[config.to_dict(), asdict(study.train_config(0))] for config in study.variants])
+
+
+def settings_digest(settings: list) -> str:
+    """`settings_key` of [[model config, training config of seed 0] per variant] as dicts (what a
+    run's config.json records, so the key of runs already trained can be checked too)."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
