@@ -72,6 +72,7 @@ if IN_COLAB and importlib.util.find_spec("headlab") is None:
 # trained first (seconds with `SMALL = True`, about 17 minutes on two CPU cores with `SMALL = False`).
 
 # %% tags=["parameters"]
+# In a saved notebook, the line printed below names the mode its outputs were made in.
 SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study
 RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
 

@@ -67,6 +67,7 @@ if IN_COLAB and importlib.util.find_spec("headlab") is None:
 # compare ratios and trends, not absolute milliseconds.
 
 # %% tags=["parameters"]
+# In a saved notebook, the line printed below names the mode its outputs were made in.
 SMALL = True  # True: short context, quick timings (CI). False: context 512 and up to 4096
 
 # %%

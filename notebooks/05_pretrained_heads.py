@@ -67,6 +67,7 @@ if IN_COLAB and importlib.util.find_spec("headlab") is None:
 # safetensors weights of a supported layout will do.
 
 # %% tags=["parameters"]
+# In a saved notebook, the line printed below names the mode its outputs were made in.
 SMALL = True  # which runs of notebook 01 to compare with: small (True) or make demo's (False)
 CHECKPOINT = None  # None: all-MiniLM-L6-v2 (`headlab.analysis.heads.minilm_checkpoint()`)
 RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)

@@ -57,3 +57,19 @@ def test_notebooks_run_last_to_first_in_one_fresh_clone(tmp_path, monkeypatch):
         execute(clone, notebook.name)
     (study,) = (clone / "runs" / "notebooks" / "small").glob("*/study.json")  # one study, shared by all
     assert len(list((study.parent / "runs").glob("*-seed0"))) == 6
+
+
+def test_a_saved_notebook_says_which_mode_made_its_outputs(tmp_path, monkeypatch):
+    """scripts/execute_notebooks.py (make notebooks, make notebooks-full) keeps the parameters
+    cell's source (`SMALL = True`) but leaves a line in its output naming the mode it ran in."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from execute_notebooks import execute as execute_in_mode
+
+    path = fresh_clone(tmp_path) / "notebooks" / "04_kv_cache_and_decoding.ipynb"
+    source = [cell.source for cell in nbformat.read(path, as_version=4).cells]
+    execute_in_mode(path, "small")
+    notebook = nbformat.read(path, as_version=4)
+    (parameters,) = [cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", [])]
+    assert [cell.source for cell in notebook.cells] == source and notebook.metadata["headlab"] == {"mode": "small"}
+    assert [o["text"] for o in parameters.outputs] == [
+        "small mode: these outputs were made with SMALL = True (scripts/execute_notebooks.py small)\n"]
