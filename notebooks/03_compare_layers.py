@@ -92,8 +92,10 @@ VARIANTS = STUDY.variants
 # %% [markdown]
 # ## The runs and their tables
 # `study_tables` reads the study's tidy tables (with `seed` and `role` columns), the ones `headlab
-# reproduce` writes beside its runs; where there are none yet it trains the runs (or reuses the
-# finished ones) and analyses them once. Every section below only reads these tables. MLA is
+# reproduce` writes beside its runs. Where nothing of the study is on disk (headlab installed
+# without the repository, as on Colab) it reads `make demo`'s tables shipped inside the package, if
+# they are of the same settings, and says so; else it trains the runs (or reuses the finished
+# ones) and analyses them once. Every section below only reads these tables. MLA is
 # analysed twice, recorded in the `mla_rope` column: with its decoupled RoPE query/key parts inside A_h ("included") and with the paper's
 # latent-only W_K,h = W_down W_up,h ("excluded"). The figures below use the setting of the report's
 # flagship (`FLAGSHIP_MLA_ROPE`); the explorer at the end switches between the two.
