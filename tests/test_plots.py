@@ -300,6 +300,8 @@ def test_figures_of_a_study_say_which_definition_of_mla_they_draw(tables, mla_ro
     without_mla = spectra[~spectra["model"].str.startswith("MLA")]
     assert "MLA" not in plots.spectra_figure(without_mla)._suptitle.get_text()
     assert "MLA" not in plots.spectra_figure(tables["spectra"])._suptitle.get_text()  # no setting recorded
+    patterns = tables["similarity"].assign(mla_rope="n/a", circuit="pattern")  # behaviour: no RoPE setting to name
+    assert "MLA" not in plots.similarity_heatmaps(patterns, layer=0, circuit="pattern")._suptitle.get_text()
 
 
 def test_loss_vs_cache_figure():

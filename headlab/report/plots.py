@@ -251,8 +251,10 @@ def _title(text: str, n_seeds: int | None, circuit: str = "qk", data: pd.DataFra
     holds (its one `mla_rope` setting, when it has an MLA row), then how many seeds are shown
     (unless `n_seeds` is None: a measurement that seeds do not enter)."""
     notes = [CIRCUIT_TITLES.get(circuit, circuit)] if circuit != "qk" else []
-    if data is not None and "mla_rope" in data.columns and data["model"].str.startswith("MLA").any():
-        notes.append(MLA_ROPE_TITLES[data["mla_rope"].iloc[0]])
+    settings = [] if data is None or "mla_rope" not in data.columns else \
+        list(dict.fromkeys(data.loc[data["model"].str.startswith("MLA"), "mla_rope"].dropna()))
+    if len(settings) == 1 and settings[0] in MLA_ROPE_TITLES:  # "n/a": a measure MLA's RoPE does not enter
+        notes.append(MLA_ROPE_TITLES[settings[0]])
     if n_seeds is not None:
         notes.append(f"mean of {n_seeds} seeds" if n_seeds > 1 else "1 seed")
     return f"{text} — {', '.join(notes)}" if notes else text
