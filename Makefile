@@ -9,7 +9,7 @@ JOBS ?= 2  # runs trained at once by make demo: two one-thread runs beat one two
 # The browser test drives Debian's chromium (playwright's own browser download is not needed).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install demo docs test bench notebooks notebooks-full lab browser clean
+.PHONY: install demo ship-demo docs test bench notebooks notebooks-full lab browser clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ browser:
 
 demo: $(STAMP)
 	$(PY) -m headlab reproduce --out runs/reproduce --jobs $(JOBS)
+
+# make demo's tables (not its runs) into the package (headlab/study/demo_tables/), so notebooks installed
+# without the repository (Colab) show its results untrained; commit them with the notebooks.
+ship-demo: $(STAMP)
+	$(PY) scripts/ship_demo_tables.py runs/reproduce
 
 # The README's figures and headline table (docs/) from make demo's tables, in seconds.
 docs: $(STAMP)

@@ -1,5 +1,6 @@
 """Command line: `headlab info`, `headlab train`, `headlab analyze`, `headlab reproduce` (the main job),
-`headlab report` (redraw a study's report from its tables) and `headlab docs` (the README's figures).
+`headlab sweep` (the comparison across training lengths, depths and settings), `headlab report`
+(redraw a study's report from its tables) and `headlab docs` (the README's figures).
 
 Every error ends in one line "headlab: error: ..." and an exit status (`--debug` or
 HEADLAB_DEBUG=1 shows the traceback instead):
@@ -41,6 +42,7 @@ from headlab.study.tables import read_study_tables, tabulate_study
 from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, TrainConfig, train_preset
 from headlab.training.plan import add_plan_arguments, format_bytes, format_plan, plan_for_args, plan_from_args
 from headlab.training.distributed import FailedOnAnotherRank, abandon, in_process_group, launched_processes, leave_process_group
+from headlab.training.runs import installed_version
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -428,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"show the full traceback of an error (also: {DEBUG_ENV}=1)")
     parser = Parser(prog="headlab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"headlab {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     info = sub.add_parser("info", parents=[common], help="parameter count and KV-cache size of a preset or config",

@@ -30,25 +30,33 @@
 
 # %% [markdown]
 # ## Colab
-# On Colab this cell installs headlab with its `notebooks` extra from `REPOSITORY`, the git URL of
-# the published repository (the same as pyproject.toml's `[project.urls] Repository`). headlab is
-# not published yet, so `REPOSITORY` is `None`: on Colab, upload a wheel built in a clone and
-# install it (the cell says how); elsewhere install with `pip install -e ".[notebooks]"` (README).
+# On Colab this cell installs headlab with its `colab` extra (no JupyterLab: Colab is the notebook
+# server) from `HEADLAB_SOURCE`: a wheel you uploaded (build one in a clone with
+# `pip wheel --no-deps . -w dist`), a git URL or a folder. Set it below or as an environment
+# variable; left empty it is `REPOSITORY`, the published repository's git URL (pyproject.toml's
+# `[project.urls] Repository`), which is `None` until headlab is published: then the cell only says
+# what to do. Elsewhere install with `pip install -e ".[notebooks]"` (README) and this cell does nothing.
 
 # %%
 import importlib.util
+import os
+from pathlib import Path
 
-REPOSITORY = None  # the published repository's git URL; None: install headlab yourself (a clone or a wheel)
+REPOSITORY = None  # the published repository's git URL; None: point HEADLAB_SOURCE at a wheel or a clone
+HEADLAB_SOURCE = os.environ.get("HEADLAB_SOURCE", "")  # e.g. "/content/headlab-0.1.0-py3-none-any.whl"
 try:
     import google.colab  # noqa: F401
     IN_COLAB = True
 except ImportError:
     IN_COLAB = False
-if IN_COLAB and REPOSITORY:
-    get_ipython().run_line_magic("pip", f'install --quiet "headlab[notebooks] @ git+{REPOSITORY}"')  # noqa: F821
-elif IN_COLAB and importlib.util.find_spec("headlab") is None:
-    raise SystemExit('headlab is not published yet: build a wheel in a clone (pip wheel --no-deps . -w dist), '
-                     'upload it and run %pip install "/content/<the wheel>[notebooks]"')
+if IN_COLAB and importlib.util.find_spec("headlab") is None:
+    source = HEADLAB_SOURCE or (REPOSITORY and f"git+{REPOSITORY}")
+    if source:  # a file or folder becomes a file:// URL, so pip can take the [colab] extra with it
+        url = Path(source).resolve().as_uri() if Path(source).exists() else source
+        get_ipython().run_line_magic("pip", f'install --quiet "headlab[colab] @ {url}"')  # noqa: F821
+    else:
+        print("headlab is not installed and not published yet: upload a wheel built in a clone "
+              "(pip wheel --no-deps . -w dist), set HEADLAB_SOURCE to its path in this cell and run it again")
 
 # %% [markdown]
 # ## Parameters
@@ -59,6 +67,7 @@ elif IN_COLAB and importlib.util.find_spec("headlab") is None:
 # compare ratios and trends, not absolute milliseconds.
 
 # %% tags=["parameters"]
+# In a saved notebook, the line printed below names the mode its outputs were made in.
 SMALL = True  # True: short context, quick timings (CI). False: context 512 and up to 4096
 
 # %%

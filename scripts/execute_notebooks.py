@@ -5,9 +5,10 @@ metadata (`headlab.mode`), so a saved notebook says what made its outputs.
     python scripts/execute_notebooks.py full notebooks/*.ipynb    # make notebooks-full: SMALL = False,
                                                                   # against make demo's runs/reproduce
 
-The mode is set like papermill's parameter injection, offline with nbclient: `SMALL = ...` is
-appended to the `parameters` cell for the run, and the cell's source is put back afterwards, so
-the .ipynb still holds exactly the cells of its .py (tests/test_notebooks_paired.py)."""
+The mode is set like papermill's parameter injection, offline with nbclient: `SMALL = ...` and a
+line printing the mode are appended to the `parameters` cell for the run, and the cell's source is
+put back afterwards, so the .ipynb still holds exactly the cells of its .py
+(tests/test_notebooks_paired.py) while the cell's output says which mode made the outputs."""
 
 import sys
 from pathlib import Path
@@ -22,7 +23,10 @@ def execute(path: Path, mode: str) -> None:
     notebook = nbformat.read(path, as_version=4)
     (parameters,) = [cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", [])]
     source = parameters.source
-    parameters.source = f"{source}\nSMALL = {mode == 'small'}  # {mode} mode, set by {Path(__file__).name}"
+    # The restored cell shows its default; its output says which mode made the notebook's outputs.
+    parameters.source = (f"{source}\nSMALL = {mode == 'small'}\n"
+                         f"print('{mode} mode: these outputs were made with SMALL = {mode == 'small'} "
+                         f"(scripts/{Path(__file__).name} {mode})')")
     NotebookClient(notebook, timeout=None, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     parameters.source = source

@@ -1,4 +1,5 @@
 import argparse
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -50,6 +51,23 @@ def test_a_mistyped_flag_prints_its_subcommands_usage_and_the_flag_it_resembles(
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.startswith("usage: headlab reproduce ")
     assert "headlab reproduce: error: unrecognized arguments: --seed (did you mean --seeds?) 2" in err
+
+
+def test_help_introduces_every_subcommand(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    out = capsys.readouterr().out
+    description = out.split("positional arguments:")[0]
+    (subcommands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert exit_.value.code == 0 and set(subcommands.choices) >= {"reproduce", "sweep", "report", "docs"}
+    assert [name for name in subcommands.choices if f"`headlab {name}`" not in description] == []
+
+
+def test_version_prints_the_installed_distributions_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"headlab {importlib.metadata.version('headlab')}\n"
 
 
 def test_reproduce_help_gives_an_example_and_where_results_land(capsys):

@@ -4,13 +4,18 @@ was edited without the other; `make notebooks` re-pairs them and executes the .i
 The committed .ipynb carry those outputs, so a reader without a kernel (GitHub, nbviewer) sees
 every figure: each cell that ends in a figure and the explorer cell hold a PNG, and no output is
 an error, a stderr stream or a progress bar. Every .py is valid Python; the Colab cells are one
-install cell, with pyproject's repository URL (None while it has none)."""
+install cell, with pyproject's repository URL (None while it has none), which on a Colab without
+headlab installs the `colab` extra from what the user points it at, or says what to do."""
 
 from __future__ import annotations
 
 import ast
 import difflib
+import importlib.util
 import re
+import sys
+import tomllib
+import types
 from pathlib import Path
 
 import pytest
@@ -96,7 +101,65 @@ def test_colab_cell_installs_from_the_repository_in_pyproject(source: Path):
         f"{source.name}: its Colab cell must set REPOSITORY = {REPOSITORY!r} (pyproject.toml's [project.urls])"
     install = colab_cell(SOURCES[0])  # every notebook installs the same way; 03 adds Colab's widget manager
     assert cell.startswith(install), f"{source.name}: its Colab cell must begin as {SOURCES[0].name}'s does"
-    assert "git+{REPOSITORY}" in install and "raise SystemExit(" in install
+    assert "git+{REPOSITORY}" in install and "SystemExit" not in install  # Colab shows it as an exception
+
+
+class FakeIPython:
+    """The `get_ipython()` of a Colab cell: records the line magics (%pip) it runs."""
+
+    def __init__(self):
+        self.magics: list[tuple[str, str]] = []
+
+    def run_line_magic(self, name: str, line: str) -> None:
+        self.magics.append((name, line))
+
+
+def run_colab_cell(source: Path, monkeypatch, on_colab: bool = True) -> list[tuple[str, str]]:
+    """Execute the Colab cell of `source` as on a Colab where headlab is not installed (a
+    google.colab module; headlab not found); returns the magics it ran."""
+    if on_colab:
+        colab = types.ModuleType("google.colab")
+        colab.output = types.SimpleNamespace(enable_custom_widget_manager=lambda: None)
+        monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
+        monkeypatch.setitem(sys.modules, "google.colab", colab)
+    else:
+        monkeypatch.setitem(sys.modules, "google.colab", None)  # import google.colab raises ImportError
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "headlab" else find_spec(name, *rest))
+    ipython = FakeIPython()
+    exec(compile(colab_cell(source), source.name, "exec"), {"get_ipython": lambda: ipython})
+    return ipython.magics
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.name)
+def test_colab_cell_without_a_source_says_what_to_do_without_an_exception(source: Path, monkeypatch, capsys):
+    monkeypatch.delenv("HEADLAB_SOURCE", raising=False)
+    assert run_colab_cell(source, monkeypatch) == ([] if REPOSITORY is None else [
+        ("pip", f'install --quiet "headlab[colab] @ git+{REPOSITORY}"')])
+    if REPOSITORY is None:
+        assert "set HEADLAB_SOURCE to its path" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.name)
+def test_colab_cell_installs_the_colab_extra_from_what_the_user_points_it_at(source: Path, monkeypatch, tmp_path):
+    wheel = tmp_path / "headlab-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    monkeypatch.setenv("HEADLAB_SOURCE", str(wheel))
+    assert run_colab_cell(source, monkeypatch) == [("pip", f'install --quiet "headlab[colab] @ {wheel.as_uri()}"')]
+    monkeypatch.setenv("HEADLAB_SOURCE", "git+https://example.org/headlab.git")
+    assert run_colab_cell(source, monkeypatch) == [
+        ("pip", 'install --quiet "headlab[colab] @ git+https://example.org/headlab.git"')]
+    assert run_colab_cell(source, monkeypatch, on_colab=False) == []  # elsewhere the user installs headlab
+
+
+def test_colab_extra_is_the_notebooks_extra_without_a_notebook_server():
+    extras = tomllib.loads((NOTEBOOKS.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    server = {"jupyterlab", "ipykernel", "jupytext"}  # Colab brings its own
+    assert requirement_names(extras["colab"]) == requirement_names(extras["notebooks"]) - server
+
+
+def requirement_names(requirements: list[str]) -> set[str]:
+    return {re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower() for requirement in requirements}
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.name)

@@ -290,6 +290,20 @@ def test_a_table_with_both_mla_rope_settings_is_refused(tables):
         plots.spectra_figure(both)
 
 
+@pytest.mark.parametrize("mla_rope,note", [("included", "MLA: RoPE part included"),
+                                           ("excluded", "MLA: latent only (RoPE part excluded)")])
+def test_figures_of_a_study_say_which_definition_of_mla_they_draw(tables, mla_rope, note):
+    spectra, summary = (tables[name].assign(mla_rope=mla_rope) for name in ("spectra", "summary"))
+    for fig in (plots.spectra_figure(spectra), plots.cumulative_variance_figure(spectra),
+                plots.effective_rank_figure(summary)):
+        assert note in fig._suptitle.get_text()
+    without_mla = spectra[~spectra["model"].str.startswith("MLA")]
+    assert "MLA" not in plots.spectra_figure(without_mla)._suptitle.get_text()
+    assert "MLA" not in plots.spectra_figure(tables["spectra"])._suptitle.get_text()  # no setting recorded
+    patterns = tables["similarity"].assign(mla_rope="n/a", circuit="pattern")  # behaviour: no RoPE setting to name
+    assert "MLA" not in plots.similarity_heatmaps(patterns, layer=0, circuit="pattern")._suptitle.get_text()
+
+
 def test_loss_vs_cache_figure():
     fig = plots.loss_vs_cache_figure(synthetic_results())
     (ax,) = fig.axes

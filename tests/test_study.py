@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from headlab.study.roles import comparison_roles
-from headlab.study.study import NotebookStudy, Study, StudyRun, default_study_folder, project_root, settings_key, slug
+import headlab
+from headlab.study.study import (MANIFEST, NotebookStudy, Study, StudyRun, claim_study_folder, default_study_folder,
+                                 project_root, settings_key, slug)
 from headlab.training.config import train_preset
 
 STEPS = 4
@@ -53,9 +55,35 @@ def test_finished_runs_are_reused_not_retrained(trained):
     again = study.train(seeds=2, progress=False, log=said.append)
     assert {r.folder: (r.folder / "metrics.jsonl").read_bytes() for r in again} == metrics
     assert not any(line.startswith("training ") for line in said)  # no notice when nothing is trained
+    assert said == [f"  12 finished run(s) in {study.folder / 'runs'} reused"]  # not a "(0 s)" line per run
     for seed in (0, 1):
         assert study.finished_runs(seed) == [study.run_folder(config, seed) for config in study.variants]
     assert Study("tiny", STEPS, study.folder / "elsewhere").finished_runs() == []
+
+
+def test_a_study_begun_by_training_one_variant_into_its_run_folder_is_taken_up(tmp_path):
+    """Notebook 01 trains one variant into `run_folder` before `Study.train`: the runs/ that made
+    is headlab's, so the study adopts it (and reuses the run) instead of refusing its own folder."""
+    study = Study("tiny", STEPS, tmp_path / "study", only=("mha", "mqa"))
+    mha = study.roles["mha"]
+    first = headlab.train(mha, study.train_config(0), data=study.load_corpus(), out=study.run_folder(mha), progress=False)
+    assert not (study.folder / MANIFEST).exists()
+    runs = study.train(progress=False, log=lambda line: None)
+    assert (study.folder / MANIFEST).is_file() and [r.role for r in runs] == ["mha", "mqa"]
+    assert runs[0].run.final_val_loss == first.final_val_loss  # reused, not trained again
+
+
+@pytest.mark.parametrize("foreign", ["runs/notes.txt", "runs/mine/weights.bin", "notes.txt"])
+def test_a_folder_holding_more_than_headlab_runs_is_still_refused(tmp_path, foreign):
+    folder = tmp_path / "study"
+    study = Study("tiny", STEPS, folder, only=("mha",))
+    headlab.train(study.roles["mha"], study.train_config(0), data=study.load_corpus(),
+                  out=study.run_folder(study.roles["mha"]), progress=False)
+    (folder / foreign).parent.mkdir(parents=True, exist_ok=True)
+    (folder / foreign).write_text("not headlab's")
+    with pytest.raises(ValueError, match="holds files headlab did not write"):
+        claim_study_folder(folder)
+    assert not (folder / MANIFEST).exists() and (folder / foreign).read_text() == "not headlab's"
 
 
 def test_parallel_jobs_train_the_same_runs_in_worker_processes(tmp_path):

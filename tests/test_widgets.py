@@ -8,6 +8,7 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 
+import asyncio  # noqa: E402
 import io  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
@@ -46,7 +47,7 @@ def test_draws_the_flagship_figure_on_creation(explorer):
     assert fig.get_suptitle() == "Eigenvalue spectra of head similarity matrices (uncentered) — 1 seed"
     assert [ax.get_title() for ax in fig.axes] == THREE_PANELS
     assert legend_labels(fig) == FIGURE_ORDER
-    assert explorer.children[-1] is explorer.layers
+    assert list(explorer.children[-2:]) == [explorer.layers, explorer.status] and explorer.status.value == ""
 
 
 def test_every_control_redraws(explorer):
@@ -54,7 +55,7 @@ def test_every_control_redraws(explorer):
 
     def redrawn():
         fig = drawn(explorer)
-        assert all(fig is not old for old in seen)
+        assert fig is not seen[-1]
         seen.append(fig)
         return fig
 
@@ -182,16 +183,16 @@ def test_every_analysis_choice_column_gets_a_control_that_filters(tables):
         return ax.get_lines()[FIGURE_ORDER.index(model)].get_ydata()
 
     fig = drawn(explorer)
-    assert fig.get_suptitle().endswith("(measure: frobenius, MLA RoPE: included)")
+    assert fig.get_suptitle().endswith("MLA: RoPE part included, 1 seed (measure: frobenius)")
     assert len(line_colours(fig.axes[0])) == 6  # one line per method, not one per choice
     frobenius = first_line("Standard MHA")
     explorer.choices["measure"].value = "data"
-    assert drawn(explorer).get_suptitle().endswith("(measure: data, MLA RoPE: included)")
+    assert drawn(explorer).get_suptitle().endswith("MLA: RoPE part included, 1 seed (measure: data)")
     assert first_line("Standard MHA") == pytest.approx(frobenius + 0.5)
     explorer.choices["mla_rope"].value = "excluded"
     assert len(line_colours(drawn(explorer).axes[0])) == 6  # models without the choice stay drawn
     explorer.view.value = "effective rank"
-    assert drawn(explorer).get_suptitle().endswith("(measure: data, MLA RoPE: excluded)")
+    assert drawn(explorer).get_suptitle().endswith("MLA: latent only (RoPE part excluded), 1 seed (measure: data)")
 
 
 def test_layer_menu_names_each_depth_once(tables):
@@ -226,3 +227,80 @@ def test_displayed_explorer_is_its_controls_and_a_png_output_each_redraw_updates
     for box in explorer.methods.values():
         box.value = False
     assert updates[-1] == {"text/plain": NO_METHOD}
+
+
+def counting_draws(explorer, monkeypatch) -> list:
+    """The method lists `explorer` draws figures for, from now on, one entry per draw."""
+    draws, draw = [], explorer._draw
+    monkeypatch.setattr(explorer, "_draw", lambda chosen: draws.append(chosen) or draw(chosen))
+    return draws
+
+
+def test_changes_in_a_kernel_are_coalesced_into_one_redraw_of_the_latest_state(explorer, monkeypatch):
+    """In a kernel (an event loop runs the widget callbacks) clicks that come faster than a
+    redraw mark the figure pending; once they settle only the final state is drawn."""
+    draws = counting_draws(explorer, monkeypatch)
+    before = drawn(explorer)
+
+    async def click_quickly():
+        explorer.view.value = "heatmaps"
+        explorer.kind.value = "centered"
+        explorer.view.value = "effective rank"
+        explorer.methods["MQA"].value = False
+        assert draws == [] and drawn(explorer) is before  # nothing drawn yet: the figure is pending
+        assert explorer.status.value == headlab.report.widgets.PENDING and explorer.kind.disabled is False
+        await asyncio.sleep(3 * headlab.report.widgets.SETTLE_SECONDS)
+
+    asyncio.run(click_quickly())
+    assert draws == [[m for m in FIGURE_ORDER if m != "MQA"]]  # one draw, of the state the controls ended in
+    fig = drawn(explorer)
+    assert fig.get_suptitle() == "Effective rank per layer (centered, PCA-based) — 1 seed"
+    assert "MQA" not in legend_labels(fig)
+    assert explorer.status.value == "" and explorer.pending is None
+
+
+def test_unticking_every_method_quickly_ends_on_no_figure(explorer, monkeypatch):
+    async def untick_all():
+        for box in explorer.methods.values():
+            box.value = False
+        await asyncio.sleep(3 * headlab.report.widgets.SETTLE_SECONDS)
+
+    asyncio.run(untick_all())
+    assert explorer.figures == [] and explorer.figure_bundle() == {"text/plain": NO_METHOD}
+
+
+def test_a_state_shown_before_is_shown_again_without_drawing(explorer, monkeypatch):
+    default, bundle = drawn(explorer), explorer.figure_bundle()
+    draws = counting_draws(explorer, monkeypatch)
+    explorer.kind.value = "centered"  # drawn
+    explorer.view.value = "heatmaps"  # drawn
+    explorer.view.value = "spectra"  # centered spectra: kept from the first change
+    explorer.kind.value = "uncentered"  # the default view: kept from the start
+    assert len(draws) == 2 and drawn(explorer) is default and explorer.figure_bundle() is bundle
+
+
+def test_only_the_last_states_are_kept(explorer, monkeypatch):
+    monkeypatch.setattr(headlab.report.widgets, "KEPT_VIEWS", 2)
+    default = drawn(explorer)
+    draws = counting_draws(explorer, monkeypatch)
+    explorer.kind.value = "centered"
+    explorer.view.value = "heatmaps"  # two states since the default: it is forgotten
+    explorer.view.value, explorer.kind.value = "spectra", "uncentered"
+    assert len(draws) == 3 and drawn(explorer) is not default and len(explorer.drawn) == 2
+
+
+def test_a_redraw_that_fails_in_a_kernel_says_so_below_the_controls(explorer, monkeypatch):
+    def broken(chosen):
+        raise ValueError("the <summary> table is missing")
+
+    monkeypatch.setattr(explorer, "_draw", broken)
+    failures = []
+
+    async def click():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: failures.append(context["exception"]))
+        explorer.kind.value = "centered"
+        await asyncio.sleep(3 * headlab.report.widgets.SETTLE_SECONDS)
+
+    asyncio.run(click())
+    assert explorer.status.value == "<b>redraw failed</b>: ValueError: the &lt;summary&gt; table is missing"
+    assert [str(error) for error in failures] == ["the <summary> table is missing"]

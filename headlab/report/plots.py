@@ -243,10 +243,18 @@ def _legend(fig: Figure, methods: _Methods, extra: Sequence = (), n_seeds: int =
         fig.legend(handles=handles, loc="outside right center", frameon=False)
 
 
-def _title(text: str, n_seeds: int | None, circuit: str = "qk") -> str:
-    """`text`, naming the circuit when it is not QK, then how many seeds are shown (unless
-    `n_seeds` is None: a measurement that seeds do not enter)."""
+MLA_ROPE_TITLES = {"included": "MLA: RoPE part included", "excluded": "MLA: latent only (RoPE part excluded)"}
+
+
+def _title(text: str, n_seeds: int | None, circuit: str = "qk", data: pd.DataFrame | None = None) -> str:
+    """`text`, naming the circuit when it is not QK and which definition of MLA's heads `data`
+    holds (its one `mla_rope` setting, when it has an MLA row), then how many seeds are shown
+    (unless `n_seeds` is None: a measurement that seeds do not enter)."""
     notes = [CIRCUIT_TITLES.get(circuit, circuit)] if circuit != "qk" else []
+    settings = [] if data is None or "mla_rope" not in data.columns else \
+        list(dict.fromkeys(data.loc[data["model"].str.startswith("MLA"), "mla_rope"].dropna()))
+    if len(settings) == 1 and settings[0] in MLA_ROPE_TITLES:  # "n/a": a measure MLA's RoPE does not enter
+        notes.append(MLA_ROPE_TITLES[settings[0]])
     if n_seeds is not None:
         notes.append(f"mean of {n_seeds} seeds" if n_seeds > 1 else "1 seed")
     return f"{text} — {', '.join(notes)}" if notes else text
@@ -276,7 +284,7 @@ def _layer_panel_figure(data: pd.DataFrame, name: str, layers: Sequence[int] | N
         _lines(ax, data[data["layer"] == layer], x, y, methods, n_seeds)
         ax.set(title=layer_title(layer, available), xlabel=xlabel, ylabel=ylabel)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle(_title(title, n_seeds, circuit), fontweight="bold")
+    fig.suptitle(_title(title, n_seeds, circuit, data), fontweight="bold")
     _legend(fig, methods, extra, n_seeds, below=True)
     return fig
 
@@ -370,7 +378,7 @@ def similarity_heatmaps(similarity: pd.DataFrame, layer: int, circuit: str = "qk
     bar = fig.colorbar(axes[0].collections[0], ax=axes[:len(methods.order)].tolist(), shrink=0.8,
                        ticks=[-1, -0.5, 0, 0.5, 1])
     bar.set_label("1 − Jensen–Shannon distance" if circuit == "pattern" else "cosine similarity")
-    fig.suptitle(_title(f"Head similarity matrices, layer L={layer}", 1, circuit), fontweight="bold")
+    fig.suptitle(_title(f"Head similarity matrices, layer L={layer}", 1, circuit, data), fontweight="bold")
     return fig
 
 
@@ -406,7 +414,7 @@ def effective_rank_figure(summary: pd.DataFrame, kind: str = "centered", circuit
     ax.set_ylim(0, max(data["n_heads"]) + 0.5)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="Layer", ylabel="Effective rank (entropy)")
-    fig.suptitle(_title(f"Effective rank per layer ({KIND_TITLES[kind]})", n_seeds, circuit), fontweight="bold")
+    fig.suptitle(_title(f"Effective rank per layer ({KIND_TITLES[kind]})", n_seeds, circuit, data), fontweight="bold")
     _legend(fig, methods, references, n_seeds)
     return fig
 

@@ -12,6 +12,13 @@ than one value, and the training `step` of per-step tables (`headlab.analysis.sn
 the chosen plots; the explorer draws once when it is created (on the uncentered spectra, the
 flagship figure), so a headless run (nbmake, nbconvert) shows a figure.
 
+A redraw of a large study takes seconds, and clicks arrive faster. In a kernel, a change only
+marks the figure pending (the line below the controls says so) and the redraw waits until no
+change has come for `SETTLE_SECONDS`: changes that queued up while a figure was drawing are
+coalesced, and only the latest state is drawn, so the figure always ends on the controls' state.
+The figures of the last `KEPT_VIEWS` states are kept, so going back to one (the default view) is
+instant. Outside an event loop (scripts, tests) every change redraws at once.
+
 Displayed, the explorer is two outputs: the controls (a widget view) and its current figures as a
 plain PNG output with a display id, which every redraw updates in place. Where widgets render
 (Jupyter, JupyterLab, VS Code, Colab) both are live; where they cannot (nbconvert's HTML, GitHub,
@@ -22,7 +29,10 @@ uses only standard ipywidgets and plain matplotlib figures. The figures last dra
 
 from __future__ import annotations
 
+import asyncio
+import html
 import io
+from collections import OrderedDict
 from typing import Mapping
 
 import ipywidgets as widgets
@@ -42,6 +52,9 @@ LOSS_VIEW = "loss curves"
 KIND_OPTIONS = (("uncentered", "uncentered"), ("centered (PCA)", "centered"))
 USES_KIND = ("spectra", "effective rank", "cumulative variance")  # views the Spectrum control changes
 NO_METHOD = "Select at least one method."
+SETTLE_SECONDS = 0.15  # a redraw waits this long after the last change (clicks queued behind a draw come at once)
+KEPT_VIEWS = 12  # states whose figures are kept for going back to them
+PENDING = "<i>redrawing for the controls' new state…</i>"
 
 
 def choice_columns(summary: pd.DataFrame) -> dict[str, list[str]]:
@@ -114,25 +127,68 @@ class Explorer(widgets.VBox):
         self.figures: list[Figure] = []
         self.figure_display = DisplayHandle()  # the PNG output beside the controls, once displayed
         self.displayed = False
+        self.status = widgets.HTML("")  # says when the figure below is about to be redrawn
+        self.drawn: OrderedDict[tuple, dict] = OrderedDict()  # state -> its figures and (once made) PNG bundle
+        self.shown: tuple | None = None  # the state whose figures are shown
+        self.pending: asyncio.TimerHandle | None = None  # the redraw waiting for changes to settle
 
         for control in (*self.methods.values(), self.view, self.kind, *self.choices.values(), self.layers):
-            control.observe(self.render, names="value")
+            control.observe(self.changed, names="value")
         wrap = widgets.Layout(flex_flow="row wrap")
         method_boxes = [widgets.HBox([swatches[m], box]) for m, box in self.methods.items()]
         shown_choices = [control for control in self.choices.values() if len(control.options) > 1]
         self.children = [widgets.HBox([widgets.Label("Methods"), *method_boxes], layout=wrap),
                          self.view, self.kind, *shown_choices,
-                         self.layers]
+                         self.layers, self.status]
         self.render()
 
-    def render(self, change=None) -> None:
-        """Enable the controls the current view uses and redraw it into the Output (called by every control)."""
+    def state(self) -> tuple:
+        """Everything the figures depend on: view, spectrum, layers, analysis choices, methods."""
+        return (self.view.value, self.kind.value, self.layers.value, tuple(c.value for c in self.choices.values()),
+                tuple(m for m, box in self.methods.items() if box.value))
+
+    def changed(self, change=None) -> None:
+        """A control changed (called by every control): in a kernel's event loop, mark the figure
+        pending and (re)start the wait for the changes behind this one; elsewhere redraw now."""
+        self._enable_controls()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return self.render()
+        if self.pending is not None:
+            self.pending.cancel()
+        self.status.value = PENDING
+        self.pending = loop.call_later(SETTLE_SECONDS, self._render_pending)
+
+    def _render_pending(self) -> None:
+        """`render`, run by the event loop: a failure is said below the controls, not only in the kernel's log."""
+        try:
+            self.render()
+        except Exception as error:
+            self.status.value = f"<b>redraw failed</b>: {html.escape(f'{type(error).__name__}: {error}')}"
+            raise
+
+    def _enable_controls(self) -> None:
+        """Enable the controls the current view uses, disable the others."""
         view = self.view.value
         self.kind.disabled = view not in USES_KIND
         for control in (self.layers, *self.choices.values()):
             control.disabled = view == LOSS_VIEW
-        chosen = [m for m, box in self.methods.items() if box.value]
-        self.figures = self._draw(chosen) if chosen else []
+
+    def render(self) -> None:
+        """Show the figures of the controls' current state (drawn now, or kept from before) in the
+        PNG output."""
+        self.pending = None
+        self._enable_controls()
+        state = self.state()
+        if state not in self.drawn:
+            chosen = list(state[-1])
+            self.drawn[state] = {"figures": self._draw(chosen) if chosen else [], "bundle": None}
+            while len(self.drawn) > KEPT_VIEWS:
+                self.drawn.popitem(last=False)
+        self.drawn.move_to_end(state)
+        self.shown, self.figures = state, self.drawn[state]["figures"]
+        self.status.value = ""
         if self.displayed:
             self.figure_display.update(self.figure_bundle(), raw=True)
 
@@ -161,17 +217,21 @@ class Explorer(widgets.VBox):
         else:
             figures = [plots.similarity_heatmaps(similarity, layer, **common) for layer in layers]
         shown = [f"{choice_name(column)}: {value}" for column, value in fixed.items()
-                 if len(self.choices[column].options) > 1]
+                 if len(self.choices[column].options) > 1 and column != "mla_rope"]  # plots' titles name MLA's
         for fig in figures if shown else ():  # a saved image names the choices it was drawn with
             fig.suptitle(f"{fig.get_suptitle()} ({', '.join(shown)})")
         return figures
 
     def figure_bundle(self) -> dict:
-        """The current figures as one PNG (or the reason there is none), as a display bundle."""
-        methods = sum(box.value for box in self.methods.values())
-        if not self.figures:
-            return {"text/plain": NO_METHOD}
-        return {"image/png": stacked_png(self.figures), "text/plain": f"headlab explorer: {self.view.value} of {methods} methods"}
+        """The figures shown as one PNG (or the reason there is none), as a display bundle: made
+        once per state."""
+        entry = self.drawn[self.shown]
+        if entry["bundle"] is None:
+            view, *_, methods = self.shown
+            entry["bundle"] = ({"image/png": stacked_png(self.figures),
+                                "text/plain": f"headlab explorer: {view} of {len(methods)} methods"}
+                               if self.figures else {"text/plain": NO_METHOD})
+        return entry["bundle"]
 
     def _ipython_display_(self) -> None:
         """The controls, then the figures as a PNG output that `render` updates in place."""

@@ -37,11 +37,12 @@ from tqdm.auto import tqdm
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus
 from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
-from headlab.io import Manifest
+from headlab.io import LOCK, Manifest, being_written
 from headlab.model.config import ModelConfig, preset
 from headlab.study.roles import comparison_roles
 from headlab.training.config import TrainConfig, train_preset
 from headlab.training.plan import RUN_THREADS, load_note, measure_step, run_seconds
+from headlab.training.runs import MANIFEST as RUN_MANIFEST
 from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
 from headlab.training.snapshots import study_snapshot_every
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
@@ -205,7 +206,8 @@ class Study:
     def train(self, seeds: int = 1, progress: bool = True, log=print, jobs: int = 1) -> list[StudyRun]:
         """Every variant for seeds 0 … seeds − 1, seed by seed: finished runs are loaded,
         interrupted ones resumed, missing ones trained. When anything is to be trained, `log` gets
-        `training_notice` first, and without per-step bars (`progress` False) a bar counts the runs.
+        `training_notice` first, and without per-step bars (`progress` False) a bar counts the runs;
+        then a line per run trained (its loss and seconds) and one line for the finished runs reused.
 
         `jobs` > 1 trains that many runs at once in worker processes (`default_jobs`: one per core).
         Every run trains on `RUN_THREADS` torch threads whatever `jobs` is, so a study's numbers
@@ -218,13 +220,15 @@ class Study:
         if jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ValueError(f"jobs = {jobs} is invalid under torchrun: every rank trains each run, so jobs must be 1")
         if int(os.environ.get("RANK", "0")) == 0:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            Manifest.claim(self.folder, MANIFEST, STUDY)  # a folder headlab did not write is refused
+            claim_study_folder(self.folder)  # a folder headlab did not write is refused
         keep_freed_cpu_memory()  # small CPU models train ~10% faster; a study opts in for its processes
         corpus = prepared_corpus(self.load_corpus, self.train_config(0).device)
         if note := repetition_note(self.train_config(0), self.variants[0].seq_len, corpus):
             log(note)
         work = [(seed, role, config) for seed in range(seeds) for role, config in self.roles.items()]
+        reused = {key for key, steps in self.steps_left(seeds).items() if not steps}
+        if reused:
+            log(f"  {len(reused)} finished run(s) in {self.folder / 'runs'} reused")
         notice = self.training_notice(seeds, jobs)
         if notice:
             log(notice)
@@ -237,7 +241,8 @@ class Study:
                 folder = self.run_folder(config, seed)
                 with torch_threads(RUN_THREADS):
                     run = train(config, self.train_config(seed), corpus, out=folder, resume=True, progress=progress)
-                self._log_run(log, config, seed, run, time.perf_counter() - start)
+                if (seed, role) not in reused:
+                    self._log_run(log, config, seed, run, time.perf_counter() - start)
                 runs.append(StudyRun(role, config, seed, folder, run))
             return runs
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_prepare_worker,
@@ -249,7 +254,8 @@ class Study:
                 elapsed = future.result()
                 finished[seed, role] = StudyRun(role, config, seed, self.run_folder(config, seed),
                                                 load_run(self.run_folder(config, seed)))
-                self._log_run(log, config, seed, finished[seed, role].run, elapsed)
+                if (seed, role) not in reused:
+                    self._log_run(log, config, seed, finished[seed, role].run, elapsed)
         return [finished[seed, role] for seed, role, _ in work]
 
     def _log_run(self, log, config: ModelConfig, seed: int, run: Run, elapsed: float) -> None:
@@ -266,6 +272,27 @@ def torch_threads(threads: int):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def claim_study_folder(folder: Path) -> Manifest:
+    """The study manifest of `folder`, made (with the folder) if missing. A folder whose only
+    content is runs/ of headlab runs, each vouched for by its own manifest, is a study begun by
+    training a variant into `Study.run_folder` before `Study.train` (notebook 01 does): headlab
+    wrote all of it, so it is taken up, whichever came first. Anything else there is refused."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / MANIFEST).exists() and holds_only_runs(folder):
+        Manifest(folder, MANIFEST, STUDY).save()
+    return Manifest.claim(folder, MANIFEST, STUDY)
+
+
+def holds_only_runs(folder: Path) -> bool:
+    """Whether `folder` holds nothing but a runs/ folder of headlab run folders (each with its
+    manifest, or locked by a trainer writing it)."""
+    runs = folder / "runs"
+    if sorted(p.name for p in folder.iterdir() if p.name != LOCK) != ["runs"] or runs.is_symlink() or not runs.is_dir():
+        return False
+    return all(run.is_dir() and not run.is_symlink() and ((run / RUN_MANIFEST).is_file() or being_written(run))
+               for run in runs.iterdir())
 
 
 def _prepare_worker(threads: int) -> None:
@@ -316,5 +343,10 @@ def settings_key(preset: str, steps: int | None) -> str:
     """8 hex digits naming every setting of a study's runs (model and training configs), so runs
     left by a checkout with other settings are never resumed: changed settings start fresh runs."""
     study = Study(preset, steps, Path("."))
-    settings = [[config.to_dict(), asdict(study.train_config(0))] for config in study.variants]
+    return settings_digest([[config.to_dict(), asdict(study.train_config(0))] for config in study.variants])
+
+
+def settings_digest(settings: list) -> str:
+    """`settings_key` of [[model config, training config of seed 0] per variant] as dicts (what a
+    run's config.json records, so the key of runs already trained can be checked too)."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:8]

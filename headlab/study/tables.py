@@ -21,6 +21,10 @@ Tables (CSV, one row per observation):
 The meta (study.json) records the preset, the model's shape, the corpus and tokenizer, the
 training recipe (`train`: every TrainConfig field that moves a number) and each setting changed
 from the preset (`changed`), the analysis options, and how long training and analysis took.
+
+headlab ships the tables of `make demo`'s study (not its runs) as package data in `SHIPPED`, with
+the commit and settings that produced them in their meta (`shipped`; scripts/ship_demo_tables.py
+copies them there), so a notebook installed without the repository (Colab) shows them untrained.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from headlab.analysis.snapshots import analyze_snapshots
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.shards import Corpus, random_windows
 from headlab.study.roles import comparison_roles
-from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit
+from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit, settings_key
 from headlab.training.config import train_preset
 from headlab.training.runs import EXECUTION_FIELDS
 # The figures and claims use the whole pre-softmax score of MLA, as for every other family (see
@@ -50,6 +54,7 @@ FLAGSHIP_MLA_ROPE = "included"
 CIRCUITS = ["qk", "ov"]  # what `analysis_tables` analyses; recorded in study.json, so older tables are remade
 MOMENT_WINDOWS = 32  # validation windows Σ is estimated on (the data-aware view)
 BEHAVIOUR_WINDOWS = 8  # validation windows the attention maps are taken on (the behaviour view)
+SHIPPED = Path(__file__).resolve().parent / "demo_tables"  # the demo study's tables, inside the package
 
 
 @dataclass(frozen=True)
@@ -281,17 +286,43 @@ def tabulate_study(runs: list[StudyRun], corpus: Corpus, preset: str, folder: st
     return read_study_tables(folder)
 
 
+def are_tables_of(tables: StudyTables, study: Study, seeds: int) -> bool:
+    """Whether `tables` were made from exactly `study`'s runs of seeds 0 … seeds − 1 (preset,
+    seeds, steps, circuits)."""
+    wanted = {"preset": study.preset, "seeds": list(range(seeds)), "steps": study.train_config(0).steps,
+              "circuits": CIRCUITS}
+    return all(tables.meta.get(key) == value for key, value in wanted.items())
+
+
+def shipped_tables(study: Study, seeds: int, folder: Path | None = None) -> StudyTables | None:
+    """The tables shipped with headlab in `folder`, if they are of `study`'s runs and of every
+    setting behind them (`settings_key`, which scripts/ship_demo_tables.py records), else None.
+    `folder`: where to look (default `SHIPPED`)."""
+    try:
+        tables = read_study_tables(folder or SHIPPED)
+    except ValueError:
+        return None
+    meta = tables.meta
+    same = (are_tables_of(tables, study, seeds) and (meta["corpus"], meta["tokenizer"]) == (study.corpus, study.tokenizer)
+            and meta.get("shipped", {}).get("settings_key") == settings_key(study.preset, study.steps)
+            and not (study.model_overrides or study.train_overrides or study.corpus_options or study.only))
+    return tables if same else None
+
+
 def study_tables(study: Study, seeds: int, log=print) -> StudyTables:
     """The tables of `study` for seeds 0 … seeds − 1: read from its folder when `headlab reproduce`
-    (or an earlier call) left them for exactly these runs (preset, seeds, steps), else trained
-    (finished runs reused) and tabulated into the folder. What the notebooks start from."""
+    (or an earlier call) left them for exactly these runs, else, where nothing of the study is
+    on disk yet, the ones shipped with headlab for the same settings (`shipped_tables`), else
+    trained (finished runs reused) and tabulated into the folder. What the notebooks start from."""
     try:
         tables = read_study_tables(study.folder)
-        wanted = {"preset": study.preset, "seeds": list(range(seeds)), "steps": study.train_config(0).steps,
-                  "circuits": CIRCUITS}
-        if all(tables.meta.get(key) == value for key, value in wanted.items()):
+        if are_tables_of(tables, study, seeds):
             return tables
     except ValueError:
         pass  # no tables yet (or incomplete ones): make them
+    if not (study.folder / "runs").exists() and (tables := shipped_tables(study, seeds)):
+        log(f"no study in {study.folder}: reading the demo study's tables shipped with headlab "
+            f"({tables.meta['shipped']['note']}); nothing is trained")
+        return tables
     runs = study.train(seeds, progress=False, log=log)
     return tabulate_study(runs, study.load_corpus(), study.preset, study.folder)

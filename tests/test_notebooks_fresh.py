@@ -1,0 +1,75 @@
+"""A newcomer's first hour: every notebook runs first, alone, in a fresh clone, in small mode, and
+the five run one after another in any order. A fresh clone is a new empty folder holding
+headlab's pyproject.toml (so `headlab.study.project_root` finds it, and the notebooks' runs and
+outputs go under it, not into this checkout's runs/) and a copy of notebooks/. Each clone is its
+own, so these tests share nothing with nbmake's notebooks or the browser test."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+pytestmark = pytest.mark.slow
+
+
+def fresh_clone(folder: Path) -> Path:
+    """`folder` made into a clone with no runs: pyproject.toml and notebooks/ only."""
+    (folder / "notebooks").mkdir(parents=True)
+    shutil.copy(ROOT / "pyproject.toml", folder)
+    for notebook in NOTEBOOKS:
+        shutil.copy(notebook, folder / "notebooks")
+    return folder
+
+
+def execute(clone: Path, name: str) -> None:
+    """Run every cell of the clone's notebook `name` in its default (small) mode, from notebooks/
+    as Jupyter does; a failing cell raises `CellExecutionError` naming it."""
+    path = clone / "notebooks" / name
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+
+
+def test_five_notebooks_are_found():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05"]
+
+
+@pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS[:-1]], ids=lambda name: name[:2])
+def test_notebook_runs_alone_first_in_a_fresh_clone(tmp_path, monkeypatch, name):
+    monkeypatch.delenv("HEADLAB_STUDY", raising=False)
+    clone = fresh_clone(tmp_path)
+    execute(clone, name)
+    assert {p.name for p in clone.iterdir()} <= {"pyproject.toml", "notebooks", "runs"}  # what it wrote is in runs/
+
+
+def test_notebooks_run_last_to_first_in_one_fresh_clone(tmp_path, monkeypatch):
+    """05 first (so 05 alone is covered here), then each one before it, on what the later ones
+    left: notebook 01 must take up the study that 02 and 03 trained, and so on."""
+    monkeypatch.delenv("HEADLAB_STUDY", raising=False)
+    clone = fresh_clone(tmp_path)
+    for notebook in reversed(NOTEBOOKS):
+        execute(clone, notebook.name)
+    (study,) = (clone / "runs" / "notebooks" / "small").glob("*/study.json")  # one study, shared by all
+    assert len(list((study.parent / "runs").glob("*-seed0"))) == 6
+
+
+def test_a_saved_notebook_says_which_mode_made_its_outputs(tmp_path, monkeypatch):
+    """scripts/execute_notebooks.py (make notebooks, make notebooks-full) keeps the parameters
+    cell's source (`SMALL = True`) but leaves a line in its output naming the mode it ran in."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from execute_notebooks import execute as execute_in_mode
+
+    path = fresh_clone(tmp_path) / "notebooks" / "04_kv_cache_and_decoding.ipynb"
+    source = [cell.source for cell in nbformat.read(path, as_version=4).cells]
+    execute_in_mode(path, "small")
+    notebook = nbformat.read(path, as_version=4)
+    (parameters,) = [cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", [])]
+    assert [cell.source for cell in notebook.cells] == source and notebook.metadata["headlab"] == {"mode": "small"}
+    assert [o["text"] for o in parameters.outputs] == [
+        "small mode: these outputs were made with SMALL = True (scripts/execute_notebooks.py small)\n"]

@@ -1,0 +1,119 @@
+"""The demo study's tables shipped inside the package (headlab.study.tables.SHIPPED): what
+scripts/ship_demo_tables.py copies there (tables, never runs, with the settings and commits
+behind them), when `study_tables` reads them (nothing of the study on disk, the same settings),
+and a non-editable install outside the repository (as on Colab) showing notebook 03 from them
+without training. The shipped study here is the notebooks' small-mode one (tiny, 60 steps, one
+seed), so notebook 03 in its default mode reads exactly it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from headlab.study import tables as tables_module
+from headlab.study.study import NotebookStudy, Study, settings_key
+from headlab.study.tables import read_study_tables, shipped_tables, study_tables, tabulate_study
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import ship_demo_tables  # noqa: E402
+
+SMALL = NotebookStudy.choose(True)  # the notebooks' small-mode study: tiny, 60 steps
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Study:
+    """A finished study of the notebooks' small-mode settings (one seed), as make demo leaves one."""
+    study = Study(SMALL.preset, SMALL.steps, tmp_path_factory.mktemp("demo") / "study")
+    runs = study.train(seeds=1, progress=False, log=lambda line: None)
+    tabulate_study(runs, study.load_corpus(), study.preset, study.folder)
+    return study
+
+
+@pytest.fixture(scope="module")
+def shipped(finished, tmp_path_factory) -> Path:
+    """`finished`'s tables shipped into a package folder of their own."""
+    folder = tmp_path_factory.mktemp("package") / "demo_tables"
+    ship_demo_tables.ship(finished.folder, folder)
+    return folder
+
+
+def test_ship_copies_the_tables_not_the_runs_and_says_what_made_them(finished, shipped):
+    source, tables = read_study_tables(finished.folder), read_study_tables(shipped)
+    assert {p.name for p in shipped.iterdir()} == {f"{name}.csv" for name in source.tables} | {"study.json", ".lock"}
+    assert all(tables[name].equals(table) for name, table in source.tables.items())  # no runs, report or figures
+    provenance = tables.meta["shipped"]
+    commits = {json.loads((run / "config.json").read_text())["git_commit"] for run in (finished.folder / "runs").iterdir()}
+    assert provenance["settings_key"] == settings_key(SMALL.preset, SMALL.steps) == SMALL.folder.name
+    assert set(provenance["commits"]) == commits and all(commit[:12] in provenance["note"] for commit in commits)
+    assert sum(p.stat().st_size for p in shipped.iterdir()) < ship_demo_tables.LIMIT_BYTES
+
+
+def test_ship_refuses_runs_trained_with_other_settings_than_the_checkouts(finished, tmp_path, monkeypatch):
+    monkeypatch.setattr(ship_demo_tables, "settings_key", lambda preset, steps: "0123abcd")  # this checkout's, changed
+    with pytest.raises(ValueError, match="trained with other settings than this checkout's tiny"):
+        ship_demo_tables.ship(finished.folder, tmp_path / "demo_tables")
+    assert not (tmp_path / "demo_tables").exists()
+
+
+def test_shipped_tables_are_read_only_where_nothing_of_the_study_is_on_disk(finished, shipped, tmp_path, monkeypatch):
+    monkeypatch.setattr(tables_module, "SHIPPED", shipped)
+    monkeypatch.setattr(Study, "train", lambda *args, **kwargs: pytest.fail("trained instead of reading shipped tables"))
+    said = []
+    fresh = Study(SMALL.preset, SMALL.steps, tmp_path / "fresh")
+    tables = study_tables(fresh, 1, log=said.append)
+    assert tables["summary"].equals(read_study_tables(finished.folder)["summary"])
+    assert said == [f"no study in {fresh.folder}: reading the demo study's tables shipped with headlab "
+                    f"({tables.meta['shipped']['note']}); nothing is trained"]
+    assert not fresh.folder.exists()  # reading wrote nothing
+    for other in (Study(SMALL.preset, SMALL.steps + 1, tmp_path), Study("cpu-small", SMALL.steps, tmp_path),
+                  Study(SMALL.preset, SMALL.steps, tmp_path, only=("mha", "mqa")),
+                  Study(SMALL.preset, SMALL.steps, tmp_path, train_overrides={"lr": 1e-3})):
+        assert shipped_tables(other, 1) is None  # other settings: the shipped tables are not theirs
+    assert shipped_tables(fresh, 2) is None  # more seeds than were shipped
+    with monkeypatch.context() as changed:
+        changed.setattr(tables_module, "settings_key", lambda preset, steps: "0123abcd")  # the preset changed since
+        assert shipped_tables(fresh, 1) is None
+    begun = Study(SMALL.preset, SMALL.steps, tmp_path / "begun")
+    (begun.folder / "runs").mkdir(parents=True)  # a study of one's own under way: it is trained, not replaced
+    with pytest.raises(pytest.fail.Exception, match="trained instead"):
+        study_tables(begun, 1, log=said.append)
+
+
+@pytest.mark.slow
+def test_notebook_03_installed_outside_the_repository_shows_the_shipped_tables_untrained(finished, shipped, tmp_path,
+                                                                                          monkeypatch):
+    """pip installs a copy of the source tree (with the tables shipped into it) as a plain,
+    non-editable package; notebook 03 then runs from a folder outside any checkout, on that
+    package, and must read the package's tables and train nothing."""
+    source = tmp_path / "source"
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            (source / name).write_bytes((ROOT / name).read_bytes())
+    ship_demo_tables.ship(finished.folder, source / "headlab" / "study" / "demo_tables")
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(source)], check=True)
+    installed = site / "headlab" / "study" / "demo_tables"
+    assert {p.name for p in installed.iterdir()} == {p.name for p in shipped.iterdir()} - {".lock"}  # package data
+
+    elsewhere = tmp_path / "colab"
+    elsewhere.mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(site))  # the kernel imports the installed copy, not this checkout
+    monkeypatch.delenv("HEADLAB_STUDY", raising=False)
+    notebook = nbformat.read(ROOT / "notebooks" / "03_compare_layers.ipynb", as_version=4)
+    notebook.cells.append(nbformat.v4.new_code_cell("import headlab\nprint(headlab.__file__)"))
+    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(elsewhere)}}).execute()
+    printed = "".join(o.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs)
+    assert f"{site / 'headlab' / '__init__.py'}\n" in printed
+    assert "reading the demo study's tables shipped with headlab" in printed
+    assert not list(elsewhere.rglob("runs/notebooks/small/*/runs"))  # nothing trained
