@@ -133,3 +133,58 @@ def test_reproduce_plan_on_this_cpu_measures_each_variant_for_the_jobs_asked(cap
     threads = max(1, (os.cpu_count() or 1) // 2)
     assert f"measured here on {threads} thread(s), 2 run(s) at once" in text and "load average" in text
     assert all(variant.label in text for variant in comparison_variants("tiny"))
+
+
+def test_a_step_is_timed_on_the_ranks_own_device_at_its_share_of_the_batch_and_then_freed(monkeypatch):
+    """Under torchrun (4 ranks, this one LOCAL_RANK 3) the timed step is one rank's: the rank's own
+    device, batch_size / (world_size x grad_accum) sequences per forward, grad_accum forwards per
+    step; the model is gone before the allocator's cache is emptied."""
+    import gc
+    import weakref
+
+    import torch
+
+    from headlab.model.gpt import GPT
+    from headlab.training import plan
+
+    monkeypatch.setenv("WORLD_SIZE", "4"), monkeypatch.setenv("RANK", "3"), monkeypatch.setenv("LOCAL_RANK", "3")
+    asked, batches, models, emptied = [], [], [], []
+
+    def rank_device(requested, local_rank):
+        asked.append(local_rank)
+        return torch.device("cpu")
+
+    forward = GPT.forward
+
+    def recorded_forward(self, idx, *args, **kwargs):
+        batches.append((torch.is_grad_enabled(), idx.shape[0]))
+        models.append(weakref.ref(self))
+        return forward(self, idx, *args, **kwargs)
+
+    def empty_cache():
+        gc.collect()
+        emptied.append(all(model() is None for model in models))
+
+    monkeypatch.setattr(plan, "training_device", rank_device)
+    monkeypatch.setattr(GPT, "forward", recorded_forward)
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
+    config = train_preset("tiny", grad_accum=2)  # 8 sequences: 2 per rank, 1 per micro-batch
+    measure_step(comparison_variants("tiny")[0], config, threads=1, repeats=2)
+    assert asked == [3]
+    trained = [size for grad, size in batches if grad]
+    assert trained == [1] * (2 * (2 + 2))  # (2 warm-up + 2 timed steps) x 2 micro-batches
+    assert [size for grad, size in batches if not grad] == [2] * 3  # evaluations: the rank's 8 / 4 rows
+    assert emptied == [True]
+
+
+def test_under_torchrun_only_rank_0_times_the_steps_of_the_notice(monkeypatch, tmp_path):
+    from headlab.study import study as study_module
+
+    timed = []
+    monkeypatch.setattr(study_module, "measure_step", lambda *args, **kwargs: timed.append(args) or
+                        StepTime(0.1, 0.0, 0.01, 1))
+    study = study_module.Study("tiny", 4, tmp_path / "study")
+    monkeypatch.setenv("WORLD_SIZE", "2"), monkeypatch.setenv("RANK", "1"), monkeypatch.setenv("LOCAL_RANK", "1")
+    assert study.training_notice() is None and timed == []
+    monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("LOCAL_RANK", "0")
+    assert study.training_notice().startswith("training 6 of 6 runs") and len(timed) == 6

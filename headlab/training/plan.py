@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import math
 import os
 import statistics
@@ -62,7 +63,7 @@ from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, count_parameters
 from headlab.training.config import PARALLEL
 from headlab.data.shards import random_windows
-from headlab.training.distributed import training_device
+from headlab.training.distributed import Processes, launched_processes, training_device
 from headlab.training.trainer import is_muon_matrix, make_optimizers, on_device
 
 STRATEGIES = PARALLEL  # TrainConfig.parallel
@@ -195,26 +196,36 @@ class StepTime:
     threads: int
 
 
-def measure_step(config: ModelConfig, train_config, threads: int | None = None, repeats: int = 5) -> StepTime:
-    """Time the trainer's step of `config` at `train_config`'s batch, optimizer and dtype on its
-    device (CPU unless CUDA is asked for or `auto` finds one): a batch of random windows, forward,
-    backward, gradient clipping and the optimizer update, `repeats` times after two warm-up steps,
-    with `threads` torch threads (default: the current count; a study's workers use
-    cpu_count / jobs). This is what a plan's wall time on this machine is made of."""
-    device = training_device(train_config.device, local_rank=0)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+def measure_step(config: ModelConfig, train_config, threads: int | None = None, repeats: int = 5,
+                 processes: Processes | None = None) -> StepTime:
+    """Time one rank's step of the trainer for `config` at `train_config`'s optimizer and dtype on
+    that rank's device (`training_device` of its LOCAL_RANK: CPU unless CUDA is asked for or
+    `auto` finds one): `grad_accum` forwards and backwards of the per-rank micro-batch,
+    batch_size / (world_size · grad_accum) random windows each, then gradient clipping and the
+    optimizer update, `repeats` times after two warm-up steps, with `threads` torch threads
+    (default: the current count; a study's workers use cpu_count / jobs). The evaluation batch is
+    the rank's share, batch_size / world_size. `processes` defaults to torchrun's environment.
+    Gradient exchange between ranks is not timed. The model and its optimizer state are freed
+    (and, on a GPU, the allocator's cache emptied) before this returns, so training finds the
+    device's memory as it was. This is what a plan's wall time on this machine is made of."""
+    processes = processes or launched_processes()
+    micro = micro_batch_size(train_config.batch_size, processes.world_size, train_config.grad_accum)
+    local_batch = train_config.batch_size // processes.world_size
+    device = training_device(train_config.device, processes.local_rank)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads or previous)
+    model = optimizers = None
     try:
         model = GPT(config).to(device)
         optimizers = make_optimizers(model, train_config)
-        corpus = [np.random.default_rng(0).integers(0, config.vocab_size, 64 * config.seq_len * train_config.batch_size)]
+        corpus = [np.random.default_rng(0).integers(0, config.vocab_size, 64 * config.seq_len * local_batch)]
         generator = torch.Generator().manual_seed(0)
         autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if train_config.dtype == "bfloat16"
                     else nullcontext())
 
-        def timed(step) -> float:
-            x, y = random_windows(corpus, train_config.batch_size, config.seq_len, generator)
+        def timed(step, batch: int) -> float:
+            x, y = random_windows(corpus, batch, config.seq_len, generator)
             sync()
             start = time.perf_counter()
             step(on_device(x, device), on_device(y, device))
@@ -222,9 +233,10 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
             return time.perf_counter() - start
 
         def train_step(x, y):
-            with autocast:
-                _, loss = model(x, y)
-            loss.backward()
+            for micro_x, micro_y in zip(x.chunk(train_config.grad_accum), y.chunk(train_config.grad_accum)):
+                with autocast:
+                    _, loss = model(micro_x, micro_y)
+                (loss / train_config.grad_accum).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
             for optimizer in optimizers:
                 optimizer.step()
@@ -235,10 +247,13 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
             with autocast:
                 model(x, y)
 
-        steps = [timed(train_step) for _ in range(repeats + 2)][2:]
-        evals = [timed(eval_step) for _ in range(3)][1:]
+        steps = [timed(train_step, micro * train_config.grad_accum) for _ in range(repeats + 2)][2:]
+        evals = [timed(eval_step, local_batch) for _ in range(3)][1:]
     finally:
         torch.set_num_threads(previous)
+        del model, optimizers
+        gc.collect()
+        torch.cuda.empty_cache()  # a no-op unless CUDA was used
     median = statistics.median(steps)
     return StepTime(median, (max(steps) - min(steps)) / median, statistics.median(evals), threads or previous)
 
