@@ -274,6 +274,7 @@ def cmd_reproduce(args) -> int:
     study = Study(args.preset, args.steps, Path(args.out), corpus=args.corpus, tokenizer=args.tokenizer,
                   corpus_options=source_options, tokens=args.tokens,
                   train_overrides={name: value for name, value in (("compile", args.compile or None),
+                                                                   ("optimizer", args.optimizer),
                                                                    ("parallel", args.parallel),
                                                                    ("grad_accum", args.grad_accum)) if value is not None})
     if args.plan:  # the whole table even when it does not fit: a study's cost is worth seeing either way
@@ -507,6 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_corpus_arguments(reproduce, tokenizer_default=None)
     reproduce.add_argument("--out", default="runs/reproduce", metavar="DIR", help="study folder (default: %(default)s)")
     reproduce.add_argument("--compile", action="store_true", help="torch.compile every model (GPU only)")
+    reproduce.add_argument("--optimizer", choices=OPTIMIZERS,
+                           help="muon (Muon on block matrices + AdamW elsewhere, DDP only) or adamw (needed by "
+                                "--parallel fsdp) (default: the preset's; paper-*: muon, the others: adamw)")
     reproduce.add_argument("--parallel", choices=PARALLEL,
                            help="under torchrun: ddp (a full replica per process) or fsdp (sharded, for models that "
                                 "do not fit one device) (default: the preset's, ddp)")

@@ -36,8 +36,9 @@ def test_memory_per_device_matches_hand_computed_bytes_on_tiny():
     assert activation_bytes(config, 2, "bfloat16") == 2 * 32 * (2 * per_layer_bf16 + 256 * 10)
 
     ddp = memory_per_device(config, 2, 2, "ddp", "adamw", "float32")
-    assert (ddp.weights, ddp.gradients, ddp.optimizer, ddp.buffers) == (4 * 41120, 4 * 41120, 8 * 41120, 4 * 41120)
-    assert ddp.total == 20 * 41120 + 393216
+    # gradient_as_bucket_view: the gradients are DDP's buckets, no second copy
+    assert (ddp.weights, ddp.gradients, ddp.optimizer, ddp.buffers) == (4 * 41120, 4 * 41120, 8 * 41120, 0)
+    assert ddp.total == 16 * 41120 + 393216
     assert memory_per_device(config, 2, 1, "ddp", "adamw", "float32").buffers == 0  # no buckets alone
     fsdp = memory_per_device(config, 2, 2, "fsdp", "adamw", "float32")
     assert (fsdp.weights, fsdp.optimizer) == (2 * 41120, 4 * 41120)
@@ -188,3 +189,25 @@ def test_under_torchrun_only_rank_0_times_the_steps_of_the_notice(monkeypatch, t
     assert study.training_notice() is None and timed == []
     monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("LOCAL_RANK", "0")
     assert study.training_notice().startswith("training 6 of 6 runs") and len(timed) == 6
+
+
+def test_every_setup_a_plan_suggests_is_one_the_command_line_can_choose_and_it_fits(capsys):
+    """paper-6.3b with the preset's Muon on 8 x H100 does not fit under DDP: each suggestion names
+    the options that choose it, `headlab reproduce` accepts them, and the plan under them fits."""
+    from headlab.cli import build_parser
+
+    variants = [preset("paper-6.3b", "lrkv")]
+    plan = study_plan(variants, train_preset("paper-6.3b"), parse_devices("8xH100"), check=False)
+    assert not plan.fits and plan.suggestions
+    for suggestion in plan.suggestions:
+        options = re.findall(r"--[a-z-]+ [a-z0-9]+", suggestion)
+        assert options, suggestion
+        args = build_parser().parse_args(["reproduce", "--preset", "paper-6.3b", *" ".join(options).split()])
+        chosen = {name: getattr(args, name) for name in ("optimizer", "parallel", "grad_accum") if getattr(args, name)}
+        devices = int(re.search(r"(\d+) (?:devices|processes)", suggestion).group(1))
+        config = train_preset("paper-6.3b", **chosen)
+        assert study_plan(variants, config, parse_devices(f"{devices}xH100"), strategy=config.parallel,
+                          grad_accum=config.grad_accum).fits, suggestion
+    assert main(["reproduce", "--preset", "paper-6.3b", "--plan", "--plan-gpus", "8xH200", "--optimizer", "adamw",
+                 "--parallel", "fsdp"]) == 0
+    assert "FSDP, adamw" in capsys.readouterr().out

@@ -4,6 +4,7 @@ picks its own GPU (CUDA stubbed)."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,74 @@ def test_a_run_resumes_under_other_execution_settings_and_records_what_changed(t
     starts = [json.loads(line) for line in (tmp_path / "run" / STARTS).read_text().splitlines()]
     assert [s["step"] for s in starts] == [0, 4]
     assert starts[1]["changed"] == {"threads": [starts[0]["threads"], 7], "compile": [False, True]}
+
+
+# train() called from a script under torchrun, as an API user would: "buckets" trains a tiny DDP
+# run and rank 0 prints whether every gradient it ends with is a view into DDP's buckets; "raise"
+# makes rank 1 raise inside its second training forward while rank 0 goes on into the all-reduce.
+API_SCRIPT = """
+import json, os, sys
+from headlab import GPT, preset
+from headlab.data.corpus import load_corpus
+from headlab.training.config import train_preset
+from headlab.training.trainer import prepared_corpus, train
+
+mode, rank = sys.argv[1], int(os.environ["RANK"])
+open(f"rank{rank}.pid", "w").write(str(os.getpid()))  # torchrun starts each worker in a session of its own
+if mode == "raise" and rank == 1:
+    forward, calls = GPT.forward, [0]
+
+    def failing_forward(self, *args, **kwargs):
+        calls[0] += self.training
+        if calls[0] == 2:
+            raise RuntimeError("rank 1 fails inside train()")
+        return forward(self, *args, **kwargs)
+
+    GPT.forward = failing_forward
+corpus = prepared_corpus(lambda: load_corpus("synthetic"), "cpu")
+run = train(preset("tiny", "mha"), train_preset("tiny", steps=3, eval_every=3, device="cpu"), corpus, progress=False)
+if rank == 0:
+    print(json.dumps({"bucket_views": [p.grad is not None and p.grad._base is not None
+                                       for p in run.model.parameters()]}))
+"""
+
+
+def _torchrun_script(tmp_path, args, timeout):
+    (tmp_path / "api.py").write_text(API_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HEADLAB_CACHE": str(tmp_path / "cache")}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(tmp_path / "api.py"), *args]
+    child = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # no rank may outlive the test (nor hold its pipes open)
+        for pid in [child.pid] + [int(path.read_text()) for path in tmp_path.glob("rank*.pid")]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        child.communicate()
+        pytest.fail(f"the 2 processes were still running after {timeout} s")
+    return subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
+
+
+@pytest.mark.slow
+def test_ddp_gradients_are_views_into_its_buckets(tmp_path):
+    """gradient_as_bucket_view=True with gradients zeroed in place: DDP keeps one copy of the
+    gradients (its buckets), not a second 4 B per parameter."""
+    done = _torchrun_script(tmp_path, ["buckets"], timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    views = json.loads(done.stdout.strip().splitlines()[-1])["bucket_views"]
+    assert views and all(views)
+
+
+@pytest.mark.slow
+def test_a_rank_raising_inside_train_ends_both_processes_within_a_minute(tmp_path):
+    """Rank 1 raises inside train() while rank 0 waits in the gradient all-reduce: rank 1 must not
+    then wait in the exit barrier (a hang until the group's 30-minute timeout); its exit lets
+    torchrun stop rank 0."""
+    done = _torchrun_script(tmp_path, ["raise"], timeout=60)
+    assert done.returncode != 0
+    assert "rank 1 fails inside train()" in done.stderr

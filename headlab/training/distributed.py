@@ -104,12 +104,28 @@ def leave_process_group() -> None:
     holding tensors, and they get the GIL once more before Python goes on to shut down."""
     if in_process_group():
         time.sleep(_WORKER_DRAIN_S)
-        dist.barrier()
+        if not _failed:
+            dist.barrier()
         dist.destroy_process_group()
         time.sleep(_WORKER_DRAIN_S)
 
 
 _WORKER_DRAIN_S = 0.1  # the workers need microseconds once scheduled; this is for a busy machine
+_failed = False
+
+
+@contextmanager
+def failing_alone():
+    """If the body raises, this rank leaves the process group at exit without the barrier: its
+    peers may be waiting in another collective (a gradient all-reduce) and would never reach it,
+    so the rank would wait there until the group's timeout (30 minutes) instead of ending, and
+    torchrun stops the other ranks only once one has ended."""
+    global _failed
+    try:
+        yield
+    except BaseException:
+        _failed = True
+        raise
 
 
 def abandon(status: int) -> None:

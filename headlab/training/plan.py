@@ -22,8 +22,9 @@ Memory per device (bytes; P parameters, the model is kept in fp32 and autocast t
 
     weights 4·P + gradients 4·P + optimizer state (AdamW: 8 B per parameter, exp_avg and
     exp_avg_sq; Muon: 4 B of momentum per Muon matrix, AdamW's 8 B for the rest)
-    DDP  (world > 1): every rank holds all of it, plus 4·P of gradient buckets (torch's
-         default gradient_as_bucket_view=False keeps a flat copy of the gradients)
+    DDP  (world > 1): every rank holds all of it; the gradients are views into DDP's
+         all-reduce buckets (gradient_as_bucket_view=True, zeroed in place), so the buckets
+         add nothing (torch's default would keep a second 4·P copy)
     FSDP (fully_shard per block and at the root): weights, gradients and optimizer state / W,
          plus the unsharded working set: the root's parameters (embedding, head, final norm)
          and two blocks (the one running and the one prefetched), 4 B weight + 4 B gradient each
@@ -323,7 +324,7 @@ class Memory:
     weights: float
     gradients: float
     optimizer: float
-    buffers: float  # DDP gradient buckets, or FSDP's unsharded working set
+    buffers: float  # FSDP's unsharded working set (DDP's buckets hold the gradients themselves)
     activations: float
 
     @property
@@ -373,8 +374,7 @@ def memory_per_device(config: ModelConfig, micro_batch: int, world_size: int, st
               "optimizer": float(optimizer_state_bytes(config, optimizer))}
     activations = activation_bytes(config, micro_batch, dtype)
     if strategy == "ddp":
-        buckets = 4.0 * groups["total"] if world_size > 1 else 0.0
-        return Memory(**states, buffers=buckets, activations=activations)
+        return Memory(**states, buffers=0.0, activations=activations)  # the gradients are the buckets
     unsharded = 8.0 * (groups["root"] + 2 * groups["block"])
     return Memory(**{k: v / world_size for k, v in states.items()}, buffers=unsharded, activations=activations)
 
@@ -505,9 +505,10 @@ def study_plan(variants: list[ModelConfig], train_config, devices: Devices, *, t
 
 
 def fitting_setups(config: ModelConfig, plan: StudyPlan) -> list[str]:
-    """Setups under which `config` fits: the other strategy on the same devices, a smaller
-    micro-batch with more gradient accumulation (same global batch), and the fewest devices
-    that fit with FSDP (which trains with AdamW: Muon needs whole matrices)."""
+    """Setups under which `config` fits, each with the command-line options that choose it (of
+    `headlab train` and `headlab reproduce` alike): the other strategy on the same devices, a
+    smaller micro-batch with more gradient accumulation (same global batch), and the fewest
+    devices that fit with FSDP (which trains with AdamW: Muon needs whole matrices)."""
     def fits(micro: int, world: int, strategy: str) -> bool:
         optimizer = "adamw" if strategy == "fsdp" else plan.optimizer
         return memory_per_device(config, micro, world, strategy, optimizer,
@@ -515,23 +516,28 @@ def fitting_setups(config: ModelConfig, plan: StudyPlan) -> list[str]:
 
     with_adamw = " with AdamW" if plan.optimizer != "adamw" else ""
 
+    def options(strategy: str, grad_accum: int) -> str:
+        chosen = [f"--parallel {strategy}"] + (["--optimizer adamw"] if strategy == "fsdp" and with_adamw else [])
+        return " ".join(chosen + [f"--grad-accum {grad_accum}"])
+
     found = []
     n, batch = plan.devices.count, plan.batch_size
     if plan.strategy == "ddp" and n > 1 and fits(plan.micro_batch, n, "fsdp"):
-        found.append(f"FSDP{with_adamw} on the same {n} devices")
+        found.append(f"FSDP{with_adamw} on the same {n} devices ({options('fsdp', plan.grad_accum)})")
     micro = plan.micro_batch // 2
     while micro >= 1 and not (batch % (n * micro) == 0 and fits(micro, n, plan.strategy)):
         micro //= 2
     if micro >= 1:
         found.append(f"micro-batch {micro} with gradient accumulation {batch // (n * micro)} "
-                     f"({plan.strategy.upper()} on {n} devices)")
+                     f"({plan.strategy.upper()} on {n} devices: {options(plan.strategy, batch // (n * micro))})")
     for world in range(n + 1, min(batch, MAX_SUGGESTED_DEVICES) + 1):
         if batch % world:
             continue
         micro = max((m for m in range(1, min(plan.micro_batch, batch // world) + 1) if (batch // world) % m == 0))
         if fits(micro, world, "fsdp"):
             found.append(f"FSDP{with_adamw} on {world} x {plan.devices.name} (micro-batch {micro}, "
-                         f"gradient accumulation {batch // (world * micro)})")
+                         f"gradient accumulation {batch // (world * micro)}: {world} processes, "
+                         f"{options('fsdp', batch // (world * micro))})")
             break
     return found
 
