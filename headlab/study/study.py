@@ -40,7 +40,7 @@ from headlab.io import Manifest
 from headlab.model.config import ModelConfig, preset
 from headlab.study.roles import comparison_roles
 from headlab.training.config import TrainConfig, train_preset
-from headlab.training.distributed import launched_processes
+from headlab.training.distributed import launched_processes, training_device
 from headlab.training.plan import load_note, measure_step, run_seconds, threads_per_job
 from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
 from headlab.training.snapshots import study_snapshot_every
@@ -80,13 +80,21 @@ def default_study_folder() -> Path:
 
 @dataclass(frozen=True)
 class StudyRun:
-    """One trained variant of a study."""
+    """One trained variant of a study. Its model is not kept: `run` reads it from `folder` onto
+    `device` each time it is asked for (or is `held`, a Run given in memory), so a study of
+    many large models holds none of them between runs, and whoever reads one frees it by
+    dropping it."""
 
     role: str  # a key of `comparison_roles`: what the variant stands for in the paper's tables
     config: ModelConfig
     seed: int
     folder: Path
-    run: Run
+    held: Run | None = None
+    device: str = "cpu"  # where `run` puts the model it reads: the device the study trained on
+
+    @property
+    def run(self) -> Run:
+        return self.held if self.held is not None else load_run(self.folder, self.device)
 
     @property
     def label(self) -> str:
@@ -225,6 +233,7 @@ class Study:
             log(notice)
         runs_bar = {"total": len(work), "desc": "runs", "unit": "run",
                     "disable": progress or notice is None or not watched()}
+        device = str(training_device(self.train_config(0).device, launched_processes().local_rank))
         if jobs == 1:
             runs = []
             for seed, role, config in tqdm(work, **runs_bar):
@@ -232,7 +241,8 @@ class Study:
                 folder = self.run_folder(config, seed)
                 run = train(config, self.train_config(seed), corpus, out=folder, resume=True, progress=progress)
                 self._log_run(log, config, seed, run, time.perf_counter() - start)
-                runs.append(StudyRun(role, config, seed, folder, run))
+                del run  # the model leaves the device before the next one is built (its folder keeps it)
+                runs.append(StudyRun(role, config, seed, folder, device=device))
             return runs
         threads = threads_per_job(jobs)
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_prepare_worker,
@@ -242,8 +252,7 @@ class Study:
             for future in tqdm(as_completed(pending), **runs_bar):
                 seed, role, config = pending[future]
                 elapsed = future.result()
-                finished[seed, role] = StudyRun(role, config, seed, self.run_folder(config, seed),
-                                                load_run(self.run_folder(config, seed)))
+                finished[seed, role] = StudyRun(role, config, seed, self.run_folder(config, seed), device=device)
                 self._log_run(log, config, seed, finished[seed, role].run, elapsed)
         return [finished[seed, role] for seed, role, _ in work]
 

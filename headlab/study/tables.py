@@ -61,7 +61,8 @@ def analysis_tables(runs: list[StudyRun]) -> dict[str, pd.DataFrame]:
     `seed` and `role` columns. Filter on `mla_rope` and `circuit` before drawing a figure."""
     per_seed: dict[int, list] = {}
     for r in runs:
-        per_seed.setdefault(r.seed, []).extend(analyze(r.run.model, label=r.label, mla_rope=s, circuit="both")
+        model = r.run.model  # read once per run (a study reads each run from its folder)
+        per_seed.setdefault(r.seed, []).extend(analyze(model, label=r.label, mla_rope=s, circuit="both")
                                                for s in MLA_ROPE)
     roles = {r.label: r.role for r in runs}
     tables = {}
