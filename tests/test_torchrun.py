@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from headlab import preset
+from headlab import GPT, preset
 from headlab.training import distributed
 from headlab.training.config import train_preset
 from headlab.training.distributed import join_process_group, training_device
@@ -201,3 +201,18 @@ def test_a_rank_raising_inside_train_ends_both_processes_within_a_minute(tmp_pat
     done = _torchrun_script(tmp_path, ["raise"], timeout=60)
     assert done.returncode != 0
     assert "rank 1 fails inside train()" in done.stderr
+
+
+@pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter")
+def test_after_fsdp_rank_0_gets_the_whole_model_on_its_own_device_not_the_cpu(monkeypatch):
+    """The gathered FSDP weights become a plain model on the rank's training device (the meta
+    device stands in for cuda:LOCAL_RANK here), so what analyses it next runs there; other ranks get None."""
+    from headlab.training import trainer
+    from headlab.training.distributed import Processes
+
+    config = preset("tiny", "mha")
+    trained = GPT(config)
+    monkeypatch.setattr(trainer, "gather_training_state", lambda model, optimizers: (trained.state_dict(), []))
+    whole = trainer._whole_model_on_main(trained, config, Processes(0, 2, 0), torch.device("meta"))
+    assert {p.device.type for p in whole.parameters()} == {"meta"}
+    assert trainer._whole_model_on_main(trained, config, Processes(1, 2, 1), torch.device("meta")) is None

@@ -336,7 +336,7 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     if ddp.world_size > 1:
         dist.barrier()
     if sharded:
-        model = _whole_model_on_main(model, model_config, ddp)
+        model = _whole_model_on_main(model, model_config, ddp, device)
     return Run(model=model.eval() if model is not None else None, model_config=model_config,
                train_config=train_config, step=train_config.steps, metrics=metrics.records, path=run_dir)
 
@@ -371,12 +371,16 @@ def _gradient_sync(step_model: torch.nn.Module):
     return synchronizing
 
 
-def _whole_model_on_main(model: torch.nn.Module, model_config: ModelConfig, ddp: Processes) -> GPT | None:
-    """The FSDP-trained weights gathered into a plain CPU model on rank 0 (None on other ranks)."""
+def _whole_model_on_main(model: torch.nn.Module, model_config: ModelConfig, ddp: Processes,
+                         device: torch.device) -> GPT | None:
+    """The FSDP-trained weights gathered into a plain model on rank 0's own `device` (None on the
+    other ranks): what the caller analyses next runs there, not on a CPU that torchrun gave one
+    thread (OMP_NUM_THREADS=1)."""
     weights, _ = gather_training_state(model, optimizers=[])
     if not ddp.is_main:
         return None
-    whole = GPT(model_config)
+    with torch.device(device):
+        whole = GPT(model_config)
     whole.load_state_dict(weights)
     return whole
 
