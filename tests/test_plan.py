@@ -77,7 +77,8 @@ def test_plan_budget_devices_and_wall_time():
     plan = study_plan(comparison_variants("paper-128m"), train_config, parse_devices("8xH100"), tokens=10 ** 9, seeds=2)
     first = plan.variants[0]
     assert first.steps == -(-10 ** 9 // (32 * 2048)) and first.tokens >= 10 ** 9 and plan.micro_batch == 4
-    assert first.wall_s == pytest.approx(first.flops["total"] / (8 * 989.4e12 * 0.4))
+    # the model's FLOPs shared by 8 devices, Muon's orthogonalisation on every one of them
+    assert first.wall_s == pytest.approx((first.flops["total"] / 8 + first.flops["optimizer"]) / (989.4e12 * 0.4))
     assert plan.total_flops == pytest.approx(2 * sum(v.flops["total"] for v in plan.variants))
     assert first.checkpoint_bytes == 4 * first.params + optimizer_state_bytes(preset("paper-128m"), "muon")
     with pytest.raises(PlanError, match="batch_size = 32 is not divisible by devices x grad_accum = 3 x 1"):
@@ -211,3 +212,26 @@ def test_every_setup_a_plan_suggests_is_one_the_command_line_can_choose_and_it_f
     assert main(["reproduce", "--preset", "paper-6.3b", "--plan", "--plan-gpus", "8xH200", "--optimizer", "adamw",
                  "--parallel", "fsdp"]) == 0
     assert "FSDP, adamw" in capsys.readouterr().out
+
+
+def test_muons_orthogonalisation_is_counted_per_rank_in_the_wall_time():
+    """torch.optim.Muon runs 5 Newton–Schulz iterations per matrix, 4·m²·n + 2·m³ FLOPs each
+    (m <= n); every DDP rank runs all of them, so they do not shrink with the device count."""
+    from headlab.training.plan import muon_flops_per_step
+
+    config = preset("tiny", "mha")  # per block: q, k, v, out 32 x 32, MLP 128 x 32 and 32 x 128
+    square, wide = 4 * 32 ** 3 + 2 * 32 ** 3, 4 * 32 ** 2 * 128 + 2 * 32 ** 3
+    assert muon_flops_per_step(config) == 5 * 2 * (4 * square + 2 * wide)
+    h100s = parse_devices("8xH100")
+    muon = study_plan([config], train_preset("tiny", optimizer="muon"), h100s, mfu=0.5).variants[0]
+    adamw = study_plan([config], train_preset("tiny"), h100s, mfu=0.5).variants[0]
+    assert muon.flops["optimizer"] == 40 * muon_flops_per_step(config) and adamw.flops["optimizer"] == 0
+    assert muon.wall_s == pytest.approx((muon.flops["total"] / 8 + muon.flops["optimizer"]) / (0.5 * h100s.peak_flops))
+    assert adamw.wall_s == pytest.approx(adamw.flops["total"] / (8 * 0.5 * h100s.peak_flops))
+    big = study_plan(comparison_variants("paper-2.5b")[:1], train_preset("paper-2.5b"), parse_devices("8xH200"))
+    assert "Muon's Newton–Schulz orthogonalisation: every rank runs it on every matrix" in format_plan(big)
+
+
+def test_an_h200_nvl_is_not_planned_at_the_sxm_h200s_peak():
+    assert gpu_peak("NVIDIA H200 NVL")[:2] == ("H200 NVL", 835.5)
+    assert gpu_peak("NVIDIA H200")[:2] == ("H200", 989.4)

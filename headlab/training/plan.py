@@ -39,6 +39,9 @@ Memory per device (bytes; P parameters, the model is kept in fp32 and autocast t
                              log-softmax; V·(4 + 4) in fp32)
         activations = b·T·(n_layer · per layer + head)
 
+The optimizer's own FLOPs (Muon's Newton–Schulz iterations, `muon_flops_per_step`) are
+counted per rank in the wall time at the same MFU, apart from the model FLOPs that MFU is of.
+
 A device is counted as holding `USABLE_MEMORY_FRACTION` of its memory (CUDA context, allocator
 fragmentation). These are estimates for planning (expect ±30 % on activations), not
 measurements.
@@ -49,6 +52,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import inspect
 import math
 import os
 import statistics
@@ -82,6 +86,7 @@ GPU_PEAKS: tuple[tuple[str, float, float], ...] = (
     ("B200", 2250.0, 180.0),
     ("H100 PCIe", 756.5, 80.0),
     ("H100 NVL", 835.5, 94.0),
+    ("H200 NVL", 835.5, 141.0),
     ("H200", 989.4, 141.0),
     ("H100", 989.4, 80.0),
     ("A100-SXM4-40GB", 312.0, 40.0),
@@ -308,6 +313,27 @@ def model_flops_utilization(config: ModelConfig, tokens_per_second: float, peak_
     return tokens_per_second * training_flops(config, 1)["total"] / peak_flops
 
 
+@functools.lru_cache(maxsize=64)
+def muon_flops_per_step(config: ModelConfig) -> float:
+    """FLOPs of torch.optim.Muon's Newton–Schulz orthogonalisation in one optimizer step: for each
+    Muon matrix, m x n with m <= n (transposed if taller), each of ns_steps iterations computes
+    A = X·Xᵀ (2·m²·n), B = b·A + c·A·A (2·m³) and X = a·X + B·X (2·m²·n):
+
+        ns_steps · Σ (4·m²·n + 2·m³)
+
+    Every DDP rank orthogonalises every matrix (the update is not sharded), so this is per rank,
+    however many ranks share the batch."""
+    ns_steps = inspect.signature(torch.optim.Muon).parameters["ns_steps"].default
+    with torch.device("meta"):
+        model = GPT(config)
+    total = 0
+    for name, parameter in model.named_parameters():
+        if is_muon_matrix(name, parameter):
+            m, n = sorted(parameter.shape)
+            total += 4 * m * m * n + 2 * m ** 3
+    return float(ns_steps * total)
+
+
 def training_flops(config: ModelConfig, tokens: int) -> dict[str, float]:
     """FLOPs of training on `tokens` tokens: the 6·N·D term, the attention term, their total."""
     weights = 6 * matmul_parameters(config) * tokens
@@ -476,11 +502,13 @@ def study_plan(variants: list[ModelConfig], train_config, devices: Devices, *, t
         raise PlanError(f"jobs = {jobs!r} is invalid: must be a positive integer")
     for config in variants:
         flops = training_flops(config, steps * tokens_per_step)
+        # the optimizer's own FLOPs, per rank (not in "total": MFU counts the model's FLOPs alone)
+        flops["optimizer"] = steps * muon_flops_per_step(config) if train_config.optimizer == "muon" else 0.0
         memory = {s: memory_per_device(config, micro, devices.count, s, train_config.optimizer, train_config.dtype)
                   for s in STRATEGIES}
         step = (step_times or {}).get(config.label)
-        wall_s = (run_seconds(step, train_config, steps) if step
-                  else flops["total"] / (devices.count * devices.peak_flops * mfu))
+        wall_s = (run_seconds(step, train_config, steps) if step  # a measured step includes the optimizer's
+                  else (flops["total"] / devices.count + flops["optimizer"]) / (devices.peak_flops * mfu))
         plans.append(VariantPlan(
             label=config.label, params=_counts(config)["total"], matmul_params=matmul_parameters(config),
             steps=steps, tokens=steps * tokens_per_step, flops=flops, wall_s=wall_s,
@@ -590,8 +618,12 @@ def format_plan(plan: StudyPlan) -> str:
         f"{_si(first.tokens)} tokens; micro-batch {plan.micro_batch} per device, gradient accumulation "
         f"{plan.grad_accum}",
         "FLOPs = 6·N·D + 6·L·H·(d_qk+d_v)·(T/2)·D, N = parameters without the input embedding; " + timing,
-        "",
     ]
+    if first.flops["optimizer"]:
+        share = max(v.flops["optimizer"] / (v.flops["total"] / d.count) for v in plan.variants)
+        lines.append(f"Muon's Newton–Schulz orthogonalisation: every rank runs it on every matrix, up to "
+                     f"+{100 * share:.0f}% of a rank's model FLOPs; counted in the wall time, not in MFU")
+    lines.append("")
     step_column = f"{'ms/step':>9}" if plan.measured else ""
     header = (f"{'variant':<20}{'params':>11}{'N':>11}{'6·N·D':>11}{'+attn':>7}{'FLOPs':>11}{step_column}{'MFU':>6}"
               f"{'wall':>9}{'checkpoint':>12}{'DDP/dev':>10}{'FSDP/dev':>10}  fits")
