@@ -216,3 +216,14 @@ def test_after_fsdp_rank_0_gets_the_whole_model_on_its_own_device_not_the_cpu(mo
     whole = trainer._whole_model_on_main(trained, config, Processes(0, 2, 0), torch.device("meta"))
     assert {p.device.type for p in whole.parameters()} == {"meta"}
     assert trainer._whole_model_on_main(trained, config, Processes(1, 2, 1), torch.device("meta")) is None
+
+
+def test_a_task_given_its_own_gpu_trains_on_it_whatever_its_local_rank(monkeypatch):
+    """Under SLURM with one GPU per task, each task sees one GPU (cuda:0) while LOCAL_RANK counts
+    the node's tasks; torchrun's several processes on a one-GPU view are still refused."""
+    _stub_gpus(monkeypatch, 1)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert training_device("cuda", 3) == training_device("auto", 3) == torch.device("cuda", 0)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match="has 1 GPU"):
+        training_device("cuda", 3)
