@@ -235,3 +235,13 @@ def test_muons_orthogonalisation_is_counted_per_rank_in_the_wall_time():
 def test_an_h200_nvl_is_not_planned_at_the_sxm_h200s_peak():
     assert gpu_peak("NVIDIA H200 NVL")[:2] == ("H200 NVL", 835.5)
     assert gpu_peak("NVIDIA H200")[:2] == ("H200", 989.4)
+
+
+def test_a_paper_plan_says_how_its_budget_compares_with_the_papers_and_offers_it(capsys):
+    assert main(["reproduce", "--preset", "paper-128m", "--plan", "--plan-gpus", "8xH200"]) == 0
+    note = capsys.readouterr().out.splitlines()[-1]
+    assert note.startswith("note: each run trains on 3.28 B tokens; the paper trained its paper-128m models on 100 B")
+    assert "--tokens 100e9 plans the paper's budget: about 31 x the wall time" in note
+    assert main(["reproduce", "--preset", "paper-128m", "--plan", "--plan-gpus", "8xH200", "--tokens", "100e9"]) == 0
+    text = capsys.readouterr().out
+    assert "= 100.00 G tokens" in text and "note: each run" not in text
