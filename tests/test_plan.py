@@ -245,3 +245,26 @@ def test_a_paper_plan_says_how_its_budget_compares_with_the_papers_and_offers_it
     assert main(["reproduce", "--preset", "paper-128m", "--plan", "--plan-gpus", "8xH200", "--tokens", "100e9"]) == 0
     text = capsys.readouterr().out
     assert "= 100.00 G tokens" in text and "note: each run" not in text
+
+
+def test_a_step_whose_unsharded_model_does_not_fit_the_gpu_is_not_timed(monkeypatch, tmp_path):
+    """paper-6.3b under FSDP on 8 x 80 GB trains sharded, but timing a step builds a whole
+    replica: the notice says it is not timed rather than running out of memory (CUDA stubbed)."""
+    import types
+
+    import torch
+
+    from headlab.study import study as study_module
+
+    monkeypatch.setenv("WORLD_SIZE", "8"), monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=80 * GiB))
+    monkeypatch.setattr(study_module, "measure_step", lambda *args, **kwargs: pytest.fail("timed a step that cannot fit"))
+    study = study_module.Study("paper-6.3b", 10, tmp_path / "study", only=("mha",),
+                               train_overrides={"parallel": "fsdp", "optimizer": "adamw"})
+    notice = study.training_notice()
+    assert "not timed here (an unsharded step of the largest variant does not fit cuda:0" in notice
+    small = study_module.Study("paper-128m", 10, tmp_path / "small", only=("mha",))
+    monkeypatch.setattr(study_module, "measure_step", lambda *args, **kwargs: StepTime(0.5, 0.0, 0.1, 1))
+    assert "min here" in small.training_notice()  # 128M at 4 sequences per rank fits: timed

@@ -41,7 +41,7 @@ from headlab.model.config import ModelConfig, preset
 from headlab.study.roles import comparison_roles
 from headlab.training.config import TrainConfig, train_preset
 from headlab.training.distributed import launched_processes, training_device
-from headlab.training.plan import load_note, measure_step, run_seconds, threads_per_job
+from headlab.training.plan import load_note, measure_step, run_seconds, step_fits, threads_per_job
 from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
 from headlab.training.snapshots import study_snapshot_every
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
@@ -198,11 +198,16 @@ class Study:
             return None
         threads = threads_per_job(jobs)
         config = self.train_config(0)
+        what = (f"training {len(left)} of {seeds * len(self.roles)} runs ({len(self.roles)} {self.preset} variants x "
+                f"{seeds} seed(s), {sum(left.values()):,} steps) into {self.folder / 'runs'}")
+        device = training_device(config.device, launched_processes().local_rank)
+        if not all(step_fits(variant, config, device) for variant in self.roles.values()):
+            return (f"{what}: not timed here (an unsharded step of the largest variant does not fit {device}; "
+                    "`headlab reproduce --plan` estimates the time from FLOPs); finished runs are kept")
         steps = {role: measure_step(variant, config, threads) for role, variant in self.roles.items()}
         seconds = sum(run_seconds(steps[role], config, n) for (_, role), n in left.items()) / jobs
-        return (f"training {len(left)} of {seeds * len(self.roles)} runs ({len(self.roles)} {self.preset} variants x "
-                f"{seeds} seed(s), {sum(left.values()):,} steps) into {self.folder / 'runs'}: about "
-                f"{max(1, round(seconds / 60))} min here ({load_note()}); finished runs are kept, so this happens once")
+        return (f"{what}: about {max(1, round(seconds / 60))} min here ({load_note()}); finished runs are kept, "
+                "so this happens once")
 
     def train(self, seeds: int = 1, progress: bool = True, log=print, jobs: int = 1) -> list[StudyRun]:
         """Every variant for seeds 0 … seeds − 1, seed by seed: finished runs are loaded,

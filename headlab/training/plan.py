@@ -264,6 +264,19 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
     return StepTime(median, (max(steps) - min(steps)) / median, statistics.median(evals), threads or previous)
 
 
+def step_fits(config: ModelConfig, train_config, device: torch.device, processes: Processes | None = None) -> bool:
+    """Whether `measure_step` can time `config` on `device`: on a GPU, whether one whole replica
+    with its gradients, optimizer state and the per-rank micro-batch's activations
+    (`memory_per_device` of one device) fits its usable memory. An FSDP run may train a model
+    whose unsharded step does not fit; the CPU's memory is not checked."""
+    if device.type != "cuda":
+        return True
+    processes = processes or launched_processes()
+    micro = micro_batch_size(train_config.batch_size, processes.world_size, train_config.grad_accum)
+    needed = memory_per_device(config, micro, 1, "ddp", train_config.optimizer, train_config.dtype).total
+    return needed <= USABLE_MEMORY_FRACTION * torch.cuda.get_device_properties(device).total_memory
+
+
 def threads_per_job(jobs: int) -> int:
     """Torch threads each of `jobs` runs trained at once gets: this machine's cores shared out."""
     return max(1, (os.cpu_count() or 1) // jobs)
