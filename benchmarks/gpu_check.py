@@ -16,11 +16,14 @@ Stages (each gives rows of the summary table: check, PASS / FAIL / SKIP, detail)
   measured bf16 matmul peak (headlab.training.plan.model_flops_utilization), decoding at context
   2048 with cache bytes against the formula, the head analysis and the report's forward-pass
   measurements (Σ, attention maps, QK-norm's 1/rms) on the device the models trained on.
-- tokenization throughput (benchmarks/tokenization.py's core on a few MB of generated text).
+- tokenization throughput (benchmarks/tokenization.py's core on a few MB of generated text; it
+  needs the `corpora` extra, pyarrow and zstandard: without them its row SKIPs, saying so).
 
-Performance targets (enforced on a GPU; printed as SKIP in --smoke): Standard MHA reaches >= 40 %
-MFU, and every variant >= 90 % of MHA's tokens/s. Exit status 1 when any check FAILs, 0 otherwise
-(2: no CUDA device and no --smoke). The variants' corpus is `synthetic` (offline) with byte tokens
+Performance targets (judged on a GPU; printed as SKIP in --smoke): Standard MHA reaches >= 40 %
+MFU, and every variant >= 90 % of MHA's tokens/s. A target missed is a WARN, not a FAIL: a slow
+node is still a working one. Exit status 1 when any check FAILs, 0 otherwise. Without a CUDA device
+(and without --smoke) every GPU stage is a SKIP row saying so, the CPU-only rows still run, and the
+exit status is 0: the table says what this node can and cannot check. The variants' corpus is `synthetic` (offline) with byte tokens
 inside the preset's 50304-token vocabulary: the compute per step is the paper's, but the losses are
 not a language result. Tokens/s is the median of the logged windows after the first one, which
 holds compilation.
@@ -29,6 +32,7 @@ holds compilation.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -43,10 +47,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 try:
-    from benchmarks import common, tokenization
+    from benchmarks import common
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
     import common  # type: ignore[no-redef]
-    import tokenization  # type: ignore[no-redef]
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
@@ -63,7 +66,8 @@ from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
 from headlab.training.trainer import train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+PASS, FAIL, SKIP, WARN = "PASS", "FAIL", "SKIP", "WARN"
+OPTIONAL_EXTRAS = {"pyarrow": "corpora", "zstandard": "corpora"}  # module -> the headlab extra that installs it
 MHA_MFU_TARGET = 0.40
 VARIANT_THROUGHPUT_TARGET = 0.90  # of MHA's tokens/s
 ELAPSED_TARGET_S = 600
@@ -104,9 +108,12 @@ def verdict(check: str, ok: bool, detail: str) -> Check:
 
 
 def target(check: str, ok: bool, detail: str, enforced: bool) -> Check:
-    """A performance target: PASS or FAIL where it is enforced (on a GPU); else SKIP, still saying
-    what was measured (a CPU's numbers say nothing about a GPU's)."""
-    return verdict(check, ok, detail) if enforced else Check(check, SKIP, detail + "; not enforced in --smoke")
+    """A performance target: PASS, or WARN when missed, where it is judged (on a GPU): a slow node
+    still trains correctly, so it does not FAIL the check; else SKIP, still saying what was
+    measured (a CPU's numbers say nothing about a GPU's)."""
+    if not enforced:
+        return Check(check, SKIP, detail + "; not judged in --smoke")
+    return Check(check, PASS if ok else WARN, detail)
 
 
 def stage(name: str, function, *args) -> list[Check]:
@@ -124,10 +131,9 @@ def stage(name: str, function, *args) -> list[Check]:
 
 def summary(checks: list[Check]) -> str:
     """The summary table, and how many checks passed, failed and were skipped."""
-    failed = sum(c.result == FAIL for c in checks)
     table = common.format_table(["check", "result", "detail"], [[c.check, c.result, c.detail] for c in checks])
-    return (f"\n## Summary\n\n{table}\n\n{len(checks)} checks: {sum(c.result == PASS for c in checks)} PASS, "
-            f"{failed} FAIL, {sum(c.result == SKIP for c in checks)} SKIP")
+    counts = ", ".join(f"{sum(c.result == result for c in checks)} {result}" for result in (PASS, FAIL, WARN, SKIP))
+    return f"\n## Summary\n\n{table}\n\n{len(checks)} checks: {counts}"
 
 
 # ---- torchrun, checkpoints and exact resume ------------------------------------------------------
@@ -576,6 +582,13 @@ def tokenization_checks(megabytes: float, results: dict) -> list[Check]:
     `megabytes` of generated .jsonl text with 1 and 2 worker processes, per tokenizer that
     benchmarks/tokenization.py finds here (byte, a trained BPE, GPT-2 when its files are here)."""
     print(f"\n### Tokenization ({megabytes:.0f} MB of generated .jsonl text)\n", flush=True)
+    try:  # imported here, not at the top: it needs pyarrow and zstandard, which a node may lack
+        tokenization = importlib.import_module(f"{__package__}.tokenization" if __package__ else "tokenization")
+    except ModuleNotFoundError as error:
+        if error.name not in OPTIONAL_EXTRAS:
+            raise
+        return [Check("tokenization", SKIP, f"needs {error.name}, which this Python lacks (pip install "
+                                            f"'headlab[{OPTIONAL_EXTRAS[error.name]}]')")]
     texts = list(tokenization.documents(megabytes))
     rows, checks = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -598,6 +611,10 @@ def tokenization_checks(megabytes: float, results: dict) -> list[Check]:
 
 # ---- command line -----------------------------------------------------------------------------
 
+# What a node without a GPU cannot check: one SKIP row each.
+GPU_STAGES = ("torchrun DDP", "torchrun FSDP", "checkpoint and exact resume",
+              "six variants: SDPA backends, peak memory vs plan, recompiles, throughput, analysis, decoding")
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="CPU, tiny preset, a few steps (checks the script)")
@@ -609,11 +626,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     mode = MODES["smoke" if args.smoke else "gpu"]
     steps, batch_size = args.steps or mode.steps, args.batch_size or mode.batch_size
-    if not args.smoke and not torch.cuda.is_available():
-        print(f"gpu_check: no CUDA device visible to {sys.executable} (torch {torch.__version__}); "
-              "use --smoke to check the script on CPU", file=sys.stderr)
-        return 2
-    device = "cpu" if args.smoke else "cuda"
+    no_gpu = None if args.smoke or torch.cuda.is_available() else \
+        f"no CUDA device visible to {sys.executable} (torch {torch.__version__})"
+    if no_gpu:
+        print(f"gpu_check: {no_gpu}: every GPU check is a SKIP; --smoke checks the script on CPU", file=sys.stderr)
+    device = "cpu" if args.smoke or no_gpu else "cuda"
     if args.smoke:
         torch.set_num_threads(1)  # tiny tensors: more threads only fight over a shared CPU
     started = time.perf_counter()
@@ -625,10 +642,13 @@ def main(argv=None) -> int:
     runs_dir = Path(args.runs_dir or tempfile.mkdtemp(prefix="headlab-gpu-check-"))
     results = {"device": name, "gpus": gpus, "preset": mode.preset, "steps": steps, "batch_size": batch_size}
     launch = Launch(device, gpus or 2, runs_dir / "torchrun")  # one rank per GPU; two CPU ranks in --smoke
-    checks = (stage("torchrun and resume", distributed_checks, launch)
-              + stage("six variants", variant_checks, mode, steps, batch_size, args.optimizer, device, runs_dir,
-                      results)
-              + stage("tokenization", tokenization_checks, mode.tokenize_megabytes, results))
+    if no_gpu:
+        checks = [Check(name, SKIP, no_gpu) for name in GPU_STAGES]
+    else:
+        checks = (stage("torchrun and resume", distributed_checks, launch)
+                  + stage("six variants", variant_checks, mode, steps, batch_size, args.optimizer, device, runs_dir,
+                          results))
+    checks += stage("tokenization", tokenization_checks, mode.tokenize_megabytes, results)
     elapsed = time.perf_counter() - started
     print(summary(checks))
     print(f"total {elapsed:.0f} s; runs and analysis in {runs_dir}"

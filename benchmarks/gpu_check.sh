@@ -2,13 +2,16 @@
 # The GPU check (see benchmarks/gpu_check.py) on what this node has: torchrun with NCCL (DDP, and
 # FSDP on >= 2 GPUs), checkpoint and exact resume, paper-128m's six variants in bf16 with
 # torch.compile (SDPA backends, peak memory against the plan, recompiles, tokens/s and MFU,
-# decoding, head analysis) and tokenization throughput; one summary table, exit status 1 on any
-# FAIL. About 8-10 minutes on an H100/H200 (estimated: the six variants took 6-8).
+# decoding, head analysis) and tokenization throughput (SKIP without the corpora extra); one
+# summary table, exit status 1 on any FAIL (a missed performance target is a WARN; without a GPU
+# every GPU row is a SKIP and the status 0). About 8-10 minutes on an H100/H200 (estimated: the
+# six variants took 6-8).
 #   benchmarks/gpu_check.sh [--steps N] [--batch-size B] [--optimizer adamw] [--json results.json]
 #   benchmarks/gpu_check.sh --smoke      # CPU, tiny preset, under a minute
 # The Python: $PYTHON if set, else the first of python3, python, .venv/bin/python whose torch sees
 # a CUDA device (the Makefile's .venv pins a CPU torch), else .venv/bin/python or python3 (and
-# without --smoke the check then says there is no CUDA device and exits 2).
+# without --smoke every GPU row of the table then SKIPs, saying there is no CUDA device). A torch
+# older than 2.9 is refused with exit status 2 before anything runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,5 +32,10 @@ PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo py
 print(f"gpu_check.sh: Python {sys.executable}, torch {torch.__version__} (CUDA build: {torch.version.cuda}), "
       f"{torch.cuda.device_count()} CUDA device(s)")' \
   || { echo "gpu_check.sh: $PYTHON cannot import torch; set PYTHON to a Python with headlab's dependencies" >&2; exit 2; }
+# torch.optim.Muon (the paper presets' optimizer) is in torch 2.9 and later: say so before any stage runs.
+"$PYTHON" -c 'import re, sys, torch
+version = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
+sys.exit(0 if version >= (2, 9) else 1)' \
+  || { echo "gpu_check.sh: $PYTHON has torch $("$PYTHON" -c 'import torch; print(torch.__version__)'); headlab needs torch >= 2.9 (torch.optim.Muon)" >&2; exit 2; }
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 exec "$PYTHON" benchmarks/gpu_check.py "$@"

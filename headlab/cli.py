@@ -70,6 +70,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def token_count(text: str) -> int:
+    """A positive whole number, also in scientific notation (100e9)."""
+    try:
+        value = float(text) if "e" in text.lower() else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value is None:
+        return positive_int(text)
+    if not (math.isfinite(value) and value == int(value) and 1 <= value <= MAX_INT):
+        raise argparse.ArgumentTypeError(f"{text} is invalid: must be a whole number of tokens, at least 1")
+    return int(value)
+
+
 def non_negative_int(text: str) -> int:
     value = _int(text)
     if value < 0:
@@ -288,8 +301,9 @@ def cmd_reproduce(args) -> int:
     started = time.perf_counter()
     source_options = _source_options(args)
     model_overrides, train_overrides = study_settings(args.set or [])
-    flags = {name: value for name, value in (("compile", args.compile or None), ("parallel", args.parallel),
-                                             ("grad_accum", args.grad_accum)) if value is not None}
+    flags = {name: value for name, value in (("compile", args.compile or None), ("optimizer", args.optimizer),
+                                             ("parallel", args.parallel), ("grad_accum", args.grad_accum))
+             if value is not None}
     if both := sorted(set(flags) & set(train_overrides)):
         raise ValueError(f"{', '.join(both)} given both as a flag and with --set: give it once")
     study = Study(args.preset, args.steps, Path(args.out), corpus=args.corpus, tokenizer=args.tokenizer,
@@ -299,6 +313,8 @@ def cmd_reproduce(args) -> int:
     if args.plan:  # the whole table even when it does not fit: a study's cost is worth seeing either way
         plan = plan_for_args(args, study.variants, study.train_config(0), seeds=args.seeds, check=False, jobs=jobs)
         print(format_plan(plan))
+        if note := paper_budget_note(args.preset, plan):
+            print(note)
         return 0 if plan.fits else 2
     main_rank = int(os.environ.get("RANK", "0")) == 0
     say = print if main_rank else (lambda message: None)
@@ -312,6 +328,26 @@ def cmd_reproduce(args) -> int:
     print(f"report written: {report}")
     print(f"flagship figure: {report.parent / 'figures' / 'spectra_uncentered.png'}")
     return 0
+
+
+# Training tokens per run of the paper's own study, where the paper states them (its 128M models).
+PAPER_TOKENS = {"paper-128m": 100 * 10 ** 9}
+
+
+def paper_budget_note(preset_name: str, plan) -> str | None:
+    """What a plan's budget is next to the paper's (None where the paper's is not known or is met):
+    the preset's steps are a default, not the paper's token count."""
+    paper = PAPER_TOKENS.get(preset_name)
+    tokens = plan.variants[0].tokens
+    if paper is None or tokens >= paper:
+        return None
+    return (f"note: each run trains on {tokens / 1e9:.2f} B tokens; the paper trained its {preset_name} models on "
+            f"{paper / 1e9:.0f} B. --tokens {paper / 1e9:.0f}e9 plans the paper's budget: about {paper / tokens:.0f} x the "
+            f"wall time and FLOPs above ({_duration_text(plan.total_wall_s * paper / tokens)})")
+
+
+def _duration_text(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds < 3 * 86400 else f"{seconds / 86400:.1f} days"
 
 
 SWEEP_MANIFEST, SWEEP = "sweep.json", "a sweep folder"
@@ -525,11 +561,15 @@ def build_parser() -> argparse.ArgumentParser:
     budget = reproduce.add_mutually_exclusive_group()
     budget.add_argument("--steps", type=positive_int, metavar="N",
                         help=f"training steps per variant (default: the preset's; {DEFAULT_PRESET}: {small.steps})")
-    budget.add_argument("--tokens", type=positive_int, metavar="N",
-                        help="training tokens per variant and seed: ceil(N / (batch_size x seq_len)) steps")
+    budget.add_argument("--tokens", type=token_count, metavar="N",
+                        help="training tokens per variant and seed, e.g. 2500000000 or 100e9: "
+                             "ceil(N / (batch_size x seq_len)) steps")
     _add_corpus_arguments(reproduce, tokenizer_default=None)
     reproduce.add_argument("--out", default="runs/reproduce", metavar="DIR", help="study folder (default: %(default)s)")
     reproduce.add_argument("--compile", action="store_true", help="torch.compile every model (GPU only)")
+    reproduce.add_argument("--optimizer", choices=OPTIMIZERS,
+                           help="muon (Muon on block matrices + AdamW elsewhere, DDP only) or adamw (needed by "
+                                "--parallel fsdp) (default: the preset's; paper-*: muon, the others: adamw)")
     reproduce.add_argument("--parallel", choices=PARALLEL,
                            help="under torchrun: ddp (a full replica per process) or fsdp (sharded, for models that "
                                 "do not fit one device) (default: the preset's, ddp)")

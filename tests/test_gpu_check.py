@@ -24,6 +24,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 @pytest.fixture
 def gpu_check(tmp_path, monkeypatch):
     """The script as a module, with its corpus cache (its training processes' too) in tmp_path."""
+    return load_gpu_check(tmp_path, monkeypatch)
+
+
+def load_gpu_check(tmp_path, monkeypatch):
     monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
@@ -77,7 +81,7 @@ def test_a_failed_check_or_a_broken_stage_makes_the_exit_status_1(gpu_check, tmp
     assert [(c["check"], c["result"]) for c in checks] == [("torchrun DDP", "FAIL"), ("six variants", "FAIL"),
                                                            ("tokenization", "PASS")]
     assert checks[1]["detail"] == "raised RuntimeError: the GPU fell off the bus"
-    assert "3 checks: 1 PASS, 2 FAIL, 0 SKIP" in capsys.readouterr().out
+    assert "3 checks: 1 PASS, 2 FAIL, 0 WARN, 0 SKIP" in capsys.readouterr().out
     monkeypatch.setattr(gpu_check, "distributed_checks", lambda launch: [])
     monkeypatch.setattr(gpu_check, "variant_checks", lambda *args: [gpu_check.Check("MFU", "SKIP", "")])
     assert gpu_check.main(["--smoke", "--runs-dir", str(tmp_path)]) == 0
@@ -119,3 +123,46 @@ def test_recompile_log_counts_recompilations_not_first_compilations(gpu_check):
         compiled(torch.ones(4))  # another shape fails the first compilation's guards
     assert len(log.messages) == 1 and "double" in log.messages[0]
     torch.compiler.reset()
+
+
+def test_a_node_with_base_dependencies_only_gets_the_table_with_reasons(tmp_path, monkeypatch, capsys):
+    """Without pyarrow and zstandard (the corpora extra) and without a GPU the check still loads
+    and prints its summary: every GPU row and the tokenization row SKIP, each saying why; exit 0."""
+    for module in ("pyarrow", "pyarrow.parquet", "zstandard"):
+        monkeypatch.setitem(sys.modules, module, None)  # `import pyarrow` now raises ModuleNotFoundError
+    monkeypatch.delitem(sys.modules, "tokenization", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    module = load_gpu_check(tmp_path, monkeypatch)
+    assert module.main(["--runs-dir", str(tmp_path / "runs"), "--json", str(tmp_path / "r.json")]) == 0
+    checks = json.loads((tmp_path / "r.json").read_text())["checks"]
+    assert {c["result"] for c in checks} == {"SKIP"} and len(checks) == len(module.GPU_STAGES) + 1
+    assert all("no CUDA device" in c["detail"] for c in checks[:-1])
+    assert checks[-1]["check"] == "tokenization" and "pyarrow" in checks[-1]["detail"]
+    assert "headlab[corpora]" in checks[-1]["detail"] and "## Summary" in capsys.readouterr().out
+
+
+def test_a_missed_performance_target_warns_without_failing_the_node(gpu_check, tmp_path, monkeypatch):
+    missed = gpu_check.target("Standard MHA MFU", False, "31.0% (target >= 40%)", enforced=True)
+    assert missed.result == "WARN"
+    assert gpu_check.target("Standard MHA MFU", True, "", enforced=True).result == "PASS"
+    monkeypatch.setattr(gpu_check, "distributed_checks", lambda launch: [gpu_check.Check("torchrun DDP", "PASS", "")])
+    monkeypatch.setattr(gpu_check, "variant_checks", lambda *args: [missed])
+    monkeypatch.setattr(gpu_check, "tokenization_checks", lambda *args: [])
+    assert gpu_check.main(["--smoke", "--runs-dir", str(tmp_path)]) == 0
+
+
+def test_the_wrapper_refuses_a_torch_older_than_2_9_before_anything_runs(tmp_path):
+    """torch.optim.Muon arrived in torch 2.9: gpu_check.sh says so in one line, exit status 2."""
+    import os
+    import subprocess
+
+    fake = tmp_path / "old" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("__version__ = '2.8.0+cu128'\n"
+                                      "class version:\n    cuda = '12.8'\n"
+                                      "class cuda:\n    is_available = staticmethod(lambda: True)\n"
+                                      "    device_count = staticmethod(lambda: 8)\n")
+    done = subprocess.run(["bash", str(SCRIPT.with_suffix(".sh"))], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(fake.parent)})
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "torch 2.8.0+cu128; headlab needs torch >= 2.9" in done.stderr and "Traceback" not in done.stderr

@@ -36,8 +36,9 @@ def test_memory_per_device_matches_hand_computed_bytes_on_tiny():
     assert activation_bytes(config, 2, "bfloat16") == 2 * 32 * (2 * per_layer_bf16 + 256 * 10)
 
     ddp = memory_per_device(config, 2, 2, "ddp", "adamw", "float32")
-    assert (ddp.weights, ddp.gradients, ddp.optimizer, ddp.buffers) == (4 * 41120, 4 * 41120, 8 * 41120, 4 * 41120)
-    assert ddp.total == 20 * 41120 + 393216
+    # gradient_as_bucket_view: the gradients are DDP's buckets, no second copy
+    assert (ddp.weights, ddp.gradients, ddp.optimizer, ddp.buffers) == (4 * 41120, 4 * 41120, 8 * 41120, 0)
+    assert ddp.total == 16 * 41120 + 393216
     assert memory_per_device(config, 2, 1, "ddp", "adamw", "float32").buffers == 0  # no buckets alone
     fsdp = memory_per_device(config, 2, 2, "fsdp", "adamw", "float32")
     assert (fsdp.weights, fsdp.optimizer) == (2 * 41120, 4 * 41120)
@@ -76,7 +77,8 @@ def test_plan_budget_devices_and_wall_time():
     plan = study_plan(comparison_variants("paper-128m"), train_config, parse_devices("8xH100"), tokens=10 ** 9, seeds=2)
     first = plan.variants[0]
     assert first.steps == -(-10 ** 9 // (32 * 2048)) and first.tokens >= 10 ** 9 and plan.micro_batch == 4
-    assert first.wall_s == pytest.approx(first.flops["total"] / (8 * 989.4e12 * 0.4))
+    # the model's FLOPs shared by 8 devices, Muon's orthogonalisation on every one of them
+    assert first.wall_s == pytest.approx((first.flops["total"] / 8 + first.flops["optimizer"]) / (989.4e12 * 0.4))
     assert plan.total_flops == pytest.approx(2 * sum(v.flops["total"] for v in plan.variants))
     assert first.checkpoint_bytes == 4 * first.params + optimizer_state_bytes(preset("paper-128m"), "muon")
     with pytest.raises(PlanError, match="batch_size = 32 is not divisible by devices x grad_accum = 3 x 1"):
@@ -133,3 +135,136 @@ def test_reproduce_plan_on_this_cpu_measures_each_variant_for_the_jobs_asked(cap
     threads = max(1, (os.cpu_count() or 1) // 2)
     assert f"measured here on {threads} thread(s), 2 run(s) at once" in text and "load average" in text
     assert all(variant.label in text for variant in comparison_variants("tiny"))
+
+
+def test_a_step_is_timed_on_the_ranks_own_device_at_its_share_of_the_batch_and_then_freed(monkeypatch):
+    """Under torchrun (4 ranks, this one LOCAL_RANK 3) the timed step is one rank's: the rank's own
+    device, batch_size / (world_size x grad_accum) sequences per forward, grad_accum forwards per
+    step; the model is gone before the allocator's cache is emptied."""
+    import gc
+    import weakref
+
+    import torch
+
+    from headlab.model.gpt import GPT
+    from headlab.training import plan
+
+    monkeypatch.setenv("WORLD_SIZE", "4"), monkeypatch.setenv("RANK", "3"), monkeypatch.setenv("LOCAL_RANK", "3")
+    asked, batches, models, emptied = [], [], [], []
+
+    def rank_device(requested, local_rank):
+        asked.append(local_rank)
+        return torch.device("cpu")
+
+    forward = GPT.forward
+
+    def recorded_forward(self, idx, *args, **kwargs):
+        batches.append((torch.is_grad_enabled(), idx.shape[0]))
+        models.append(weakref.ref(self))
+        return forward(self, idx, *args, **kwargs)
+
+    def empty_cache():
+        gc.collect()
+        emptied.append(all(model() is None for model in models))
+
+    monkeypatch.setattr(plan, "training_device", rank_device)
+    monkeypatch.setattr(GPT, "forward", recorded_forward)
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
+    config = train_preset("tiny", grad_accum=2)  # 8 sequences: 2 per rank, 1 per micro-batch
+    measure_step(comparison_variants("tiny")[0], config, threads=1, repeats=2)
+    assert asked == [3]
+    trained = [size for grad, size in batches if grad]
+    assert trained == [1] * (2 * (2 + 2))  # (2 warm-up + 2 timed steps) x 2 micro-batches
+    assert [size for grad, size in batches if not grad] == [2] * 3  # evaluations: the rank's 8 / 4 rows
+    assert emptied == [True]
+
+
+def test_under_torchrun_only_rank_0_times_the_steps_of_the_notice(monkeypatch, tmp_path):
+    from headlab.study import study as study_module
+
+    timed = []
+    monkeypatch.setattr(study_module, "measure_step", lambda *args, **kwargs: timed.append(args) or
+                        StepTime(0.1, 0.0, 0.01, 1))
+    study = study_module.Study("tiny", 4, tmp_path / "study")
+    monkeypatch.setenv("WORLD_SIZE", "2"), monkeypatch.setenv("RANK", "1"), monkeypatch.setenv("LOCAL_RANK", "1")
+    assert study.training_notice() is None and timed == []
+    monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("LOCAL_RANK", "0")
+    assert study.training_notice().startswith("training 6 of 6 runs") and len(timed) == 6
+
+
+def test_every_setup_a_plan_suggests_is_one_the_command_line_can_choose_and_it_fits(capsys):
+    """paper-6.3b with the preset's Muon on 8 x H100 does not fit under DDP: each suggestion names
+    the options that choose it, `headlab reproduce` accepts them, and the plan under them fits."""
+    from headlab.cli import build_parser
+
+    variants = [preset("paper-6.3b", "lrkv")]
+    plan = study_plan(variants, train_preset("paper-6.3b"), parse_devices("8xH100"), check=False)
+    assert not plan.fits and plan.suggestions
+    for suggestion in plan.suggestions:
+        options = re.findall(r"--[a-z-]+ [a-z0-9]+", suggestion)
+        assert options, suggestion
+        args = build_parser().parse_args(["reproduce", "--preset", "paper-6.3b", *" ".join(options).split()])
+        chosen = {name: getattr(args, name) for name in ("optimizer", "parallel", "grad_accum") if getattr(args, name)}
+        devices = int(re.search(r"(\d+) (?:devices|processes)", suggestion).group(1))
+        config = train_preset("paper-6.3b", **chosen)
+        assert study_plan(variants, config, parse_devices(f"{devices}xH100"), strategy=config.parallel,
+                          grad_accum=config.grad_accum).fits, suggestion
+    assert main(["reproduce", "--preset", "paper-6.3b", "--plan", "--plan-gpus", "8xH200", "--optimizer", "adamw",
+                 "--parallel", "fsdp"]) == 0
+    assert "FSDP, adamw" in capsys.readouterr().out
+
+
+def test_muons_orthogonalisation_is_counted_per_rank_in_the_wall_time():
+    """torch.optim.Muon runs 5 Newton–Schulz iterations per matrix, 4·m²·n + 2·m³ FLOPs each
+    (m <= n); every DDP rank runs all of them, so they do not shrink with the device count."""
+    from headlab.training.plan import muon_flops_per_step
+
+    config = preset("tiny", "mha")  # per block: q, k, v, out 32 x 32, MLP 128 x 32 and 32 x 128
+    square, wide = 4 * 32 ** 3 + 2 * 32 ** 3, 4 * 32 ** 2 * 128 + 2 * 32 ** 3
+    assert muon_flops_per_step(config) == 5 * 2 * (4 * square + 2 * wide)
+    h100s = parse_devices("8xH100")
+    muon = study_plan([config], train_preset("tiny", optimizer="muon"), h100s, mfu=0.5).variants[0]
+    adamw = study_plan([config], train_preset("tiny"), h100s, mfu=0.5).variants[0]
+    assert muon.flops["optimizer"] == 40 * muon_flops_per_step(config) and adamw.flops["optimizer"] == 0
+    assert muon.wall_s == pytest.approx((muon.flops["total"] / 8 + muon.flops["optimizer"]) / (0.5 * h100s.peak_flops))
+    assert adamw.wall_s == pytest.approx(adamw.flops["total"] / (8 * 0.5 * h100s.peak_flops))
+    big = study_plan(comparison_variants("paper-2.5b")[:1], train_preset("paper-2.5b"), parse_devices("8xH200"))
+    assert "Muon's Newton–Schulz orthogonalisation: every rank runs it on every matrix" in format_plan(big)
+
+
+def test_an_h200_nvl_is_not_planned_at_the_sxm_h200s_peak():
+    assert gpu_peak("NVIDIA H200 NVL")[:2] == ("H200 NVL", 835.5)
+    assert gpu_peak("NVIDIA H200")[:2] == ("H200", 989.4)
+
+
+def test_a_paper_plan_says_how_its_budget_compares_with_the_papers_and_offers_it(capsys):
+    assert main(["reproduce", "--preset", "paper-128m", "--plan", "--plan-gpus", "8xH200"]) == 0
+    note = capsys.readouterr().out.splitlines()[-1]
+    assert note.startswith("note: each run trains on 3.28 B tokens; the paper trained its paper-128m models on 100 B")
+    assert "--tokens 100e9 plans the paper's budget: about 31 x the wall time" in note
+    assert main(["reproduce", "--preset", "paper-128m", "--plan", "--plan-gpus", "8xH200", "--tokens", "100e9"]) == 0
+    text = capsys.readouterr().out
+    assert "= 100.00 G tokens" in text and "note: each run" not in text
+
+
+def test_a_step_whose_unsharded_model_does_not_fit_the_gpu_is_not_timed(monkeypatch, tmp_path):
+    """paper-6.3b under FSDP on 8 x 80 GB trains sharded, but timing a step builds a whole
+    replica: the notice says it is not timed rather than running out of memory (CUDA stubbed)."""
+    import types
+
+    import torch
+
+    from headlab.study import study as study_module
+
+    monkeypatch.setenv("WORLD_SIZE", "8"), monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=80 * GiB))
+    monkeypatch.setattr(study_module, "measure_step", lambda *args, **kwargs: pytest.fail("timed a step that cannot fit"))
+    study = study_module.Study("paper-6.3b", 10, tmp_path / "study", only=("mha",),
+                               train_overrides={"parallel": "fsdp", "optimizer": "adamw"})
+    notice = study.training_notice()
+    assert "not timed here (an unsharded step of the largest variant does not fit cuda:0" in notice
+    small = study_module.Study("paper-128m", 10, tmp_path / "small", only=("mha",))
+    monkeypatch.setattr(study_module, "measure_step", lambda *args, **kwargs: StepTime(0.5, 0.0, 0.1, 1))
+    assert "min here" in small.training_notice()  # 128M at 4 sequences per rank fits: timed

@@ -169,3 +169,39 @@ def test_a_study_gives_the_same_bits_whatever_its_jobs(tmp_path):
         weights = two.run.model.state_dict()
         assert all(torch.equal(tensor, weights[name]) for name, tensor in one.run.model.state_dict().items())
     assert alone.default_jobs(seeds=1) == min(2, os.cpu_count())  # one run per core, at most one per run
+
+
+def test_a_study_keeps_no_trained_model_after_its_run_and_reads_each_back_from_its_folder(tmp_path, monkeypatch):
+    """No model outlives its run (a study of large models would run out of device memory after a
+    few): before each run and after the last, every model trained so far has been freed; a run's
+    model is read back from its folder when asked for, onto the device it trained on."""
+    import gc
+    import weakref
+
+    import torch
+
+    from headlab.model.gpt import GPT
+    from headlab.study import study as study_module
+
+    built, alive_at_start = [], []
+    init, train = GPT.__init__, study_module.train
+
+    def recorded_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        built.append(weakref.ref(self))
+
+    def checked_train(*args, **kwargs):
+        gc.collect()
+        alive_at_start.append(sum(model() is not None for model in built))
+        return train(*args, **kwargs)
+
+    monkeypatch.setattr(GPT, "__init__", recorded_init)
+    monkeypatch.setattr(study_module, "train", checked_train)
+    study = Study("tiny", 2, tmp_path / "study", corpus="synthetic", only=("mha", "mqa"))
+    runs = study.train(seeds=2, progress=False, log=lambda line: None)
+    gc.collect()
+    assert alive_at_start == [0, 0, 0, 0] and not any(model() for model in built)
+    first, again = runs[0].run, runs[0].run
+    assert first.model is not again.model and first.step == 2 and runs[0].device == "cpu"
+    assert all(torch.equal(p, q) for p, q in zip(first.model.parameters(), again.model.parameters()))
+    assert next(first.model.parameters()).device == torch.device("cpu")

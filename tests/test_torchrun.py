@@ -4,6 +4,7 @@ picks its own GPU (CUDA stubbed)."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from headlab import preset
+from headlab import GPT, preset
 from headlab.training import distributed
 from headlab.training.config import train_preset
 from headlab.training.distributed import join_process_group, training_device
@@ -129,3 +130,100 @@ def test_a_run_resumes_under_other_execution_settings_and_records_what_changed(t
     starts = [json.loads(line) for line in (tmp_path / "run" / STARTS).read_text().splitlines()]
     assert [s["step"] for s in starts] == [0, 4]
     assert starts[1]["changed"] == {"threads": [starts[0]["threads"], 7], "compile": [False, True]}
+
+
+# train() called from a script under torchrun, as an API user would: "buckets" trains a tiny DDP
+# run and rank 0 prints whether every gradient it ends with is a view into DDP's buckets; "raise"
+# makes rank 1 raise inside its second training forward while rank 0 goes on into the all-reduce.
+API_SCRIPT = """
+import json, os, sys
+from headlab import GPT, preset
+from headlab.data.corpus import load_corpus
+from headlab.training.config import train_preset
+from headlab.training.trainer import prepared_corpus, train
+
+mode, rank = sys.argv[1], int(os.environ["RANK"])
+open(f"rank{rank}.pid", "w").write(str(os.getpid()))  # torchrun starts each worker in a session of its own
+if mode == "raise" and rank == 1:
+    forward, calls = GPT.forward, [0]
+
+    def failing_forward(self, *args, **kwargs):
+        calls[0] += self.training
+        if calls[0] == 2:
+            raise RuntimeError("rank 1 fails inside train()")
+        return forward(self, *args, **kwargs)
+
+    GPT.forward = failing_forward
+corpus = prepared_corpus(lambda: load_corpus("synthetic"), "cpu")
+run = train(preset("tiny", "mha"), train_preset("tiny", steps=3, eval_every=3, device="cpu"), corpus, progress=False)
+if rank == 0:
+    print(json.dumps({"bucket_views": [p.grad is not None and p.grad._base is not None
+                                       for p in run.model.parameters()]}))
+"""
+
+
+def _torchrun_script(tmp_path, args, timeout):
+    (tmp_path / "api.py").write_text(API_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HEADLAB_CACHE": str(tmp_path / "cache")}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(tmp_path / "api.py"), *args]
+    child = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # no rank may outlive the test (nor hold its pipes open)
+        for pid in [child.pid] + [int(path.read_text()) for path in tmp_path.glob("rank*.pid")]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        child.communicate()
+        pytest.fail(f"the 2 processes were still running after {timeout} s")
+    return subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
+
+
+@pytest.mark.slow
+def test_ddp_gradients_are_views_into_its_buckets(tmp_path):
+    """gradient_as_bucket_view=True with gradients zeroed in place: DDP keeps one copy of the
+    gradients (its buckets), not a second 4 B per parameter."""
+    done = _torchrun_script(tmp_path, ["buckets"], timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    views = json.loads(done.stdout.strip().splitlines()[-1])["bucket_views"]
+    assert views and all(views)
+
+
+@pytest.mark.slow
+def test_a_rank_raising_inside_train_ends_both_processes_within_a_minute(tmp_path):
+    """Rank 1 raises inside train() while rank 0 waits in the gradient all-reduce: rank 1 must not
+    then wait in the exit barrier (a hang until the group's 30-minute timeout); its exit lets
+    torchrun stop rank 0."""
+    done = _torchrun_script(tmp_path, ["raise"], timeout=60)
+    assert done.returncode != 0
+    assert "rank 1 fails inside train()" in done.stderr
+
+
+@pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter")
+def test_after_fsdp_rank_0_gets_the_whole_model_on_its_own_device_not_the_cpu(monkeypatch):
+    """The gathered FSDP weights become a plain model on the rank's training device (the meta
+    device stands in for cuda:LOCAL_RANK here), so what analyses it next runs there; other ranks get None."""
+    from headlab.training import trainer
+    from headlab.training.distributed import Processes
+
+    config = preset("tiny", "mha")
+    trained = GPT(config)
+    monkeypatch.setattr(trainer, "gather_training_state", lambda model, optimizers: (trained.state_dict(), []))
+    whole = trainer._whole_model_on_main(trained, config, Processes(0, 2, 0), torch.device("meta"))
+    assert {p.device.type for p in whole.parameters()} == {"meta"}
+    assert trainer._whole_model_on_main(trained, config, Processes(1, 2, 1), torch.device("meta")) is None
+
+
+def test_a_task_given_its_own_gpu_trains_on_it_whatever_its_local_rank(monkeypatch):
+    """Under SLURM with one GPU per task, each task sees one GPU (cuda:0) while LOCAL_RANK counts
+    the node's tasks; torchrun's several processes on a one-GPU view are still refused."""
+    _stub_gpus(monkeypatch, 1)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert training_device("cuda", 3) == training_device("auto", 3) == torch.device("cuda", 0)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match="has 1 GPU"):
+        training_device("cuda", 3)

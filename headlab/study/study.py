@@ -41,7 +41,8 @@ from headlab.io import LOCK, Manifest, being_written
 from headlab.model.config import ModelConfig, preset
 from headlab.study.roles import comparison_roles
 from headlab.training.config import TrainConfig, train_preset
-from headlab.training.plan import RUN_THREADS, load_note, measure_step, run_seconds
+from headlab.training.distributed import launched_processes, training_device
+from headlab.training.plan import RUN_THREADS, load_note, measure_step, run_seconds, step_fits
 from headlab.training.runs import MANIFEST as RUN_MANIFEST
 from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
 from headlab.training.snapshots import study_snapshot_every
@@ -81,13 +82,21 @@ def default_study_folder() -> Path:
 
 @dataclass(frozen=True)
 class StudyRun:
-    """One trained variant of a study."""
+    """One trained variant of a study. Its model is not kept: `run` reads it from `folder` onto
+    `device` each time it is asked for (or is `held`, a Run given in memory), so a study of
+    many large models holds none of them between runs, and whoever reads one frees it by
+    dropping it."""
 
     role: str  # a key of `comparison_roles`: what the variant stands for in the paper's tables
     config: ModelConfig
     seed: int
     folder: Path
-    run: Run
+    held: Run | None = None
+    device: str = "cpu"  # where `run` puts the model it reads: the device the study trained on
+
+    @property
+    def run(self) -> Run:
+        return self.held if self.held is not None else load_run(self.folder, self.device)
 
     @property
     def label(self) -> str:
@@ -182,17 +191,24 @@ class Study:
 
     def training_notice(self, seeds: int = 1, jobs: int = 1) -> str | None:
         """One line saying what `train(seeds)` will train and about how long it takes on this
-        machine (a step of every variant is timed now, on the threads each of `jobs` runs gets,
-        evaluations counted: `headlab.training.plan.run_seconds`); None when every run is finished."""
+        machine (a step of every variant is timed now, on `RUN_THREADS` threads as each run trains,
+        evaluations counted: `headlab.training.plan.run_seconds`); None when every run is finished.
+        Under torchrun only rank 0 times the step (one rank's share of it, on its own device) and
+        the other ranks get None: every rank timing at once would crowd the node's memory."""
         left = {key: steps for key, steps in self.steps_left(seeds).items() if steps}
-        if not left:
+        if not left or launched_processes().rank != 0:
             return None
         config = self.train_config(0)
+        what = (f"training {len(left)} of {seeds * len(self.roles)} runs ({len(self.roles)} {self.preset} variants x "
+                f"{seeds} seed(s), {sum(left.values()):,} steps) into {self.folder / 'runs'}")
+        device = training_device(config.device, launched_processes().local_rank)
+        if not all(step_fits(variant, config, device) for variant in self.roles.values()):
+            return (f"{what}: not timed here (an unsharded step of the largest variant does not fit {device}; "
+                    "`headlab reproduce --plan` estimates the time from FLOPs); finished runs are kept")
         steps = {role: measure_step(variant, config, RUN_THREADS) for role, variant in self.roles.items()}
         seconds = sum(run_seconds(steps[role], config, n) for (_, role), n in left.items()) / jobs
-        return (f"training {len(left)} of {seeds * len(self.roles)} runs ({len(self.roles)} {self.preset} variants x "
-                f"{seeds} seed(s), {sum(left.values()):,} steps) into {self.folder / 'runs'}: about "
-                f"{max(1, round(seconds / 60))} min here ({load_note()}); finished runs are kept, so this happens once")
+        return (f"{what}: about {max(1, round(seconds / 60))} min here ({load_note()}); finished runs are kept, "
+                "so this happens once")
 
     def default_jobs(self, seeds: int = 1) -> int:
         """Runs to train at once when none is said: one per CPU core (at most one per run), since
@@ -234,6 +250,7 @@ class Study:
             log(notice)
         runs_bar = {"total": len(work), "desc": "runs", "unit": "run",
                     "disable": progress or notice is None or not watched()}
+        device = str(training_device(self.train_config(0).device, launched_processes().local_rank))
         if jobs == 1:
             runs = []
             for seed, role, config in tqdm(work, **runs_bar):
@@ -243,7 +260,8 @@ class Study:
                     run = train(config, self.train_config(seed), corpus, out=folder, resume=True, progress=progress)
                 if (seed, role) not in reused:
                     self._log_run(log, config, seed, run, time.perf_counter() - start)
-                runs.append(StudyRun(role, config, seed, folder, run))
+                del run  # the model leaves the device before the next one is built (its folder keeps it)
+                runs.append(StudyRun(role, config, seed, folder, device=device))
             return runs
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_prepare_worker,
                                  initargs=(RUN_THREADS,)) as pool:
@@ -252,8 +270,7 @@ class Study:
             for future in tqdm(as_completed(pending), **runs_bar):
                 seed, role, config = pending[future]
                 elapsed = future.result()
-                finished[seed, role] = StudyRun(role, config, seed, self.run_folder(config, seed),
-                                                load_run(self.run_folder(config, seed)))
+                finished[seed, role] = StudyRun(role, config, seed, self.run_folder(config, seed), device=device)
                 if (seed, role) not in reused:
                     self._log_run(log, config, seed, finished[seed, role].run, elapsed)
         return [finished[seed, role] for seed, role, _ in work]

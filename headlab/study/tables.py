@@ -74,7 +74,8 @@ def analysis_tables(runs: list[StudyRun]) -> dict[str, pd.DataFrame]:
     `seed` and `role` columns. Filter on `mla_rope` and `circuit` before drawing a figure."""
     per_seed: dict[int, list] = {}
     for r in runs:
-        per_seed.setdefault(r.seed, []).extend(analyze(r.run.model, label=r.label, mla_rope=s, circuit="both")
+        model = r.run.model  # read once per run (a study reads each run from its folder)
+        per_seed.setdefault(r.seed, []).extend(analyze(model, label=r.label, mla_rope=s, circuit="both")
                                                for s in MLA_ROPE)
     roles = {r.label: r.role for r in runs}
     tables = {}
@@ -203,10 +204,11 @@ def rank_bound_table(runs: list[StudyRun]) -> pd.DataFrame:
     for r in runs:
         if r.role != "mha" or not ranks:
             continue
-        energy = (deviation_table(r.run.model, ranks, r.label).groupby(["layer", "rank", "projection"])["energy_kept"]
+        model = r.run.model  # read from its folder once
+        energy = (deviation_table(model, ranks, r.label).groupby(["layer", "rank", "projection"])["energy_kept"]
                   .mean().unstack("projection"))
         for rank in ranks:
-            summary = analyze(rank_r_model(r.run.model, rank, r.label)).summary
+            summary = analyze(rank_r_model(model, rank, r.label)).summary
             for row in summary.itertuples():
                 rows.append({"model": r.label, "seed": r.seed, "role": r.role, "layer": row.layer, "rank": rank,
                              "key_energy_kept": energy.loc[(row.layer, rank), "key"],

@@ -53,7 +53,10 @@ def launched_processes() -> Processes:
 
 def training_device(requested: str, local_rank: int) -> torch.device:
     """The device a rank trains on: `auto` is CUDA when there is one, else the CPU; a CUDA device
-    without an index is the rank's own GPU, cuda:LOCAL_RANK (torchrun starts one process per GPU)."""
+    without an index is the rank's own GPU, cuda:LOCAL_RANK (torchrun starts one process per GPU),
+    or cuda:0 when the process sees a single GPU and torchrun did not start several processes on
+    this node (LOCAL_WORLD_SIZE): a scheduler that gives each task its own GPU (SLURM's
+    --gpus-per-task) makes that GPU the only visible one, whatever the task's local rank."""
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(requested)
@@ -62,7 +65,9 @@ def training_device(requested: str, local_rank: int) -> torch.device:
     if not torch.cuda.is_available():
         raise ValueError(f"TrainConfig.device = {requested!r} is unavailable: this torch build or machine has "
                          "no CUDA device; use cpu or auto")
-    device = device if device.index is not None else torch.device("cuda", local_rank)
+    if device.index is None:
+        own_gpu = torch.cuda.device_count() == 1 and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) == 1
+        device = torch.device("cuda", 0 if own_gpu else local_rank)
     if device.index >= torch.cuda.device_count():
         raise ValueError(f"device {device} does not exist: this machine has {torch.cuda.device_count()} GPU(s); "
                          "start at most one process per GPU (torchrun --nproc_per_node)")
@@ -104,12 +109,28 @@ def leave_process_group() -> None:
     holding tensors, and they get the GIL once more before Python goes on to shut down."""
     if in_process_group():
         time.sleep(_WORKER_DRAIN_S)
-        dist.barrier()
+        if not _failed:
+            dist.barrier()
         dist.destroy_process_group()
         time.sleep(_WORKER_DRAIN_S)
 
 
 _WORKER_DRAIN_S = 0.1  # the workers need microseconds once scheduled; this is for a busy machine
+_failed = False
+
+
+@contextmanager
+def failing_alone():
+    """If the body raises, this rank leaves the process group at exit without the barrier: its
+    peers may be waiting in another collective (a gradient all-reduce) and would never reach it,
+    so the rank would wait there until the group's timeout (30 minutes) instead of ending, and
+    torchrun stops the other ranks only once one has ended."""
+    global _failed
+    try:
+        yield
+    except BaseException:
+        _failed = True
+        raise
 
 
 def abandon(status: int) -> None:

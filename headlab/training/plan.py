@@ -22,8 +22,9 @@ Memory per device (bytes; P parameters, the model is kept in fp32 and autocast t
 
     weights 4·P + gradients 4·P + optimizer state (AdamW: 8 B per parameter, exp_avg and
     exp_avg_sq; Muon: 4 B of momentum per Muon matrix, AdamW's 8 B for the rest)
-    DDP  (world > 1): every rank holds all of it, plus 4·P of gradient buckets (torch's
-         default gradient_as_bucket_view=False keeps a flat copy of the gradients)
+    DDP  (world > 1): every rank holds all of it; the gradients are views into DDP's
+         all-reduce buckets (gradient_as_bucket_view=True, zeroed in place), so the buckets
+         add nothing (torch's default would keep a second 4·P copy)
     FSDP (fully_shard per block and at the root): weights, gradients and optimizer state / W,
          plus the unsharded working set: the root's parameters (embedding, head, final norm)
          and two blocks (the one running and the one prefetched), 4 B weight + 4 B gradient each
@@ -38,6 +39,9 @@ Memory per device (bytes; P parameters, the model is kept in fp32 and autocast t
                              log-softmax; V·(4 + 4) in fp32)
         activations = b·T·(n_layer · per layer + head)
 
+The optimizer's own FLOPs (Muon's Newton–Schulz iterations, `muon_flops_per_step`) are
+counted per rank in the wall time at the same MFU, apart from the model FLOPs that MFU is of.
+
 A device is counted as holding `USABLE_MEMORY_FRACTION` of its memory (CUDA context, allocator
 fragmentation). These are estimates for planning (expect ±30 % on activations), not
 measurements.
@@ -47,6 +51,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
+import inspect
 import math
 import os
 import statistics
@@ -62,7 +68,7 @@ from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, count_parameters
 from headlab.training.config import PARALLEL
 from headlab.data.shards import random_windows
-from headlab.training.distributed import training_device
+from headlab.training.distributed import Processes, launched_processes, training_device
 from headlab.training.optimizers import is_muon_matrix, make_optimizers
 from headlab.training.trainer import on_device
 
@@ -81,6 +87,7 @@ GPU_PEAKS: tuple[tuple[str, float, float], ...] = (
     ("B200", 2250.0, 180.0),
     ("H100 PCIe", 756.5, 80.0),
     ("H100 NVL", 835.5, 94.0),
+    ("H200 NVL", 835.5, 141.0),
     ("H200", 989.4, 141.0),
     ("H100", 989.4, 80.0),
     ("A100-SXM4-40GB", 312.0, 40.0),
@@ -196,26 +203,36 @@ class StepTime:
     threads: int
 
 
-def measure_step(config: ModelConfig, train_config, threads: int | None = None, repeats: int = 5) -> StepTime:
-    """Time the trainer's step of `config` at `train_config`'s batch, optimizer and dtype on its
-    device (CPU unless CUDA is asked for or `auto` finds one): a batch of random windows, forward,
-    backward, gradient clipping and the optimizer update, `repeats` times after two warm-up steps,
-    with `threads` torch threads (default: the current count; a study's workers use
-    cpu_count / jobs). This is what a plan's wall time on this machine is made of."""
-    device = training_device(train_config.device, local_rank=0)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+def measure_step(config: ModelConfig, train_config, threads: int | None = None, repeats: int = 5,
+                 processes: Processes | None = None) -> StepTime:
+    """Time one rank's step of the trainer for `config` at `train_config`'s optimizer and dtype on
+    that rank's device (`training_device` of its LOCAL_RANK: CPU unless CUDA is asked for or
+    `auto` finds one): `grad_accum` forwards and backwards of the per-rank micro-batch,
+    batch_size / (world_size · grad_accum) random windows each, then gradient clipping and the
+    optimizer update, `repeats` times after two warm-up steps, with `threads` torch threads
+    (default: the current count; a study's workers use cpu_count / jobs). The evaluation batch is
+    the rank's share, batch_size / world_size. `processes` defaults to torchrun's environment.
+    Gradient exchange between ranks is not timed. The model and its optimizer state are freed
+    (and, on a GPU, the allocator's cache emptied) before this returns, so training finds the
+    device's memory as it was. This is what a plan's wall time on this machine is made of."""
+    processes = processes or launched_processes()
+    micro = micro_batch_size(train_config.batch_size, processes.world_size, train_config.grad_accum)
+    local_batch = train_config.batch_size // processes.world_size
+    device = training_device(train_config.device, processes.local_rank)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads or previous)
+    model = optimizers = None
     try:
         model = GPT(config).to(device)
         optimizers = make_optimizers(model, train_config)
-        corpus = [np.random.default_rng(0).integers(0, config.vocab_size, 64 * config.seq_len * train_config.batch_size)]
+        corpus = [np.random.default_rng(0).integers(0, config.vocab_size, 64 * config.seq_len * local_batch)]
         generator = torch.Generator().manual_seed(0)
         autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if train_config.dtype == "bfloat16"
                     else nullcontext())
 
-        def timed(step) -> float:
-            x, y = random_windows(corpus, train_config.batch_size, config.seq_len, generator)
+        def timed(step, batch: int) -> float:
+            x, y = random_windows(corpus, batch, config.seq_len, generator)
             sync()
             start = time.perf_counter()
             step(on_device(x, device), on_device(y, device))
@@ -223,9 +240,10 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
             return time.perf_counter() - start
 
         def train_step(x, y):
-            with autocast:
-                _, loss = model(x, y)
-            loss.backward()
+            for micro_x, micro_y in zip(x.chunk(train_config.grad_accum), y.chunk(train_config.grad_accum)):
+                with autocast:
+                    _, loss = model(micro_x, micro_y)
+                (loss / train_config.grad_accum).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
             for optimizer in optimizers:
                 optimizer.step()
@@ -236,12 +254,28 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
             with autocast:
                 model(x, y)
 
-        steps = [timed(train_step) for _ in range(repeats + 2)][2:]
-        evals = [timed(eval_step) for _ in range(3)][1:]
+        steps = [timed(train_step, micro * train_config.grad_accum) for _ in range(repeats + 2)][2:]
+        evals = [timed(eval_step, local_batch) for _ in range(3)][1:]
     finally:
         torch.set_num_threads(previous)
+        del model, optimizers
+        gc.collect()
+        torch.cuda.empty_cache()  # a no-op unless CUDA was used
     median = statistics.median(steps)
     return StepTime(median, (max(steps) - min(steps)) / median, statistics.median(evals), threads or previous)
+
+
+def step_fits(config: ModelConfig, train_config, device: torch.device, processes: Processes | None = None) -> bool:
+    """Whether `measure_step` can time `config` on `device`: on a GPU, whether one whole replica
+    with its gradients, optimizer state and the per-rank micro-batch's activations
+    (`memory_per_device` of one device) fits its usable memory. An FSDP run may train a model
+    whose unsharded step does not fit; the CPU's memory is not checked."""
+    if device.type != "cuda":
+        return True
+    processes = processes or launched_processes()
+    micro = micro_batch_size(train_config.batch_size, processes.world_size, train_config.grad_accum)
+    needed = memory_per_device(config, micro, 1, "ddp", train_config.optimizer, train_config.dtype).total
+    return needed <= USABLE_MEMORY_FRACTION * torch.cuda.get_device_properties(device).total_memory
 
 
 # Torch threads of every run a study trains on a CPU, however many run at once: a matmul's
@@ -295,6 +329,27 @@ def model_flops_utilization(config: ModelConfig, tokens_per_second: float, peak_
     return tokens_per_second * training_flops(config, 1)["total"] / peak_flops
 
 
+@functools.lru_cache(maxsize=64)
+def muon_flops_per_step(config: ModelConfig) -> float:
+    """FLOPs of torch.optim.Muon's Newton–Schulz orthogonalisation in one optimizer step: for each
+    Muon matrix, m x n with m <= n (transposed if taller), each of ns_steps iterations computes
+    A = X·Xᵀ (2·m²·n), B = b·A + c·A·A (2·m³) and X = a·X + B·X (2·m²·n):
+
+        ns_steps · Σ (4·m²·n + 2·m³)
+
+    Every DDP rank orthogonalises every matrix (the update is not sharded), so this is per rank,
+    however many ranks share the batch."""
+    ns_steps = inspect.signature(torch.optim.Muon).parameters["ns_steps"].default
+    with torch.device("meta"):
+        model = GPT(config)
+    total = 0
+    for name, parameter in model.named_parameters():
+        if is_muon_matrix(name, parameter):
+            m, n = sorted(parameter.shape)
+            total += 4 * m * m * n + 2 * m ** 3
+    return float(ns_steps * total)
+
+
 def training_flops(config: ModelConfig, tokens: int) -> dict[str, float]:
     """FLOPs of training on `tokens` tokens: the 6·N·D term, the attention term, their total."""
     weights = 6 * matmul_parameters(config) * tokens
@@ -311,7 +366,7 @@ class Memory:
     weights: float
     gradients: float
     optimizer: float
-    buffers: float  # DDP gradient buckets, or FSDP's unsharded working set
+    buffers: float  # FSDP's unsharded working set (DDP's buckets hold the gradients themselves)
     activations: float
 
     @property
@@ -361,8 +416,7 @@ def memory_per_device(config: ModelConfig, micro_batch: int, world_size: int, st
               "optimizer": float(optimizer_state_bytes(config, optimizer))}
     activations = activation_bytes(config, micro_batch, dtype)
     if strategy == "ddp":
-        buckets = 4.0 * groups["total"] if world_size > 1 else 0.0
-        return Memory(**states, buffers=buckets, activations=activations)
+        return Memory(**states, buffers=0.0, activations=activations)  # the gradients are the buckets
     unsharded = 8.0 * (groups["root"] + 2 * groups["block"])
     return Memory(**{k: v / world_size for k, v in states.items()}, buffers=unsharded, activations=activations)
 
@@ -464,11 +518,13 @@ def study_plan(variants: list[ModelConfig], train_config, devices: Devices, *, t
         raise PlanError(f"jobs = {jobs!r} is invalid: must be a positive integer")
     for config in variants:
         flops = training_flops(config, steps * tokens_per_step)
+        # the optimizer's own FLOPs, per rank (not in "total": MFU counts the model's FLOPs alone)
+        flops["optimizer"] = steps * muon_flops_per_step(config) if train_config.optimizer == "muon" else 0.0
         memory = {s: memory_per_device(config, micro, devices.count, s, train_config.optimizer, train_config.dtype)
                   for s in STRATEGIES}
         step = (step_times or {}).get(config.label)
-        wall_s = (run_seconds(step, train_config, steps) if step
-                  else flops["total"] / (devices.count * devices.peak_flops * mfu))
+        wall_s = (run_seconds(step, train_config, steps) if step  # a measured step includes the optimizer's
+                  else (flops["total"] / devices.count + flops["optimizer"]) / (devices.peak_flops * mfu))
         plans.append(VariantPlan(
             label=config.label, params=_counts(config)["total"], matmul_params=matmul_parameters(config),
             steps=steps, tokens=steps * tokens_per_step, flops=flops, wall_s=wall_s,
@@ -493,9 +549,10 @@ def study_plan(variants: list[ModelConfig], train_config, devices: Devices, *, t
 
 
 def fitting_setups(config: ModelConfig, plan: StudyPlan) -> list[str]:
-    """Setups under which `config` fits: the other strategy on the same devices, a smaller
-    micro-batch with more gradient accumulation (same global batch), and the fewest devices
-    that fit with FSDP (which trains with AdamW: Muon needs whole matrices)."""
+    """Setups under which `config` fits, each with the command-line options that choose it (of
+    `headlab train` and `headlab reproduce` alike): the other strategy on the same devices, a
+    smaller micro-batch with more gradient accumulation (same global batch), and the fewest
+    devices that fit with FSDP (which trains with AdamW: Muon needs whole matrices)."""
     def fits(micro: int, world: int, strategy: str) -> bool:
         optimizer = "adamw" if strategy == "fsdp" else plan.optimizer
         return memory_per_device(config, micro, world, strategy, optimizer,
@@ -503,23 +560,28 @@ def fitting_setups(config: ModelConfig, plan: StudyPlan) -> list[str]:
 
     with_adamw = " with AdamW" if plan.optimizer != "adamw" else ""
 
+    def options(strategy: str, grad_accum: int) -> str:
+        chosen = [f"--parallel {strategy}"] + (["--optimizer adamw"] if strategy == "fsdp" and with_adamw else [])
+        return " ".join(chosen + [f"--grad-accum {grad_accum}"])
+
     found = []
     n, batch = plan.devices.count, plan.batch_size
     if plan.strategy == "ddp" and n > 1 and fits(plan.micro_batch, n, "fsdp"):
-        found.append(f"FSDP{with_adamw} on the same {n} devices")
+        found.append(f"FSDP{with_adamw} on the same {n} devices ({options('fsdp', plan.grad_accum)})")
     micro = plan.micro_batch // 2
     while micro >= 1 and not (batch % (n * micro) == 0 and fits(micro, n, plan.strategy)):
         micro //= 2
     if micro >= 1:
         found.append(f"micro-batch {micro} with gradient accumulation {batch // (n * micro)} "
-                     f"({plan.strategy.upper()} on {n} devices)")
+                     f"({plan.strategy.upper()} on {n} devices: {options(plan.strategy, batch // (n * micro))})")
     for world in range(n + 1, min(batch, MAX_SUGGESTED_DEVICES) + 1):
         if batch % world:
             continue
         micro = max((m for m in range(1, min(plan.micro_batch, batch // world) + 1) if (batch // world) % m == 0))
         if fits(micro, world, "fsdp"):
             found.append(f"FSDP{with_adamw} on {world} x {plan.devices.name} (micro-batch {micro}, "
-                         f"gradient accumulation {batch // (world * micro)})")
+                         f"gradient accumulation {batch // (world * micro)}: {world} processes, "
+                         f"{options('fsdp', batch // (world * micro))})")
             break
     return found
 
@@ -572,8 +634,12 @@ def format_plan(plan: StudyPlan) -> str:
         f"{_si(first.tokens)} tokens; micro-batch {plan.micro_batch} per device, gradient accumulation "
         f"{plan.grad_accum}",
         "FLOPs = 6·N·D + 6·L·H·(d_qk+d_v)·(T/2)·D, N = parameters without the input embedding; " + timing,
-        "",
     ]
+    if first.flops["optimizer"]:
+        share = max(v.flops["optimizer"] / (v.flops["total"] / d.count) for v in plan.variants)
+        lines.append(f"Muon's Newton–Schulz orthogonalisation: every rank runs it on every matrix, up to "
+                     f"+{100 * share:.0f}% of a rank's model FLOPs; counted in the wall time, not in MFU")
+    lines.append("")
     step_column = f"{'ms/step':>9}" if plan.measured else ""
     header = (f"{'variant':<20}{'params':>11}{'N':>11}{'6·N·D':>11}{'+attn':>7}{'FLOPs':>11}{step_column}{'MFU':>6}"
               f"{'wall':>9}{'checkpoint':>12}{'DDP/dev':>10}{'FSDP/dev':>10}  fits")

@@ -30,8 +30,8 @@ from headlab.io import FolderLock, refuse_foreign
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, eval_mode
 from headlab.training.config import TrainConfig
-from headlab.training.distributed import (Processes, join_process_group, launched_processes, local_main_first,
-                                         together, training_device)
+from headlab.training.distributed import (Processes, failing_alone, join_process_group, launched_processes,
+                                         local_main_first, together, training_device)
 from headlab.training.optimizers import make_optimizers
 from headlab.training.runs import (EXECUTION_FIELDS, MANIFEST, MetricsLog, Run, gather_training_state, load_checkpoint,
                                    open_run, record_start, save_checkpoint)
@@ -151,7 +151,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
     device = training_device(train_config.device, launched.local_rank)
     ddp = join_process_group(device)
     run_dir = Path(out) if out is not None else None
-    with ExitStack() as held:
+    with failing_alone(), ExitStack() as held:
         with together(ddp):  # rank 0 alone owns the folder; if it cannot, no rank trains
             if run_dir is not None and ddp.is_main:
                 refuse_foreign(run_dir, MANIFEST)
@@ -213,9 +213,13 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if train_config.dtype == "bfloat16"
                 else nullcontext())
     step_model = model
-    if ddp.world_size > 1 and not sharded:
-        step_model = torch.nn.parallel.DistributedDataParallel(  # the only buffers are RoPE tables: nothing to broadcast
-            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+    replicated = ddp.world_size > 1 and not sharded
+    if replicated:
+        # the only buffers are RoPE tables: nothing to broadcast. The gradients live in DDP's
+        # all-reduce buckets (zeroed in place below, so they stay there): no second 4 B per parameter.
+        step_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
+            gradient_as_bucket_view=True)
     synchronizing = _gradient_sync(step_model)
     if train_config.compile and device.type == "cuda" and not sharded:
         step_model = torch.compile(step_model)
@@ -247,8 +251,8 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
         _set_learning_rates(optimizers, learning_rate_factor(step, train_config))
         x, y = random_windows(corpus.train, train_config.batch_size, model_config.seq_len, generator)
         rows = slice(ddp.rank * local_batch, (ddp.rank + 1) * local_batch)
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:  # DDP's gradients are views of its buckets: zeroed, not dropped
+            optimizer.zero_grad(set_to_none=not replicated)
         loss = torch.zeros((), device=device)
         x, y = on_device(x[rows], device), on_device(y[rows], device)
         for micro, (micro_x, micro_y) in enumerate(zip(x.chunk(n_micro), y.chunk(n_micro))):
@@ -293,7 +297,7 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     if ddp.world_size > 1:
         dist.barrier()
     if sharded:
-        model = _whole_model_on_main(model, model_config, ddp)
+        model = _whole_model_on_main(model, model_config, ddp, device)
     return Run(model=model.eval() if model is not None else None, model_config=model_config,
                train_config=train_config, step=train_config.steps, metrics=metrics.records, path=run_dir)
 
@@ -328,12 +332,16 @@ def _gradient_sync(step_model: torch.nn.Module):
     return synchronizing
 
 
-def _whole_model_on_main(model: torch.nn.Module, model_config: ModelConfig, ddp: Processes) -> GPT | None:
-    """The FSDP-trained weights gathered into a plain CPU model on rank 0 (None on other ranks)."""
+def _whole_model_on_main(model: torch.nn.Module, model_config: ModelConfig, ddp: Processes,
+                         device: torch.device) -> GPT | None:
+    """The FSDP-trained weights gathered into a plain model on rank 0's own `device` (None on the
+    other ranks): what the caller analyses next runs there, not on a CPU that torchrun gave one
+    thread (OMP_NUM_THREADS=1)."""
     weights, _ = gather_training_state(model, optimizers=[])
     if not ddp.is_main:
         return None
-    whole = GPT(model_config)
+    with torch.device(device):
+        whole = GPT(model_config)
     whole.load_state_dict(weights)
     return whole
 
