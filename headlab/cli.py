@@ -33,7 +33,7 @@ from headlab.data.tokenizers import tokenizer_vocab_size
 from headlab.model.config import ATTENTION_FAMILIES, PRESETS, ModelConfig, preset
 from headlab.model.gpt import count_parameters
 from headlab.report.plots import method_order
-from headlab.report.writer import write_docs, write_report, write_sweep_report
+from headlab.report.writer import SWEEP, SWEEP_MANIFEST, write_docs, write_report, write_sweep_report
 from headlab.study.roles import ROLES, comparison_variants
 from headlab.study.study import Study
 from headlab.study.sweep import grid, sweep_roles, sweep_table
@@ -292,9 +292,6 @@ def cmd_reproduce(args) -> int:
     print(f"report written: {report}")
     print(f"flagship figure: {report.parent / 'figures' / 'spectra_uncentered.png'}")
     return 0
-
-
-SWEEP_MANIFEST, SWEEP = "sweep.json", "a sweep folder"
 
 
 def sweep_values(text: str) -> tuple[str, list]:
