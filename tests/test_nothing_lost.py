@@ -203,3 +203,103 @@ def test_an_analysis_rewrite_that_fails_midway_leaves_the_earlier_one_loadable(f
     monkeypatch.undo()
     again = Analysis.load(out)
     pd.testing.assert_frame_equal(again.summary, good.summary)
+
+
+# ---- 4. silent wrongs in identity and reuse ------------------------------------------------------
+
+def test_two_runs_with_one_base_name_are_two_models(finished_run, tmp_path, capsys):
+    for seed in ("e3a", "e3b"):
+        shutil.copytree(finished_run, tmp_path / seed / "run")
+    assert main(["analyze", str(tmp_path / "e3a" / "run"), str(tmp_path / "e3b" / "run"),
+                 "--out", str(tmp_path / "analysis")]) == 0
+    assert sorted(Analysis.load(tmp_path / "analysis").summary["model"].unique()) == \
+        ["Standard MHA [e3a/run]", "Standard MHA [e3b/run]"]
+    refused_in_one_line(capsys, ["analyze", finished_run, finished_run, "--out", tmp_path / "again"])
+    refused_in_one_line(capsys, ["analyze", tmp_path / "e3a" / "run", tmp_path / "e3b" / "run", "--label", "A",
+                                 "--label", "A", "--out", tmp_path / "again"])
+
+
+def test_study_tables_are_not_reused_for_other_roles(study, monkeypatch):
+    from headlab.study.tables import study_tables
+    monkeypatch.delenv(sources.CACHE_ENV)  # the study's own token cache: its runs are reused
+    tables = study_tables(Study("tiny", 4, study, only=("mha", "mla")), seeds=1, log=lambda m: None)
+    assert tables["summary"]["model"].nunique() == 2
+
+
+def test_a_corpus_edited_with_its_size_and_time_kept_is_tokenized_again(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    stat = text.stat()
+    first = load_corpus(str(text))
+    text.write_text("THE quick brown fox jumps over the lazy dog. " + "the quick brown fox jumps over the lazy dog. " * 199)
+    os.utime(text, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # what `cp -p` and `rsync -a` keep
+    assert text.stat().st_size == stat.st_size
+    assert load_corpus(str(text)).sha256 != first.sha256
+
+
+def test_a_folder_mixing_text_and_document_files_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("plain text the documents would hide " * 100)
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * 50}) + "\n" for i in range(20)))
+    with pytest.raises(ValueError, match="both document files"):
+        load_corpus(str(tmp_path))
+
+
+# ---- 5. unbounded inputs ------------------------------------------------------------------------
+
+def test_a_token_budget_of_years_is_refused_at_once(capsys):
+    assert "more than the" in refused_in_one_line(capsys, ["reproduce", "--preset", "tiny", "--tokens",
+                                                           "4611686018427387904", "--plan"])
+
+
+@pytest.mark.parametrize("plan", [["--plan"], []])
+def test_more_jobs_than_runs_or_cores_are_refused_on_stderr(capsys, tmp_path, plan):
+    assert "--jobs 9664" in refused_in_one_line(capsys, ["reproduce", "--preset", "tiny", "--steps", "4", "--jobs",
+                                                         "9664", "--out", tmp_path / "study", *plan])
+    assert not (tmp_path / "study").exists()
+
+
+# ---- 6. one error path --------------------------------------------------------------------------
+
+def test_ctrl_c_while_the_command_line_loads_is_one_line_and_130():
+    import signal
+    import subprocess
+    import sys
+    import time
+    process = subprocess.Popen([sys.executable, "-m", "headlab", "info", "--preset", "tiny"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    time.sleep(0.5)  # Python is up, the command line (torch, pandas) is still loading
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    lines = err.decode().strip().splitlines()
+    assert process.returncode == 130 and len(lines) == 1 and lines[0].startswith("headlab: error: "), lines
+
+
+def _documents(n: int) -> bytes:
+    return "".join(json.dumps({"text": f"document {i} " + "word " * 60}) + "\n" for i in range(n)).encode()
+
+
+def _struct_parquet(path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"text": [{"a": "x"}] * 20}), path)
+
+
+HOSTILE_CORPORA = {
+    "truncated.jsonl.gz": (lambda p: p.write_bytes(__import__("gzip").compress(_documents(30))[:-40]), "decompressed"),
+    "gzip-named.jsonl.zst": (lambda p: p.write_bytes(__import__("gzip").compress(_documents(30))), "decompressed"),
+    "structs.parquet": (_struct_parquet, "not text"),
+    "bad-utf8.jsonl": (lambda p: p.write_bytes(_documents(30).replace(b"document 7 ", b"document 7 \xff", 1)),
+                       "bad-utf8.jsonl line 8 is not valid UTF-8: byte 0xff at byte offset 21"),
+    "number.jsonl": (lambda p: p.write_bytes(_documents(5) + b'{"text": 5}\n'), "line 6: field 'text' holds 5"),
+    "null.jsonl": (lambda p: p.write_bytes(b'{"text": null}\n' + _documents(20)), "line 1: field 'text' holds null"),
+    "five.jsonl": (lambda p: p.write_bytes(_documents(5)), "at least 10"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_CORPORA))
+def test_a_damaged_or_odd_document_corpus_is_one_line_with_status_2(tmp_path, capsys, name):
+    make, expected = HOSTILE_CORPORA[name]
+    make(tmp_path / name)
+    line = refused_in_one_line(capsys, ["train", "--preset", "tiny", "--corpus", tmp_path / name, "--steps", "1",
+                                        "--no-progress"])
+    assert expected in line, line
