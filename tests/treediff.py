@@ -10,7 +10,7 @@ judge the difference by the invariants of `headlab.io`.
   file appears outside a folder that holds a headlab manifest (after the command).
 - A file a manifest listed with matching content ("good") stays as it was, unless the folder's
   manifest afterwards lists a complete, verified state (every listed file present and matching):
-  a verified new version replaced it.
+  a verified new version replaced it. A manifest itself changes only into one that verifies.
 Locks (their text names the last holder) and headlab's temporaries of a killed write are not
 content."""
 
@@ -86,6 +86,12 @@ def check(before: Tree, after: Tree, status: int, err: str) -> list[str]:
         broken.append(f"error is not one line: {lines[:3]}")
     for name, digest in before.entries.items():
         if after.entries.get(name) == digest or digest == "folder":
+            continue
+        if Path(name).name in MANIFESTS:  # the state's record: replaced by a verified one, or was not verified
+            folder = Path(name).parent.as_posix()
+            if folder in after.complete or folder not in before.complete:
+                continue
+            broken.append(f"manifest {name} changed and what it lists no longer verifies")
             continue
         if before.good(name):
             folder = next((p.as_posix() for p in Path(name).parents if p.as_posix() in after.complete), None)

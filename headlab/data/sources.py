@@ -219,7 +219,8 @@ def _jsonl_texts(file: Path, text_field: str) -> Iterator[str]:
                 if text:
                     yield text
     except (EOFError, OSError) + _zstd_errors() as error:
-        raise ValueError(f"{file} cannot be decompressed to its end ({type(error).__name__}: {error}): it is "
+        detail = str(error).replace("error: ", "")  # zstandard's own 'error:' would read as a second error
+        raise ValueError(f"{file} cannot be decompressed to its end ({type(error).__name__}: {detail}): it is "
                          "truncated, or its content is not what its name says (.gz: gzip, .zst: zstandard)") from None
 
 
