@@ -12,7 +12,7 @@ judge the difference by the invariants of `headlab.io`.
   manifest afterwards lists a complete, verified state (every listed file present and matching):
   a verified new version replaced it. A manifest itself changes only into one that verifies.
 Locks (their text names the last holder) and headlab's temporaries of a killed write are not
-content."""
+content; a run's starts.jsonl may only grow."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from headlab.cli import main
 from headlab.io import LOCK, TEMPORARY
 
 MANIFESTS = ("manifest.json", "analysis.json", "study.json", "docs.json", "sweep.json")
+APPEND_ONLY = ("starts.jsonl",)  # a run's log of its starts: headlab only appends to it, never rewrites it
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Tree:
     entries: dict[str, str]  # name below root -> SHA-256, '-> target' of a link, or 'folder'
     listed: dict[str, str]  # name below root -> SHA-256 a manifest recorded for it
     complete: set[str]  # folders (below root) whose manifest's every file is present and matches
+    logs: dict[str, bytes]  # the content of every `APPEND_ONLY` file
 
     @classmethod
     def read(cls, root: Path) -> "Tree":
@@ -64,7 +66,9 @@ class Tree:
             listed.update(recorded)
             if all(entries.get(f) == sha for f, sha in recorded.items()):
                 complete.add(folder)
-        return cls(root, entries, listed, complete)
+        logs = {name: (root / name).read_bytes() for name, digest in entries.items()
+                if Path(name).name in APPEND_ONLY and not digest.startswith("->") and digest != "folder"}
+        return cls(root, entries, listed, complete, logs)
 
     def owned(self, name: str) -> bool:
         """Whether `name` lies in a folder holding a headlab manifest (or is one)."""
@@ -87,6 +91,8 @@ def check(before: Tree, after: Tree, status: int, err: str) -> list[str]:
     for name, digest in before.entries.items():
         if after.entries.get(name) == digest or digest == "folder":
             continue
+        if name in before.logs and after.logs.get(name, b"").startswith(before.logs[name]):
+            continue  # appended to
         if Path(name).name in MANIFESTS:  # the state's record: replaced by a verified one, or was not verified
             folder = Path(name).parent.as_posix()
             if folder in after.complete or folder not in before.complete:
