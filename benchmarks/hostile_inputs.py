@@ -512,7 +512,102 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
     os.waitpid(pid, 0)
     outcome = api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=root / "busy", resume=True, progress=False))
     record("stale lock of a killed trainer, resumed", same_run(root / "busy", reference) if outcome[0] == "silent" else outcome)
+    issue28_classes(root, corpus, copy_of_finished, record)
     return results
+
+
+def issue28_classes(root: Path, corpus, copy_of_finished, record) -> None:
+    """Issue 28's classes, each over generated members: names that are not a file strictly below
+    the folder, writes that would go through a link or over a user's file, a rewrite failing
+    midway, two sources one label, unbounded counts, and damaged or odd document corpora."""
+    import gzip
+
+    import pandas as pd
+
+    from headlab.report.writer import write_report
+    from headlab.study.study import Study
+    from headlab.study.tables import tabulate_study
+    # confinement: every non-strict name, in every listed field of a run's manifest
+    for field in ("discard", "files"):
+        for name in (".", "./", "", "checkpoint-00000008/.", "x/..", "a//b", "./config.json"):
+            folder = copy_of_finished(f"strict-{field}-{len(name)}-{abs(hash(name)) % 1000}")
+            manifest_path, kept = folder / MANIFEST, current_checkpoint(folder).folder
+            payload = json.loads(manifest_path.read_text())
+            if field == "discard":
+                payload["discard"].append(name)
+            else:
+                payload["files"][name] = {"bytes": 1, "sha256": "0" * 64}
+            manifest_path.write_text(json.dumps(payload))
+            (folder / "notes.md").write_text("the user's notes beside the run's files")
+            record(f"train --resume, manifest {field} {name!r}",
+                   untouched(lambda: api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True,
+                                                       progress=False)), folder.parent / "outside",
+                             folder / "notes.md", kept))
+    # owned writes: a study's report and docs through links and over a user's files
+    study = Study("tiny", 2, root / "study28", corpus="synthetic", only=("mha", "mla"))
+    write_report(tabulate_study(study.train(seeds=1, progress=False, log=lambda m: None), study.load_corpus(), "tiny",
+                                study.folder), study.folder)
+    user = root / "user28"
+    user.mkdir()
+    (user / "headline.md").write_text("the user's own headline")
+    (user / "photo.png").write_bytes(b"the user's photo")
+    record("docs --out <a user's folder with headline.md>", untouched(lambda: cli("docs", study.folder, "--out", user), user))
+    for what in ("figures", "figures/spectra_uncentered.png", "report.md"):
+        target = study.folder / what
+        saved = root / f"saved28-{what.replace('/', '_')}"
+        shutil.move(target, saved)
+        target.symlink_to(user if what == "figures" else user / "photo.png")
+        outcome = untouched(lambda: cli("report", study.folder), user)
+        if outcome[0] == "silent" and not target.is_symlink():
+            outcome = ("clear", "the link was replaced, not written through")
+        record(f"report with {what} a link to a user's file", outcome)
+        target.unlink(missing_ok=True) if target.is_symlink() else None
+        if saved.exists() and not target.exists():
+            shutil.move(saved, target)
+    # a rewrite failing midway keeps the earlier version
+    analysis = root / "analysis28"
+    cli("analyze", copy_of_finished("analysis28-source"), "--out", analysis)
+    good = Analysis.load(analysis).summary
+    original = pd.DataFrame.to_csv
+    for nth in (1, 3, 5):
+        calls = []
+
+        def full_disk(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == nth:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return original(self, *args, **kwargs)
+        pd.DataFrame.to_csv = full_disk
+        outcome = cli("analyze", root / "analysis28-source", "--out", analysis, "--circuit", "both")
+        pd.DataFrame.to_csv = original
+        try:
+            kept = Analysis.load(analysis).summary.equals(good)
+        except ValueError as error:
+            kept, outcome = False, ("lost", str(error)[:200])
+        record(f"analyze rewrite, full disk at table {nth}", outcome if kept else ("lost", outcome[1]))
+    # identity: sources that share a label are distinct models, or refused
+    for a, b in (("e3a/run", "e3b/run"), ("x/y/run", "z/y/run")):
+        for part in (a, b):
+            shutil.copytree(root / "analysis28-source", root / "same28" / part)
+        out_ = root / f"same28-{a.replace('/', '_')}"
+        outcome = cli("analyze", root / "same28" / a, root / "same28" / b, "--out", out_)
+        if outcome[0] == "silent":
+            outcome = ("clear", "two models") if Analysis.load(out_).summary["model"].nunique() == 2 else ("silent", "one model")
+        record(f"analyze {a} {b}", outcome)
+    # unbounded counts
+    for flags in (["--tokens", str(2 ** 62), "--plan"], ["--steps", str(2 ** 40), "--plan"], ["--jobs", "9664", "--plan"],
+                  ["--jobs", "9664", "--steps", "2"]):
+        record(f"reproduce {' '.join(flags)}", cli("reproduce", "--preset", "tiny", "--out", root / "unbounded28", *flags))
+    # damaged or odd document corpora
+    documents = "".join(json.dumps({"text": f"document {i} " + "word " * 60}) + "\n" for i in range(30)).encode()
+    corpora = {"truncated.jsonl.gz": gzip.compress(documents)[:-40], "gzip.jsonl.zst": gzip.compress(documents),
+               "latin1.jsonl": documents.replace(b"document 7 ", b"document 7 \xe9", 1),
+               "number.jsonl": documents + b'{"text": 5}\n', "null.jsonl": b'{"text": null}\n' + documents,
+               "list.jsonl": b'{"text": ["a"]}\n' + documents, "three.jsonl": documents[:300]}
+    for name, data in corpora.items():
+        (root / name).write_bytes(data)
+        record(f"train --corpus {name}", cli("train", "--preset", "tiny", "--corpus", root / name, "--steps", "1",
+                                              "--no-progress"))
 
 
 if __name__ == "__main__":

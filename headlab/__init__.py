@@ -11,17 +11,24 @@ The package is layered, and data flows one way (a lower layer never imports a hi
     cli        `headlab info | train | analyze | reproduce | report`
 """
 
-from headlab.training.runs import installed_version
+from importlib import import_module
 
-__version__ = installed_version()
+# Loaded on first use (PEP 562), so `headlab` (and its command line's Ctrl-C guard) starts without
+# importing torch first.
+EXPORTS = {
+    "headlab.analysis": ("Analysis", "analyze"),
+    "headlab.data": ("Corpus", "load_corpus"),
+    "headlab.model": ("ATTENTION_FAMILIES", "GPT", "PRESETS", "ModelConfig", "preset"),
+    "headlab.study": ("comparison_roles", "comparison_variants"),
+    "headlab.training": ("Run", "TrainConfig", "TrainingDiverged", "load_run", "train", "train_preset"),
+}
+MODULE_OF = {name: module for module, names in EXPORTS.items() for name in names}
+__all__ = sorted(MODULE_OF)
 
-from headlab.analysis import Analysis, analyze  # noqa: E402
-from headlab.data import Corpus, load_corpus  # noqa: E402
-from headlab.model import ATTENTION_FAMILIES, GPT, PRESETS, ModelConfig, preset  # noqa: E402
-from headlab.study import comparison_roles, comparison_variants  # noqa: E402
-from headlab.training import Run, TrainConfig, TrainingDiverged, load_run, train, train_preset  # noqa: E402
 
-__all__ = [
-    "ATTENTION_FAMILIES", "Analysis", "Corpus", "GPT", "ModelConfig", "PRESETS", "Run", "TrainConfig", "TrainingDiverged",
-    "analyze", "comparison_roles", "comparison_variants", "load_corpus", "load_run", "preset", "train", "train_preset",
-]
+def __getattr__(name: str):
+    if name == "__version__":
+        return import_module("headlab.training.runs").installed_version()
+    if name in MODULE_OF:
+        return getattr(import_module(MODULE_OF[name]), name)
+    raise AttributeError(f"module 'headlab' has no attribute {name!r}")

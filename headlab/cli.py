@@ -30,11 +30,12 @@ from headlab.analysis.snapshots import analyze_snapshots
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.io import Manifest
 from headlab.data.corpus import load_corpus
+from headlab.data.encoding import available_cores
 from headlab.data.tokenizers import tokenizer_vocab_size
 from headlab.model.config import ATTENTION_FAMILIES, PRESETS, ModelConfig, preset
 from headlab.model.gpt import count_parameters
 from headlab.report.plots import method_order
-from headlab.report.writer import write_docs, write_report, write_sweep_report
+from headlab.report.writer import SWEEP, SWEEP_MANIFEST, write_docs, write_report, write_sweep_report
 from headlab.study.roles import ROLES, comparison_variants
 from headlab.study.study import Study
 from headlab.study.sweep import UNSWEPT_TRAIN_FIELDS, grid, sweep_roles, sweep_table
@@ -230,10 +231,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         print(f"wrote the tables of {result.summary['step'].nunique()} training steps to {result.save(args.out)}")
         return 0
     sources = [load_heads(source, label) for source, label in zip(args.sources, given)]
-    labels = [heads.label for heads in sources]
-    if args.label is None:  # two runs of one variant share a default label: add the folder name
-        labels = [f"{label} [{Path(src).name}]" if labels.count(label) > 1 else label
-                  for label, src in zip(labels, args.sources)]
+    labels = distinct_labels([heads.label for heads in sources], args.sources) if args.label is None else args.label
+    if len(set(labels)) < len(labels):
+        twice = sorted({label for label in labels if labels.count(label) > 1})
+        raise ValueError(f"--label gives {', '.join(map(repr, twice))} to several sources: give each SOURCE its own "
+                         "label, or each model would overwrite another's rows")
     if (args.measure == "data") != (args.text is not None):
         raise ValueError(f"--measure {args.measure} with --text {args.text}: --measure data needs --text FILE, "
                          "and only it reads one")
@@ -246,6 +248,25 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     print(format_effective_ranks(result.summary))
     print(f"wrote similarity.csv, spectra.csv, summary.csv, norms.csv, lrkv_cosine.csv to {folder}")
     return 0
+
+
+def distinct_labels(labels: list[str], sources: list[str]) -> list[str]:
+    """Each source's label; a label several sources share gets the shortest end of each one's
+    path that tells them apart ('MHA [e3a/run]', 'MHA [e3b/run]'). The same source given twice
+    is refused: it would be one model counted as two."""
+    distinct = list(labels)
+    for label in dict.fromkeys(labels):
+        shared = [i for i, other in enumerate(labels) if other == label]
+        if len(shared) < 2:
+            continue
+        paths = [Path(sources[i]).resolve().parts for i in shared]
+        if len(set(paths)) < len(paths):
+            raise ValueError(f"{', '.join(sources[i] for i in shared)} name the same source more than once: give "
+                             "each SOURCE once")
+        depth = next(d for d in range(1, max(map(len, paths)) + 1) if len({p[-d:] for p in paths}) == len(paths))
+        for i, path in zip(shared, paths):
+            distinct[i] = f"{label} [{'/'.join(path[-depth:])}]"
+    return distinct
 
 
 def _moments(source: str, text_file: Path):
@@ -295,6 +316,14 @@ def study_settings(settings: list[tuple[str, list]]) -> tuple[dict, dict]:
     return model, training
 
 
+def check_jobs(jobs: int, runs: int) -> None:
+    """Refuse more runs at once than there are runs, or than cores to share among them."""
+    cores = available_cores()
+    if jobs > 1 and jobs > min(runs, cores):
+        raise ValueError(f"--jobs {jobs} is invalid: at most {min(runs, cores)} ({runs} runs to train, {cores} "
+                         "core(s) to share among them)")
+
+
 def cmd_reproduce(args) -> int:
     """Train every variant (data-parallel on all ranks under torchrun), then rank 0 alone analyses
     and writes the report while the other ranks leave."""
@@ -310,12 +339,16 @@ def cmd_reproduce(args) -> int:
                   corpus_options=source_options, tokens=args.tokens, model_overrides=model_overrides,
                   train_overrides={**train_overrides, **flags})
     jobs = args.jobs or study.default_jobs(args.seeds)
+    check_jobs(jobs, len(study.variants) * args.seeds)
     if args.plan:  # the whole table even when it does not fit: a study's cost is worth seeing either way
         plan = plan_for_args(args, study.variants, study.train_config(0), seeds=args.seeds, check=False, jobs=jobs)
         print(format_plan(plan))
         if note := paper_budget_note(args.preset, plan):
             print(note)
-        return 0 if plan.fits else 2
+        if not plan.fits:
+            raise ValueError("the study does not fit as planned (the table above says what would): change the "
+                             "preset, batch or devices")
+        return 0
     main_rank = int(os.environ.get("RANK", "0")) == 0
     say = print if main_rank else (lambda message: None)
     say(f"training {len(study.roles)} variants x {args.seeds} seed(s) on preset {args.preset} "
@@ -350,9 +383,6 @@ def _duration_text(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds < 3 * 86400 else f"{seconds / 86400:.1f} days"
 
 
-SWEEP_MANIFEST, SWEEP = "sweep.json", "a sweep folder"
-
-
 def sweep_values(text: str) -> tuple[str, list]:
     """'kv_residual_init=0,0.1,1' -> ('kv_residual_init', [0.0, 0.1, 1.0]), each value of the
     ModelConfig or TrainConfig field's type ('optimizer=adamw,muon')."""
@@ -381,6 +411,7 @@ def cmd_sweep(args) -> int:
           f"{args.seeds} seed(s) into {args.out}")
     args.out.mkdir(parents=True, exist_ok=True)
     Manifest.claim(args.out, SWEEP_MANIFEST, SWEEP)  # a folder headlab did not write is refused before training
+    check_jobs(args.jobs, len(points) * len(sweep_roles(args.preset, only)) * args.seeds)
     table = sweep_table(points, args.seeds, args.out, jobs=args.jobs, only=only)
     save_tables(args.out, {"sweep": table}, SWEEP_MANIFEST, SWEEP)
     tables, _ = load_tables(args.out, SWEEP_MANIFEST, SWEEP)

@@ -5,11 +5,12 @@ fsynced and renamed over its target, so a reader sees the old file or the new on
 the usual permissions (0666 less the umask). New files are opened with O_EXCL | O_NOFOLLOW and
 replaced by rename, so a write never follows a symbolic link.
 
-Manifests: every folder headlab writes (a run, an analysis, a study's tables) holds a manifest
-naming each file headlab wrote there with its size and SHA-256, hashed while it was written.
-Every read is verified against it, and headlab overwrites or deletes only what its manifest
-names: a non-empty folder without one is not headlab's and is refused. A name read from a file
-must stay inside its folder (`inside`).
+Manifests: every folder headlab writes (a run, an analysis, a study's tables, report and figures,
+the README's docs) holds a manifest naming each file headlab wrote there with its size and
+SHA-256, hashed while it was written. Every read is verified against it, and headlab overwrites
+only what its manifest names and deletes only a file whose content still matches what it
+recorded: a non-empty folder without one is not headlab's and is refused. A name read from a
+file must name a path strictly below its folder, reached through no link (`inside`).
 
 Locks: `FolderLock` holds an flock on `<folder>/.lock` while one process writes the folder; the
 kernel drops it when that process dies, so a dead writer's lock is never obeyed."""
@@ -23,7 +24,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import socket
 import stat
 import time
@@ -88,9 +88,10 @@ class HashingFile:
         return {"bytes": self.size, "sha256": self.digest.hexdigest()}
 
 
-def write_file(path: Path, write: Callable[[HashingFile], None]) -> dict:
-    """Write `path` atomically through `write(file)`; returns its manifest entry (size and
-    SHA-256, hashed as it was written)."""
+def stage_file(path: Path, write: Callable[[HashingFile], None]) -> tuple[Path, dict]:
+    """Write the content of `path` through `write(file)` into a new temporary beside it; returns
+    the temporary and the manifest entry (size and SHA-256, hashed as it was written). `path`
+    itself is not touched until `commit_file`."""
     path = Path(path)
     tmp = temporary_path(path)
     try:
@@ -104,12 +105,27 @@ def write_file(path: Path, write: Callable[[HashingFile], None]) -> dict:
             raise
         finally:
             os.close(file.fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp, file.entry
+
+
+def commit_file(tmp: Path, path: Path) -> None:
+    """Rename a staged temporary over `path` (a link there is replaced, never followed)."""
+    try:
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_path(path.parent)
-    return file.entry
+    fsync_path(Path(path).parent)
+
+
+def write_file(path: Path, write: Callable[[HashingFile], None]) -> dict:
+    """Write `path` atomically through `write(file)`; returns its manifest entry."""
+    tmp, entry = stage_file(path, write)
+    commit_file(tmp, path)
+    return entry
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -182,28 +198,48 @@ def mismatch(path: Path, manifest: Path) -> ValueError:
 
 def below(folder: Path, name) -> Path:
     """`folder / name` for a name read from a file in `folder`, refused unless it names a path
-    below it: no absolute path, no '..' (links are the reader's to judge)."""
+    strictly below it in plain form: relative, '/'-separated parts none of which is empty, '.'
+    or '..' (so never the folder itself nor its parent; links are the reader's to judge)."""
     folder = Path(folder)
-    if not isinstance(name, str) or not name or os.path.isabs(name) or ".." in Path(name).parts:
-        raise ValueError(f"{name!r} (read from a file in {folder}) is not a path inside {folder}: refusing it")
+    if (not isinstance(name, str) or not name or os.path.isabs(name) or "\\" in name or "\0" in name
+            or any(part in ("", ".", "..") for part in name.split("/"))):
+        raise ValueError(f"{name!r} (read from a file in {folder}) is not the name of a path strictly below "
+                         f"{folder}: refusing it")
     return folder / name
 
 
 def inside(folder: Path, name) -> Path:
-    """`folder / name` for a name read from a file in `folder`, refused unless it stays inside
-    `folder`: no absolute path, no '..', no link leading out."""
+    """`folder / name` for a name read from a file in `folder`, refused unless it is strictly
+    below `folder` and every folder between them is a real folder, not a link."""
     path = below(folder, name)
-    if not path.resolve().is_relative_to(folder.resolve()):
-        raise ValueError(f"{path} leads outside {folder} (through a link): refusing it")
+    for parent in reversed(path.relative_to(folder).parents[:-1]):
+        if (folder / parent).is_symlink() or ((folder / parent).exists() and not (folder / parent).is_dir()):
+            raise ValueError(f"{folder / parent} is a symbolic link or not a folder: headlab never reads or writes "
+                             "through links; replace it by a folder")
     return path
 
 
-def remove_owned(path: Path) -> None:
-    """Delete a file or folder headlab made (a link itself, never what it points to)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
+def make_folders(folder: Path, name: str) -> Path:
+    """Create the folders between `folder` and file `name` below it (none through a link)."""
+    path = inside(folder, name)
+    for parent in reversed(path.relative_to(folder).parents[:-1]):
+        try:
+            os.mkdir(folder / parent)
+        except FileExistsError:
+            inside(folder, name)  # lost a race to a link: refused
+    return path
+
+
+def remove_verified(path: Path, entry: dict) -> bool:
+    """Delete regular file `path` if its content still is what `entry` recorded (a link, an
+    edited file or someone else's file in its place is kept); returns whether it was deleted."""
+    try:
+        if file_digest(path) != entry["sha256"]:
+            return False
+    except (OSError, ValueError):
+        return False
+    path.unlink()
+    return True
 
 
 def refuse_foreign(folder: Path, name: str) -> None:
@@ -220,16 +256,24 @@ def refuse_foreign(folder: Path, name: str) -> None:
                          "empty folder, or one it wrote; choose another")
 
 
+def _is_entry(entry) -> bool:
+    return isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)
+
+
 class Manifest:
-    """What headlab wrote in one folder: each file's size and SHA-256, names it made that are no
-    longer part of the folder's state (`discard`: removed at the next write), and `meta`."""
+    """What headlab wrote in one folder: each file's size and SHA-256 (`files`, the folder's
+    state), files it wrote that are not (or not yet) part of that state (`retired`, same
+    entries: deleted at the next write if their content still matches), names it is writing
+    now (`discard`: at the next write only their temporaries, and a folder among them once
+    empty, are removed; nothing there is deleted on a name alone), and `meta`."""
 
     def __init__(self, folder: Path, name: str, kind: str, files: dict | None = None,
-                 discard: list | None = None, meta: dict | None = None):
+                 discard: list | None = None, meta: dict | None = None, retired: dict | None = None):
         self.folder, self.name, self.kind = Path(folder), name, kind
         self.files: dict[str, dict] = files or {}
         self.discard: list[str] = discard or []
         self.meta: dict = meta or {}
+        self.retired: dict[str, dict] = retired or {}
 
     @property
     def path(self) -> Path:
@@ -248,11 +292,16 @@ class Manifest:
             raise ValueError(f"{path} is not a readable manifest ({error}): write the folder again") from None
         if not (isinstance(payload, dict) and payload.get("format") == FORMAT and payload.get("kind") == kind
                 and isinstance(payload.get("files"), dict) and isinstance(payload.get("discard"), list)
-                and isinstance(payload.get("meta"), dict)
-                and all(isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
-                        for e in payload["files"].values())):
-            raise ValueError(f"{path} is not the manifest of {kind} (format, kind, files, discard, meta)")
-        return cls(folder, name, kind, payload["files"], payload["discard"], payload["meta"])
+                and isinstance(payload.get("meta"), dict) and isinstance(payload.get("retired", {}), dict)
+                and all(map(_is_entry, payload["files"].values()))
+                and all(map(_is_entry, payload.get("retired", {}).values()))):
+            raise ValueError(f"{path} is not the manifest of {kind} (format, kind, files, discard, retired, meta)")
+        manifest = cls(folder, name, kind, payload["files"], payload["discard"], payload["meta"], payload.get("retired"))
+        for listed in [*manifest.files, *manifest.retired, *manifest.discard]:
+            below(folder, listed)  # the folder itself, its parent or an odd name: refused before anything is done
+            if listed.split("/")[0] in (name, LOCK):
+                raise ValueError(f"{path} lists {listed!r}, its own manifest or lock: refusing it")
+        return manifest
 
     @classmethod
     def claim(cls, folder: Path, name: str, kind: str) -> "Manifest":
@@ -267,18 +316,58 @@ class Manifest:
         return manifest
 
     def save(self) -> None:
-        payload = {"format": FORMAT, "kind": self.kind, "files": self.files, "discard": self.discard, "meta": self.meta}
+        payload = {"format": FORMAT, "kind": self.kind, "files": self.files, "discard": self.discard,
+                   "retired": self.retired, "meta": self.meta}
         atomic_write_text(self.path, json.dumps(payload, indent=1))
 
     def file(self, name: str) -> Path:
         return inside(self.folder, name)
 
+    def _target(self, name: str) -> Path:
+        """The path headlab is about to write as `name`: refused if something headlab did not
+        write (not listed, not being written) is already there."""
+        path = make_folders(self.folder, name)
+        if (os.path.lexists(path) and name not in self.files and name not in self.retired
+                and name not in self.discard):
+            raise ValueError(f"{path} exists but {self.path} does not list it (not written by headlab): headlab "
+                             "never overwrites it; move it away or choose another folder")
+        return path
+
     def write(self, name: str, write: Callable[[HashingFile], None]) -> None:
         """Write file `name` atomically and record it (saved with the manifest's next `save`)."""
-        self.files[name] = write_file(self.file(name), write)
+        self.write_all({name: write})
 
     def write_bytes(self, name: str, data: bytes) -> None:
         self.write(name, lambda file: file.write(data))
+
+    def write_all(self, writes: dict[str, Callable[[HashingFile], None]]) -> None:
+        """Write every file of `writes` into temporaries first and only then rename them over
+        their names, so a failure while writing leaves every earlier version in place. The
+        names are recorded (saved with the next `save`)."""
+        new = [name for name in writes if name not in self.files and name not in self.retired
+               and name not in self.discard]
+        if new:  # listed as being written first, so a kill after a rename leaves no file headlab disowns
+            for name in new:
+                self._target(name)
+            self.discard += new
+            self.save()
+        staged = {}
+        try:
+            for name, write in writes.items():
+                staged[name] = stage_file(self._target(name), write)
+        except BaseException:
+            for tmp, _ in staged.values():
+                tmp.unlink(missing_ok=True)
+            raise
+        for name, (tmp, entry) in staged.items():
+            commit_file(tmp, self.file(name))
+            self.files[name] = entry
+            self.retired.pop(name, None)
+        self.discard = [name for name in self.discard if name not in writes]
+
+    def retire(self, name: str) -> None:
+        """Move a listed file out of the folder's state: deleted at the next `remove_leftovers`."""
+        self.retired[name] = self.files.pop(name)
 
     def entry(self, name: str) -> dict:
         if name not in self.files:
@@ -307,19 +396,35 @@ class Manifest:
         return path
 
     def remove_leftovers(self) -> list[str]:
-        """Delete what a killed writer left: temporaries whose name says which listed file they
-        were becoming, and the names listed to discard. Nothing else is touched."""
-        ours = set(self.files) | set(self.discard) | {self.name}
-        folders = {self.file(name).parent for name in ours}
-        leftovers = [p for folder in folders if folder.is_dir() and not folder.is_symlink() for p in folder.iterdir()
-                     if (m := TEMPORARY.match(p.name)) and (p.parent / m.group(1)).relative_to(self.folder).as_posix() in ours]
-        leftovers += [self.file(name) for name in self.discard]
-        for path in leftovers:
-            remove_owned(path)
-        if self.discard:
-            self.discard = []
+        """Delete what a killed or superseded writer left: temporaries whose name says which
+        listed or discarded name they were becoming, retired files whose content still matches
+        their entry (never one the folder's state lists), and discarded folders once empty.
+        Nothing else is touched."""
+        ours = set(self.files) | set(self.retired) | set(self.discard) | {self.name}
+        folders = {self.folder} | {self.file(name).parent for name in ours} | {self.file(name) for name in self.discard}
+        removed = []
+        for folder in folders:
+            if folder.is_dir() and not folder.is_symlink():
+                for path in folder.iterdir():
+                    if ((m := TEMPORARY.match(path.name)) and not path.is_dir()
+                            and (path.parent / m.group(1)).relative_to(self.folder).as_posix() in ours):
+                        path.unlink(missing_ok=True)
+                        removed.append(path.name)
+        for name, entry in self.retired.items():
+            if name not in self.files and remove_verified(self.file(name), entry):
+                removed.append(name)
+        for name in sorted(self.discard, key=lambda n: -n.count("/")):
+            path = self.file(name)
+            if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+                path.rmdir()
+                removed.append(name)
+        # A name still there may be a file renamed into place just before a kill: headlab may
+        # overwrite it, but nothing on a name alone is deleted.
+        pending = [name for name in dict.fromkeys(self.discard) if os.path.lexists(self.file(name))]
+        if pending != self.discard or self.retired:
+            self.discard, self.retired = pending, {}
             self.save()
-        return [p.name for p in leftovers]
+        return removed
 
 
 class FolderLocked(RuntimeError):
@@ -378,3 +483,32 @@ def being_written(folder: Path) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+class writing:
+    """`with writing(folder, name, kind, writer) as manifest:` the manifest of `folder` to write
+    files into, claimed as `Manifest.claim` does (a folder holding files but no manifest is
+    refused), under the folder's lock and with a killed writer's leftovers removed; saved when
+    the block ends without error (what it wrote is then listed)."""
+
+    def __init__(self, folder: Path, name: str, kind: str, writer: str):
+        self.folder, self.name, self.kind, self.writer = Path(folder), name, kind, writer
+
+    def __enter__(self) -> Manifest:
+        refuse_foreign(self.folder, self.name)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.lock = FolderLock(self.folder, self.writer).__enter__()
+        try:
+            self.manifest = Manifest.claim(self.folder, self.name, self.kind)
+            self.manifest.remove_leftovers()
+        except BaseException:
+            self.lock.__exit__()
+            raise
+        return self.manifest
+
+    def __exit__(self, kind, error, trace) -> None:
+        try:
+            if kind is None:
+                self.manifest.save()
+        finally:
+            self.lock.__exit__()

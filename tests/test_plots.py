@@ -14,6 +14,7 @@ import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from headlab.io import Manifest  # noqa: E402
 from headlab.report import plots  # noqa: E402
 
 # The six demo variants, deliberately out of figure order, and their redundancy: the share of
@@ -352,9 +353,11 @@ def test_decode_latency_figure():
     assert list(mqa.get_ydata()) == pytest.approx([1 + 0.6 * t / 100 for t in contexts])
 
 
-def test_save_figure_creates_its_folder(tmp_path):
+def test_save_figure_creates_its_folder_and_lists_both_files(tmp_path):
     figure = Figure()
     figure.add_subplot().plot([0, 1])
-    path = plots.save_figure(figure, tmp_path / "a" / "b", "empty")
+    manifest = Manifest.claim(tmp_path, "figures.json", "a figures folder")
+    path = plots.save_figure(figure, manifest, "a/b/empty")
     assert path == tmp_path / "a" / "b" / "empty.png" and path.stat().st_size > 0
     assert (tmp_path / "a" / "b" / "empty.svg").stat().st_size > 0
+    assert manifest.read_bytes("a/b/empty.png") == path.read_bytes() and "a/b/empty.svg" in manifest.files

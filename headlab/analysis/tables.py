@@ -20,22 +20,26 @@ def save_tables(folder: str | Path, tables: dict[str, pd.DataFrame], manifest: s
                 meta: dict | None = None) -> Path:
     """Write each table as <name>.csv in `folder` (created if needed; refused if it holds files
     headlab did not write), then record them (and `meta`) in the manifest; tables of an earlier
-    write that are not written again are removed. `what` names the folder's kind."""
+    write that are not written again are removed, other files the manifest lists are kept. The
+    earlier tables stay readable until every new one is written (`Manifest.write_all`).
+    `what` names the folder's kind."""
     folder = Path(folder)
     refuse_foreign(folder, manifest)
     folder.mkdir(parents=True, exist_ok=True)
     with FolderLock(folder, "writer of tables"):
         written = Manifest.claim(folder, manifest, what)
         written.remove_leftovers()
-        # From here readers see an unfinished folder, and the earlier tables are listed as ours to remove.
-        written.discard, written.files, written.meta = sorted(written.files), {}, {}
+        earlier = written.meta.get("tables", {}) if isinstance(written.meta.get("tables"), dict) else {}
+        names = {f"{name}.csv": table for name, table in tables.items()}
+        written.discard = [name for name in names if name not in written.files]  # a kill leaves their temporaries
         written.save()
-        entries = {}
-        for name, table in tables.items():
-            written.write(f"{name}.csv", lambda file: file.write(table.to_csv(index=False).encode()))
-            entries[f"{name}.csv"] = {"rows": len(table), "columns": list(table.columns)}
-        written.discard = [name for name in written.discard if name not in written.files]
-        written.meta = {"tables": entries, "meta": meta or {}}
+        written.write_all({name: lambda file, table=table: file.write(table.to_csv(index=False).encode())
+                           for name, table in names.items()})
+        for name in earlier:
+            if name not in names and name in written.files:
+                written.retire(name)
+        written.meta = {"tables": {name: {"rows": len(table), "columns": list(table.columns)}
+                                   for name, table in names.items()}, "meta": meta or {}}
         written.save()
         written.remove_leftovers()
     return folder

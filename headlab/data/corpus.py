@@ -16,13 +16,14 @@ Corpora (`load_corpus(name)`):
     document ends with the tokenizer's end-of-text token, and every 10th document is validation.
 Otherwise validation is the final 10% of the token stream, so the split is deterministic (for a
 BPE trained on the corpus, `bpe:<vocab size>`, the final 10% of its bytes: see `headlab.data.bpe`). A
-cache is keyed by the source's content (for text paths: every file's path, size and modification
-time), and `Corpus.sha256` hashes the token stream, so a run can tell whether it resumes on the
+cache is keyed by the source's content (for text and document paths: every file's path and the
+SHA-256 of its bytes, so an edit that keeps size and modification time is seen), and `Corpus.sha256` hashes the token stream, so a run can tell whether it resumes on the
 same data.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -38,6 +39,7 @@ from headlab.data.shards import TOKENS_FOLDER, Corpus, read_shards, write_shards
 from headlab.data.sources import (DOCUMENT_SUFFIXES, cache_dir, document_files, document_texts, hf_texts,
                                   shakespeare_texts, synthetic_texts, text_files, text_path_texts)
 from headlab.data.tokenizers import get_tokenizer
+from headlab.io import file_digest
 
 
 def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", workers: int | None = None,
@@ -69,11 +71,15 @@ def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", workers: int
     elif kind == "hf":
         texts, key = (lambda: hf_texts(name, **source_options)), f"hf-{_options_key({'spec': name, **source_options})}"
     elif kind == "documents":
-        files = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in documents]
+        mixed = [] if glob.has_magic(name) or not Path(name).is_dir() else sorted(Path(name).rglob("*.txt"))
+        if mixed:
+            raise ValueError(f"corpus folder {name!r} holds both document files ({documents[0].name}, ...) and *.txt "
+                             f"files ({mixed[0].name}, ...): a corpus is one kind; move one kind to its own folder")
+        files = [(str(f.resolve()), file_digest(f)) for f in documents]
         key = f"documents-{_options_key({'files': files, 'text_field': source_options.get('text_field', 'text')})}"
     else:
         path = Path(name).resolve()
-        files = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in text_files(path)]
+        files = [(str(f), file_digest(f)) for f in text_files(path)]  # content, not size and mtime: `cp -p` keeps those
         texts = lambda: text_path_texts(path, **source_options)  # noqa: E731
         key = f"text-{_options_key({'files': files, **source_options})}"
     folder = cache_dir() / TOKENS_FOLDER / f"{key}-{tok.name if tok else _bpe_key(tokenizer)}"

@@ -73,6 +73,12 @@ def write_shards(texts: Iterable[str], tokenizer, folder: Path, val_texts: Itera
         raise ValueError(f"corpus has only {n_tokens} tokens; at least 1000 are needed")
     if val_texts is None:
         splits["train"].move_tail(int(n_tokens * (1 - VAL_FRACTION)), splits["val"])
+    empty = [split for split, files in splits.items() if files.n_tokens == 0]
+    if empty:
+        for files in splits.values():
+            files.remove()
+        raise ValueError(f"corpus leaves the {empty[0]} split empty ({n_tokens} tokens): a document corpus needs at "
+                         "least 10 non-empty documents (every 10th is validation)")
     meta = {"tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "dtype": np.dtype(tokenizer.dtype).name,
             "bytes_per_token": n_bytes / n_tokens, "sha256": digest.hexdigest(),
             "shards": {split: files.close() for split, files in splits.items()}}

@@ -179,38 +179,67 @@ def _parquet_texts(file: Path, text_field: str) -> Iterator[str]:
         import pyarrow.parquet as pq  # optional: only parquet corpora need it
     except ImportError as error:
         raise RuntimeError("parquet corpora need pyarrow: pip install 'headlab[corpora]'") from error
-    parquet = pq.ParquetFile(file)
+    import pyarrow as pa
+    try:
+        parquet = pq.ParquetFile(file)
+    except (OSError, pa.ArrowException) as error:
+        raise ValueError(f"{file} is not a readable parquet file ({error}): it is truncated or not parquet") from None
     if text_field not in parquet.schema_arrow.names:
         raise ValueError(f"{file} has no column {text_field!r} (columns: {', '.join(parquet.schema_arrow.names)}): "
                          "name the text column with --text-field")
-    for batch in parquet.iter_batches(batch_size=1024, columns=[text_field]):
-        yield from (text for text in batch.column(0).to_pylist() if text)
+    kind = parquet.schema_arrow.field(text_field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise ValueError(f"{file} column {text_field!r} holds {kind}, not text: name the text column with --text-field")
+    try:
+        for batch in parquet.iter_batches(batch_size=1024, columns=[text_field]):
+            yield from (text for text in batch.column(0).to_pylist() if text)
+    except (OSError, pa.ArrowException) as error:
+        raise ValueError(f"{file} cannot be read to its end ({error}): it is truncated or damaged") from None
 
 
 def _jsonl_texts(file: Path, text_field: str) -> Iterator[str]:
-    with _open_lines(file) as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{file} line {number} is not JSON ({error.msg})") from None
-            text = record.get(text_field) if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise ValueError(f"{file} line {number} has no text field {text_field!r}: name it with --text-field")
-            if text:
-                yield text
+    """Each line's `text_field`, decoded line by line so an invalid byte is named by file, line
+    and offset; a compressed file that ends early or is not what its name says is one error."""
+    try:
+        with _open_lines(file) as lines:
+            for number, raw in enumerate(lines, start=1):
+                line = _decode(raw, f"{file} line {number}")
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"{file} line {number} is not JSON ({error.msg})") from None
+                if not isinstance(record, dict) or text_field not in record:
+                    raise ValueError(f"{file} line {number} has no text field {text_field!r}: name it with --text-field")
+                text = record[text_field]
+                if not isinstance(text, str):
+                    raise ValueError(f"{file} line {number}: field {text_field!r} holds {json.dumps(text)[:40]}, not "
+                                     "text: every document's text must be a JSON string")
+                if text:
+                    yield text
+    except (EOFError, OSError) + _zstd_errors() as error:
+        detail = str(error).replace("error: ", "")  # zstandard's own 'error:' would read as a second error
+        raise ValueError(f"{file} cannot be decompressed to its end ({type(error).__name__}: {detail}): it is "
+                         "truncated, or its content is not what its name says (.gz: gzip, .zst: zstandard)") from None
 
 
-def _open_lines(file: Path) -> io.TextIOBase:
+def _zstd_errors() -> tuple[type[BaseException], ...]:
+    try:
+        import zstandard
+    except ImportError:
+        return ()
+    return (zstandard.ZstdError,)
+
+
+def _open_lines(file: Path) -> io.BufferedIOBase:
+    """`file` as a binary stream of lines, decompressed as its name says."""
     if file.name.endswith(".gz"):
-        return gzip.open(file, "rt", encoding="utf-8")
+        return gzip.open(file, "rb")
     if file.name.endswith(".zst"):
         try:
             import zstandard  # optional: only .zst corpora need it
         except ImportError as error:
             raise RuntimeError(".jsonl.zst corpora need zstandard: pip install 'headlab[corpora]'") from error
-        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(file, "rb"), closefd=True),
-                                encoding="utf-8")
-    return open(file, encoding="utf-8")
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(file, "rb"), closefd=True))
+    return open(file, "rb")

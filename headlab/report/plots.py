@@ -1,7 +1,7 @@
 """Figures of the head-similarity study: tidy tables in, `matplotlib.figure.Figure` out.
 
     fig = spectra_figure(analysis.spectra)                       # the flagship figure (uncentered)
-    fig.savefig("figures/spectra.png", dpi=150, bbox_inches="tight")
+    save_figure(fig, manifest, "figures/spectra")                # PNG and SVG, listed in the folder's manifest
 
 Every function is pure: it reads tables with the columns of `headlab.analysis` (see each
 docstring), keeps one circuit (`"qk"` unless told), and returns a new Figure that pyplot does
@@ -39,6 +39,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import EngFormatter, MaxNLocator, PercentFormatter
 
+from headlab.io import Manifest
+
 KINDS = ("uncentered", "centered")
 KIND_TITLES = {"uncentered": "uncentered", "centered": "centered, PCA-based"}
 CIRCUIT_TITLES = {"qk": "QK circuit", "ov": "OV circuit", "pattern": "attention maps"}
@@ -69,14 +71,17 @@ class NotebookFigure(Figure):
 
 # ---- methods: order, colours, markers ------------------------------------------------------
 
-def save_figure(figure: Figure, folder: Path, name: str) -> Path:
-    """Write `figure` into `folder` (created if needed) as <name>.png (130 dpi, what report.md
-    shows) and <name>.svg (for print); returns the PNG's path."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    figure.savefig(folder / f"{name}.png", dpi=130, bbox_inches="tight")
-    figure.savefig(folder / f"{name}.svg", bbox_inches="tight", metadata={"Date": None})  # same figure, same bytes
-    return folder / f"{name}.png"
+def save_figure(figure: Figure, manifest: Manifest, name: str) -> Path:
+    """Write `figure` as <name>.png (130 dpi, what report.md shows) and <name>.svg (for print)
+    into the folder of `manifest`, which records them (`name` may hold a subfolder: 'figures/x');
+    each is drawn into memory and written atomically, never through a link. Returns the PNG's path."""
+    drawn = {}
+    for suffix, options in ((".png", {"dpi": 130}), (".svg", {"metadata": {"Date": None}})):  # SVG: same figure, same bytes
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format=suffix[1:], bbox_inches="tight", **options)
+        drawn[name + suffix] = buffer.getvalue()
+    manifest.write_all({file: lambda out, data=data: out.write(data) for file, data in drawn.items()})
+    return manifest.file(name + ".png")
 
 
 def method_order(labels: Iterable[str]) -> list[str]:

@@ -4,9 +4,10 @@ statistics by a stated rule (`headlab.study.claims`).
 
     write_report(read_study_tables("runs/reproduce"), "runs/reproduce")   # what `headlab report` does
 
-Output (beside the study's tables):
+Output (beside the study's tables, each file written atomically and listed in study.json, so a
+folder headlab did not write, a file there it did not write, or a `figures` link is refused):
     figures/*.png, *.svg      the flagship spectra figure and the supporting figures
-    report.md                 written atomically
+    report.md
 
 MLA's decoupled RoPE parts: every run is analysed both ways (`mla_rope` column); the flagship
 figure and every other figure use the study's flagship setting, and the tables show MLA both ways.
@@ -21,7 +22,7 @@ import pandas as pd
 from headlab.analysis.measures import VIEWS
 from headlab.analysis.similarity import BEHAVIOUR
 from headlab.analysis.spectrum import KINDS
-from headlab.io import atomic_write_text
+from headlab.io import Manifest, writing
 from headlab.report import plots
 from headlab.study.claims import (claims, difference_to_mha, final_losses, halfway, measure_claims, per_seed_metrics,
                                   per_seed_ranks, per_step_metrics, rule_text, training_claims, values, variant_name,
@@ -29,7 +30,7 @@ from headlab.study.claims import (claims, difference_to_mha, final_losses, halfw
 from headlab.study.paper import PAPER
 from headlab.study.stats import paired_difference, spread
 from headlab.study.sweep import grid_axes, sweep_sentences
-from headlab.study.study import loss_unit
+from headlab.study.study import MANIFEST, STUDY, loss_unit
 from headlab.study.tables import StudyTables
 
 FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "effective_rank_uncentered",
@@ -37,6 +38,9 @@ FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "eff
 # What the README shows (`write_docs`): the flagship figure, then how head diversity runs with depth
 # and what each variant's cache saving costs in loss.
 DOCS_FIGURES = ("spectra_uncentered", "effective_rank_centered", "loss_vs_cache")
+DOCS_MANIFEST, DOCS = "docs.json", "a docs folder"  # what `write_docs` wrote, so it overwrites nothing else
+SWEEP_MANIFEST, SWEEP = "sweep.json", "a sweep folder"
+FIGURES_FOLDER = "figures"
 
 
 # ---- tables in the paper's form -----------------------------------------------------------------
@@ -130,9 +134,10 @@ def recipe_text(meta: dict) -> str:
 
 # ---- figures ---------------------------------------------------------------------------------------
 
-def draw_figures(tables: StudyTables, folder: Path, names: tuple[str, ...] = FIGURES) -> list[Path]:
+def draw_figures(tables: StudyTables, manifest: Manifest, folder: str | None, names: tuple[str, ...] = FIGURES
+                 ) -> list[Path]:
     """The figures `names` of the report's main part (default: all), at the flagship `mla_rope`, as
-    PNG and SVG; returns the PNG paths."""
+    PNG and SVG in subfolder `folder` (None: the top) of `manifest`'s folder; returns the PNG paths."""
     flagship = tables.meta["flagship_mla_rope"]
     chosen = {name: tables[name][tables[name]["mla_rope"] == flagship] for name in ("spectra", "summary", "similarity")}
     spectra, summary, similarity = chosen["spectra"], chosen["summary"], chosen["similarity"]
@@ -154,7 +159,11 @@ def draw_figures(tables: StudyTables, folder: Path, names: tuple[str, ...] = FIG
         "loss_vs_cache": plots.loss_vs_cache_figure(final[["model", "seed", "kv_cache_pct", "val_loss", "loss_unit"]],
                                                     palette=colours),
     }
-    return [plots.save_figure(figures[name], folder, name) for name in names]
+    return [plots.save_figure(figures[name], manifest, figure_name(folder, name)) for name in names]
+
+
+def figure_name(folder: str | None, name: str) -> str:
+    return name if folder is None else f"{folder}/{name}"
 
 
 def write_docs(tables: StudyTables, out: str | Path) -> Path:
@@ -163,26 +172,31 @@ def write_docs(tables: StudyTables, out: str | Path) -> Path:
     ± the 95% t half-width). Returns headline.md's path. (How long a study took is not a table's:
     tables are redrawn from reused runs in minutes, so the README states the measured time.)"""
     out = Path(out)
-    draw_figures(tables, out, DOCS_FIGURES)
+    with writing(out, DOCS_MANIFEST, DOCS, "docs writer") as manifest:
+        draw_figures(tables, manifest, None, DOCS_FIGURES)
+        manifest.write_bytes("headline.md", "\n".join(headline_lines(tables)).encode())
+    return out / "headline.md"
+
+
+def headline_lines(tables: StudyTables) -> list[str]:
     metrics = per_seed_metrics(tables["summary"], tables["training"])
     meta = tables.meta
-    lines = [f"`{meta['preset']}`: {meta['n_layer']} layers x {meta['n_head']} heads, {meta['steps']} steps, "
-             f"{len(meta['seeds'])} seeds, {meta['corpus_description']}. {recipe_text(meta)}", "",
-             markdown_table(loss_table(metrics, meta["flagship_mla_rope"]), 3), "",
-             markdown_table(rank_table(tables["summary"], metrics), 1), ""]
-    atomic_write_text(out / "headline.md", "\n".join(lines))
-    return out / "headline.md"
+    return [f"`{meta['preset']}`: {meta['n_layer']} layers x {meta['n_head']} heads, {meta['steps']} steps, "
+            f"{len(meta['seeds'])} seeds, {meta['corpus_description']}. {recipe_text(meta)}", "",
+            markdown_table(loss_table(metrics, meta["flagship_mla_rope"]), 3), "",
+            markdown_table(rank_table(tables["summary"], metrics), 1), ""]
 
 
 # ---- sections ----------------------------------------------------------------------------------------
 
-def training_section(tables: StudyTables, folder: Path) -> list[str]:
+def training_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     """'Effective rank through training': two figures and the claims of `training_claims`."""
     snapshots = tables["snapshot_summary"]
     summary = snapshots[snapshots["mla_rope"] == tables.meta["flagship_mla_rope"]].drop(columns="mla_rope")
     colours = plots.palette(summary["model"].unique())
     figures = [plots.save_figure(plots.rank_through_training_figure(summary, kind=kind, palette=colours),
-                                 folder, f"effective_rank_through_training_{kind}") for kind in KINDS]
+                                 manifest, f"{FIGURES_FOLDER}/effective_rank_through_training_{kind}")
+               for kind in KINDS]
     metrics = per_step_metrics(snapshots, tables.meta["flagship_mla_rope"])
     steps = sorted(metrics["step"].unique())
     return [
@@ -201,7 +215,7 @@ def training_section(tables: StudyTables, folder: Path) -> list[str]:
     ]
 
 
-def factors_section(tables: StudyTables, folder: Path) -> list[str]:
+def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     """"LRKV's factors": the residual-to-shared norm ratio (at the end and through training), the
     principal angles between the shared and residual subspaces, and MHA's rank-r bound; nothing
     for a study without LRKV (or with tables older than these diagnostics)."""
@@ -209,8 +223,8 @@ def factors_section(tables: StudyTables, folder: Path) -> list[str]:
         return []
     factors, through, bound = tables["lrkv_factors"], tables["factor_training"], tables["rank_bound"]
     colours = plots.palette(tables["summary"]["model"].unique())
-    figure = plots.save_figure(plots.factor_norm_figure(through, palette=colours), folder,
-                               "lrkv_norm_ratio_through_training")
+    figure = plots.save_figure(plots.factor_norm_figure(through, palette=colours), manifest,
+                               f"{FIGURES_FOLDER}/lrkv_norm_ratio_through_training")
     halfway_step = min(through["step"].unique(), key=lambda step: abs(step - through["step"].max() / 2))
     at_halfway = through[through["step"] == halfway_step].groupby(["model", "seed"])["norm_ratio"].mean()
     rows = []
@@ -272,12 +286,13 @@ def factors_section(tables: StudyTables, folder: Path) -> list[str]:
     ]
 
 
-def measures_section(tables: StudyTables, folder: Path) -> list[str]:
+def measures_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     """'Do the measures agree?': the three views' ranks, their agreement and `measure_claims`."""
     summary, agreement = tables["measures"], tables["measure_agreement"]
     colours = plots.palette(summary["model"].unique())
     for kind in KINDS:
-        plots.save_figure(plots.measures_figure(summary, kind=kind, palette=colours), folder, f"measures_{kind}")
+        plots.save_figure(plots.measures_figure(summary, kind=kind, palette=colours), manifest,
+                          f"{FIGURES_FOLDER}/measures_{kind}")
     ranks = per_seed_ranks(summary)
     overview = (ranks.groupby(["model", "measure", "kind"], sort=False)["rank"]
                 .apply(lambda v: spread(v.to_numpy()).format(1)).unstack("measure").reset_index()
@@ -322,9 +337,14 @@ def measures_section(tables: StudyTables, folder: Path) -> list[str]:
 def write_report(tables: StudyTables, out: str | Path) -> Path:
     """Draw the figures and write report.md into `out` from a study's tables (nothing is trained or
     analysed here); returns the report's path."""
-    out = Path(out)
-    figures_folder = out / "figures"
-    figure_paths = draw_figures(tables, figures_folder)
+    with writing(out, MANIFEST, STUDY, "report writer") as manifest:
+        manifest.write_bytes("report.md", "\n".join(report_lines(tables, manifest)).encode())
+    return Path(out) / "report.md"
+
+
+def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
+    """report.md's lines; its figures are written into `manifest`'s folder on the way."""
+    figure_paths = draw_figures(tables, manifest, FIGURES_FOLDER)
     meta, summary = tables.meta, tables["summary"]
     metrics = per_seed_metrics(summary, tables["training"])
     sentences = claims(metrics, halfway(tables["snapshot_summary"], tables["training"]))
@@ -400,9 +420,9 @@ def write_report(tables: StudyTables, out: str | Path) -> Path:
         f"of H for {n_head} heads. Removing the dominant mean direction is expected to raise the centered rank "
         "of any method whose heads share keys, so a rise under centering is weak evidence of a learned mechanism.",
         "",
-        *training_section(tables, figures_folder),
-        *factors_section(tables, figures_folder),
-        *measures_section(tables, figures_folder),
+        *training_section(tables, manifest),
+        *factors_section(tables, manifest),
+        *measures_section(tables, manifest),
         "## What A_h leaves out: QK-norm's 1/rms",
         "",
         "headlab's QK-norm divides each head's query and key by their own rms, a scale per head and per token "
@@ -419,9 +439,7 @@ def write_report(tables: StudyTables, out: str | Path) -> Path:
         *[f"![{p.stem}](figures/{p.name})" for p in figure_paths],
         "",
     ]
-    path = out / "report.md"
-    atomic_write_text(path, "\n".join(lines))
-    return path
+    return lines
 
 
 # ---- a sweep's page ---------------------------------------------------------------------------------
@@ -429,8 +447,13 @@ def write_report(tables: StudyTables, out: str | Path) -> Path:
 def write_sweep_report(table: pd.DataFrame, out: str | Path) -> Path:
     """sweep.md and figures/sweep.png (.svg) in `out` from a sweep's table: the paired difference
     to Standard MHA ± its 95% half-width at each grid point, and the paragraph of `sweep_sentences`."""
-    out = Path(out)
-    figure = plots.save_figure(plots.sweep_figure(table, axes=grid_axes(table)), out / "figures", "sweep")
+    with writing(out, SWEEP_MANIFEST, SWEEP, "sweep writer") as manifest:
+        manifest.write_bytes("sweep.md", "\n".join(sweep_lines(table, manifest)).encode())
+    return Path(out) / "sweep.md"
+
+
+def sweep_lines(table: pd.DataFrame, manifest: Manifest) -> list[str]:
+    figure = plots.save_figure(plots.sweep_figure(table, axes=grid_axes(table)), manifest, f"{FIGURES_FOLDER}/sweep")
     shown = table.assign(difference=[f"{m:+.3f} ± {h:.3f}" if s > 1 else f"{m:+.3f}"
                                      for m, h, s in zip(table["mean"], table["half_width"], table["seeds"])])
     wide = shown.pivot_table(index=["comparison", "metric"], columns="point", values="difference", aggfunc="first",
@@ -451,6 +474,4 @@ def write_sweep_report(table: pd.DataFrame, out: str | Path) -> Path:
         *[f"- {s}" for s in sweep_sentences(table)],
         "",
     ]
-    path = out / "sweep.md"
-    atomic_write_text(path, "\n".join(lines))
-    return path
+    return lines

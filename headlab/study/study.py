@@ -40,7 +40,7 @@ from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
 from headlab.io import LOCK, Manifest, being_written
 from headlab.model.config import ModelConfig, preset
 from headlab.study.roles import comparison_roles
-from headlab.training.config import TrainConfig, train_preset
+from headlab.training.config import MAX_STEPS, TrainConfig, train_preset
 from headlab.training.distributed import launched_processes, training_device
 from headlab.training.plan import RUN_THREADS, load_note, measure_step, run_seconds, step_fits
 from headlab.training.runs import MANIFEST as RUN_MANIFEST
@@ -165,7 +165,11 @@ class Study:
         (`headlab.training.snapshots.study_snapshot_every`) unless `train_overrides` say otherwise."""
         config = train_preset(self.preset, seed=seed, **self.train_overrides)
         if self.tokens is not None:
-            config = config.replace(steps=math.ceil(self.tokens / (config.batch_size * self.variants[0].seq_len)))
+            steps = math.ceil(self.tokens / (config.batch_size * self.variants[0].seq_len))
+            if steps > MAX_STEPS:
+                raise ValueError(f"tokens = {self.tokens:,} is invalid: {steps:,} steps of {config.batch_size} x "
+                                 f"{self.variants[0].seq_len} tokens, more than the {MAX_STEPS:,} a run may take")
+            config = config.replace(steps=steps)
         elif self.steps:
             config = config.replace(steps=self.steps)
         if "snapshot_every" in self.train_overrides:

@@ -48,6 +48,7 @@ from headlab.study.roles import comparison_roles
 from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit, settings_key
 from headlab.training.config import train_preset
 from headlab.training.runs import EXECUTION_FIELDS
+from headlab.training.runs import resume_differences, run_manifest
 # The figures and claims use the whole pre-softmax score of MLA, as for every other family (see
 # `headlab.analysis.similarity`); the paper's latent-only definition is in the tables beside it.
 FLAGSHIP_MLA_ROPE = "included"
@@ -263,7 +264,7 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
         "bytes_per_token": corpus.bytes_per_token, "loss_unit": unit, "flagship_mla_rope": FLAGSHIP_MLA_ROPE,
         "circuits": CIRCUITS, "train": training_recipe(runs), "changed": changed_settings(runs, preset),
         "moment_seconds": moment_seconds, "moment_tokens": moment_tokens,
-        "steps": max(r.run.step for r in runs),
+        "steps": max(r.run.step for r in runs), "runs": {r.folder.name: run_identity(r.folder) for r in runs},
         "minutes": None if started is None else (time.perf_counter() - started) / 60,
     }
     return StudyTables(tables, meta)
@@ -311,6 +312,28 @@ def shipped_tables(study: Study, seeds: int, folder: Path | None = None) -> Stud
     return tables if same else None
 
 
+def tabulated_from(tables: StudyTables, study: Study, seeds: int) -> bool:
+    """Whether `tables` were made from exactly the runs `study` asks for: the same run folders
+    (so the same roles: `only`), each still holding the config.json the tables were made from,
+    and that config the study's own (model and training settings, corpus and tokenizer)."""
+    wanted = {"preset": study.preset, "seeds": list(range(seeds)), "steps": study.train_config(0).steps,
+              "circuits": CIRCUITS, "tokenizer": study.tokenizer}
+    if not all(tables.meta.get(key) == value for key, value in wanted.items()):
+        return False
+    folders = {study.run_folder(config, seed): (config, study.train_config(seed))
+               for seed in range(seeds) for config in study.variants}
+    if tables.meta.get("runs") != {folder.name: run_identity(folder) for folder in folders}:
+        return False
+    corpus = study.load_corpus()
+    return not any(resume_differences(folder, config, train_config, corpus)
+                   for folder, (config, train_config) in folders.items())
+
+
+def run_identity(folder: Path) -> str:
+    """The SHA-256 of a run's config.json as its manifest lists it: what it was trained as."""
+    return run_manifest(folder).entry("config.json")["sha256"]
+
+
 def study_tables(study: Study, seeds: int, log=print) -> StudyTables:
     """The tables of `study` for seeds 0 … seeds − 1: read from its folder when `headlab reproduce`
     (or an earlier call) left them for exactly these runs, else, where nothing of the study is
@@ -318,7 +341,7 @@ def study_tables(study: Study, seeds: int, log=print) -> StudyTables:
     trained (finished runs reused) and tabulated into the folder. What the notebooks start from."""
     try:
         tables = read_study_tables(study.folder)
-        if are_tables_of(tables, study, seeds):
+        if tabulated_from(tables, study, seeds):
             return tables
     except ValueError:
         pass  # no tables yet (or incomplete ones): make them

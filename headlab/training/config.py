@@ -14,6 +14,9 @@ DTYPES = ("float32", "bfloat16")
 PARALLEL = ("ddp", "fsdp")
 
 
+MAX_STEPS = 10 ** 8  # optimizer steps: more is a mistake (the paper's runs take 50,000)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How to train. `batch_size` is the global batch in sequences: split across torchrun ranks,
@@ -53,6 +56,9 @@ class TrainConfig:
         for name in ("steps", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "log_every", "grad_accum"):
             if getattr(self, name) < 1:
                 raise invalid_field(name, getattr(self, name), "must be a positive integer", "TrainConfig")
+        if self.steps > MAX_STEPS:
+            raise invalid_field("steps", self.steps, f"must be at most {MAX_STEPS:,} (years of training at any size; "
+                                "the schedule and the plan enumerate the steps)", "TrainConfig")
         if self.optimizer not in OPTIMIZERS:
             raise invalid_field("optimizer", self.optimizer, f"allowed values are {', '.join(OPTIMIZERS)}", "TrainConfig")
         if self.lrkv_b_optimizer not in LRKV_B_OPTIMIZERS:

@@ -30,6 +30,8 @@ so any number of processes, sharded or not, can resume a checkpoint.
 
 from __future__ import annotations
 
+import contextlib
+
 import hashlib
 import io
 import json
@@ -49,7 +51,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_optimizer_state_dict)
 
 from headlab.data.bpe import TOKENIZER_FILE
-from headlab.io import Manifest, append_line, atomic_write_bytes, fsync_path, mismatch, read_regular, remove_owned
+from headlab.io import Manifest, append_line, atomic_write_bytes, fsync_path, mismatch, read_regular
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
 from headlab.training.config import TrainConfig
@@ -356,18 +358,23 @@ def save_checkpoint(run_dir: Path, weights: dict[str, torch.Tensor], optimizer_s
     previous = checkpoint_of(manifest)
     committed = False
     try:
-        manifest.discard.append(checkpoint.name)  # ours from its first byte: a kill leaves it to remove
-        manifest.save()
-        checkpoint.folder.mkdir()
-        manifest.write(checkpoint.state, lambda file: torch.save(state, file))
-        weights_bytes = serialize_safetensors(weights, metadata={"format": FORMAT, "step": str(step)})
-        manifest.write(checkpoint.weights, lambda file: file.write(weights_bytes))
+        if checkpoint.name not in manifest.discard:
+            manifest.discard.append(checkpoint.name)  # ours from its first byte: a kill leaves it to remove
+            manifest.save()
+        for name, write in ((checkpoint.state, lambda file: torch.save(state, file)),
+                            (checkpoint.weights, lambda file: file.write(serialize_safetensors(
+                                weights, metadata={"format": FORMAT, "step": str(step)})))):
+            manifest.write(name, write)
+            manifest.retire(name)  # not the run's state until the manifest names the checkpoint: a kill removes it
+            manifest.save()
         fsync_path(run_dir)
+        for name in (checkpoint.state, checkpoint.weights):
+            manifest.files[name] = manifest.retired.pop(name)
         manifest.files[METRICS] = metrics.entry
         manifest.meta["checkpoint"] = {"step": step, "folder": checkpoint.name}
         manifest.discard = [previous.name] if previous is not None else []
         for name in [n for n in manifest.files if n.startswith(previous.name + "/")] if previous is not None else []:
-            del manifest.files[name]
+            manifest.retire(name)
         manifest.save()
         committed = True
     except (OSError, SafetensorError, RuntimeError) as error:  # torch.save reports a full disk as RuntimeError
@@ -377,7 +384,8 @@ def save_checkpoint(run_dir: Path, weights: dict[str, torch.Tensor], optimizer_s
             "the previous checkpoint is intact: free space or fix permissions, then resume (--resume)") from error
     finally:
         if not committed:
-            remove_owned(checkpoint.folder)  # listed to discard: ours
+            with contextlib.suppress(OSError):  # a full disk: the next start removes what is listed
+                manifest.remove_leftovers()
     manifest.remove_leftovers()
 
 

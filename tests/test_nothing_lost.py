@@ -1,0 +1,305 @@
+"""Issue 28, one test per class: names read from a manifest reach only files strictly below the
+folder that headlab wrote; every byte of a figure, report or docs page goes through one atomic,
+owned, no-follow write; a failed rewrite keeps the good version."""
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from headlab import load_corpus, preset, train, train_preset
+from headlab.analysis.similarity import Analysis
+from headlab.cli import main
+from headlab.data import sources
+from headlab.study.study import MANIFEST as STUDY_MANIFEST
+from headlab.study.study import Study
+from headlab.study.tables import tabulate_study
+from headlab.training.runs import MANIFEST, current_checkpoint, load_run
+
+TINY = train_preset("tiny", steps=4, batch_size=4, eval_every=2, eval_batches=1, checkpoint_every=2, log_every=1)
+RESUME = ["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "4", "--batch-size", "4",
+          "--eval-every", "2", "--checkpoint-every", "2", "--log-every", "1", "--no-progress", "--resume"]
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def study_folder(tmp_path_factory):
+    """A finished tiny study (one seed, few steps) with its tables and report: copied per test."""
+    out = tmp_path_factory.mktemp("study") / "study"
+    study = Study("tiny", 4, out)
+    from headlab.report.writer import write_report
+    write_report(tabulate_study(study.train(seeds=1, progress=False, log=lambda m: None), study.load_corpus(),
+                                "tiny", out), out)
+    return out
+
+
+@pytest.fixture
+def study(tmp_path, study_folder):
+    folder = tmp_path / "scratch" / "study"
+    shutil.copytree(study_folder, folder, symlinks=True)
+    return folder
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every entry below `root`: a file's SHA-256, a link's target, or 'folder' (a lock's text
+    names its latest holder: not content)."""
+    entries = {}
+    for path in sorted(p for p in root.rglob("*") if p.name != ".lock"):
+        name = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            entries[name] = "-> " + os.readlink(path)
+        elif path.is_dir():
+            entries[name] = "folder"
+        else:
+            entries[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return entries
+
+
+def refused_in_one_line(capsys, argv) -> str:
+    status = main([str(a) for a in argv])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("headlab: error: "), (status, lines)
+    return lines[0]
+
+
+def edit_manifest(path: Path, change) -> None:
+    payload = json.loads(path.read_text())
+    change(payload)
+    path.write_text(json.dumps(payload))
+
+
+# ---- 1. confinement: the folder itself, its parent, the current checkpoint, a user's file ----------
+
+@pytest.mark.parametrize("name", [".", "./", "", "figures/.", "figures//report.md", "figures/..", "./report.md"])
+def test_a_discard_entry_that_is_not_a_file_strictly_below_is_refused_and_nothing_is_deleted(study, capsys, name):
+    (study / "notes.md").write_text("the user's own notes")
+    edit_manifest(study / STUDY_MANIFEST, lambda m: m["discard"].append(name))
+    before = snapshot(study.parent)
+    assert "strictly below" in refused_in_one_line(capsys, ["report", study])
+    assert snapshot(study.parent) == before
+
+
+def test_a_discard_entry_naming_a_users_file_or_a_listed_file_deletes_neither(study, capsys, monkeypatch):
+    monkeypatch.delenv(sources.CACHE_ENV)  # the study's own token cache: its runs are reused
+    (study / "notes.md").write_text("the user's own notes")
+    edit_manifest(study / STUDY_MANIFEST, lambda m: m["discard"].extend(["notes.md", "summary.csv", "runs"]))
+    assert main(["reproduce", "--preset", "tiny", "--steps", "4", "--seeds", "1", "--out", str(study)]) == 0
+    assert (study / "notes.md").read_text() == "the user's own notes"
+    assert (study / "summary.csv").is_file() and any((study / "runs").iterdir())
+    assert main(["report", str(study)]) == 0  # the tables still verify
+
+
+@pytest.fixture
+def finished_run(tmp_path):
+    return train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=tmp_path / "box" / "run",
+                 progress=False).path
+
+
+def test_a_files_key_of_dot_is_refused_before_anything_in_the_parent_is_touched(finished_run, capsys):
+    (finished_run.parent / ".run.0123abcd.tmp").write_text("a user's file beside the run")
+    edit_manifest(finished_run / MANIFEST, lambda m: m["files"].update({".": {"bytes": 1, "sha256": "0" * 64}}))
+    before = snapshot(finished_run.parent)
+    assert "strictly below" in refused_in_one_line(capsys, [*RESUME, "--out", finished_run])
+    assert snapshot(finished_run.parent) == before
+
+
+def test_a_discard_entry_naming_the_current_checkpoint_keeps_the_weights(finished_run, capsys):
+    checkpoint = current_checkpoint(finished_run)
+    edit_manifest(finished_run / MANIFEST, lambda m: m["discard"].append(checkpoint.name))
+    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
+          progress=False)  # nothing left to train: the run is opened, cleaned and closed
+    assert current_checkpoint(finished_run).name == checkpoint.name
+    assert load_run(finished_run).step == TINY.steps  # weights and state still verify
+
+
+# ---- 2. figures, report.md and docs: atomic, owned, never through a link -----------------------
+
+def test_docs_into_a_folder_holding_the_users_headline_is_refused_and_keeps_it(study, tmp_path, capsys):
+    docs = tmp_path / "scratch" / "docs"
+    docs.mkdir()
+    (docs / "headline.md").write_text("my own headline")
+    refused_in_one_line(capsys, ["docs", study, "--out", docs])
+    assert snapshot(docs) == {"headline.md": hashlib.sha256(b"my own headline").hexdigest()}
+
+
+def test_docs_rewrites_its_own_folder_but_refuses_a_file_it_did_not_write_there(study, tmp_path, capsys):
+    docs = tmp_path / "scratch" / "docs"
+    assert main(["docs", str(study), "--out", str(docs)]) == 0
+    assert main(["docs", str(study), "--out", str(docs)]) == 0
+    (docs / "headline.md").unlink()
+    (docs / "headline.md").write_text("mine now")
+    assert main(["docs", str(study), "--out", str(docs)]) == 0  # a listed name is headlab's to replace
+    edit_manifest(docs / "docs.json", lambda m: m["files"].pop("headline.md"))
+    (docs / "headline.md").write_text("mine, and no longer listed")
+    refused_in_one_line(capsys, ["docs", study, "--out", docs])
+    assert (docs / "headline.md").read_text() == "mine, and no longer listed"
+
+
+def test_a_figures_link_to_a_user_folder_is_never_followed(study, tmp_path, capsys):
+    user = tmp_path / "scratch" / "holiday-photos"
+    user.mkdir()
+    (user / "beach.png").write_bytes(b"not a figure")
+    shutil.rmtree(study / "figures")
+    (study / "figures").symlink_to(user)
+    before = snapshot(tmp_path / "scratch")
+    refused_in_one_line(capsys, ["report", study])
+    after = snapshot(tmp_path / "scratch")
+    assert {k: v for k, v in after.items() if not k.startswith("study/")} == \
+        {k: v for k, v in before.items() if not k.startswith("study/")}
+
+
+def test_a_listed_figure_replaced_by_a_link_is_replaced_not_written_through(study, tmp_path):
+    outside = tmp_path / "scratch" / "outside.png"
+    outside.write_bytes(b"a file outside the study")
+    figure = study / "figures" / "spectra_uncentered.png"
+    figure.unlink()
+    figure.symlink_to(outside)
+    assert main(["report", str(study)]) == 0
+    assert outside.read_bytes() == b"a file outside the study"
+    assert not figure.is_symlink() and figure.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_figure_write_that_fails_midway_keeps_the_previous_figures_and_report(study, capsys, monkeypatch):
+    before = snapshot(study)
+    original = Figure.savefig
+
+    def cut_short(self, target, *args, **kwargs):
+        original(self, target, *args, **kwargs)
+        if str(kwargs.get("format", target)).endswith("svg"):
+            (target if hasattr(target, "truncate") else open(target, "r+b")).truncate(100)
+            raise OSError(27, "File too large")
+    monkeypatch.setattr(Figure, "savefig", cut_short)
+    refused_in_one_line(capsys, ["report", study])
+    assert snapshot(study) == before
+
+
+# ---- 3. a failed rewrite keeps the good version -------------------------------------------------
+
+def test_an_analysis_rewrite_that_fails_midway_leaves_the_earlier_one_loadable(finished_run, tmp_path, capsys,
+                                                                               monkeypatch):
+    out = tmp_path / "analysis"
+    assert main(["analyze", str(finished_run), "--out", str(out)]) == 0
+    capsys.readouterr()
+    good = Analysis.load(out)
+    calls = []
+    original = pd.DataFrame.to_csv
+
+    def fail_on_third(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(pd.DataFrame, "to_csv", fail_on_third)
+    refused_in_one_line(capsys, ["analyze", finished_run, "--out", out, "--circuit", "both"])
+    monkeypatch.undo()
+    again = Analysis.load(out)
+    pd.testing.assert_frame_equal(again.summary, good.summary)
+
+
+# ---- 4. silent wrongs in identity and reuse ------------------------------------------------------
+
+def test_two_runs_with_one_base_name_are_two_models(finished_run, tmp_path, capsys):
+    for seed in ("e3a", "e3b"):
+        shutil.copytree(finished_run, tmp_path / seed / "run")
+    assert main(["analyze", str(tmp_path / "e3a" / "run"), str(tmp_path / "e3b" / "run"),
+                 "--out", str(tmp_path / "analysis")]) == 0
+    assert sorted(Analysis.load(tmp_path / "analysis").summary["model"].unique()) == \
+        ["Standard MHA [e3a/run]", "Standard MHA [e3b/run]"]
+    refused_in_one_line(capsys, ["analyze", finished_run, finished_run, "--out", tmp_path / "again"])
+    refused_in_one_line(capsys, ["analyze", tmp_path / "e3a" / "run", tmp_path / "e3b" / "run", "--label", "A",
+                                 "--label", "A", "--out", tmp_path / "again"])
+
+
+def test_study_tables_are_not_reused_for_other_roles(study, monkeypatch):
+    from headlab.study.tables import study_tables
+    monkeypatch.delenv(sources.CACHE_ENV)  # the study's own token cache: its runs are reused
+    tables = study_tables(Study("tiny", 4, study, only=("mha", "mla")), seeds=1, log=lambda m: None)
+    assert tables["summary"]["model"].nunique() == 2
+
+
+def test_a_corpus_edited_with_its_size_and_time_kept_is_tokenized_again(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    stat = text.stat()
+    first = load_corpus(str(text))
+    text.write_text("THE quick brown fox jumps over the lazy dog. " + "the quick brown fox jumps over the lazy dog. " * 199)
+    os.utime(text, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # what `cp -p` and `rsync -a` keep
+    assert text.stat().st_size == stat.st_size
+    assert load_corpus(str(text)).sha256 != first.sha256
+
+
+def test_a_folder_mixing_text_and_document_files_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("plain text the documents would hide " * 100)
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * 50}) + "\n" for i in range(20)))
+    with pytest.raises(ValueError, match="both document files"):
+        load_corpus(str(tmp_path))
+
+
+# ---- 5. unbounded inputs ------------------------------------------------------------------------
+
+def test_a_token_budget_of_years_is_refused_at_once(capsys):
+    assert "more than the" in refused_in_one_line(capsys, ["reproduce", "--preset", "tiny", "--tokens",
+                                                           "4611686018427387904", "--plan"])
+
+
+@pytest.mark.parametrize("plan", [["--plan"], []])
+def test_more_jobs_than_runs_or_cores_are_refused_on_stderr(capsys, tmp_path, plan):
+    assert "--jobs 9664" in refused_in_one_line(capsys, ["reproduce", "--preset", "tiny", "--steps", "4", "--jobs",
+                                                         "9664", "--out", tmp_path / "study", *plan])
+    assert not (tmp_path / "study").exists()
+
+
+# ---- 6. one error path --------------------------------------------------------------------------
+
+def test_ctrl_c_while_the_command_line_loads_is_one_line_and_130():
+    import signal
+    import subprocess
+    import sys
+    import time
+    process = subprocess.Popen([sys.executable, "-m", "headlab", "info", "--preset", "tiny"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    time.sleep(0.5)  # Python is up, the command line (torch, pandas) is still loading
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    lines = err.decode().strip().splitlines()
+    assert process.returncode == 130 and len(lines) == 1 and lines[0].startswith("headlab: error: "), lines
+
+
+def _documents(n: int) -> bytes:
+    return "".join(json.dumps({"text": f"document {i} " + "word " * 60}) + "\n" for i in range(n)).encode()
+
+
+def _struct_parquet(path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"text": [{"a": "x"}] * 20}), path)
+
+
+HOSTILE_CORPORA = {
+    "truncated.jsonl.gz": (lambda p: p.write_bytes(__import__("gzip").compress(_documents(30))[:-40]), "decompressed"),
+    "gzip-named.jsonl.zst": (lambda p: p.write_bytes(__import__("gzip").compress(_documents(30))), "decompressed"),
+    "structs.parquet": (_struct_parquet, "not text"),
+    "bad-utf8.jsonl": (lambda p: p.write_bytes(_documents(30).replace(b"document 7 ", b"document 7 \xff", 1)),
+                       "bad-utf8.jsonl line 8 is not valid UTF-8: byte 0xff at byte offset 21"),
+    "number.jsonl": (lambda p: p.write_bytes(_documents(5) + b'{"text": 5}\n'), "line 6: field 'text' holds 5"),
+    "null.jsonl": (lambda p: p.write_bytes(b'{"text": null}\n' + _documents(20)), "line 1: field 'text' holds null"),
+    "five.jsonl": (lambda p: p.write_bytes(_documents(5)), "at least 10"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_CORPORA))
+def test_a_damaged_or_odd_document_corpus_is_one_line_with_status_2(tmp_path, capsys, name):
+    make, expected = HOSTILE_CORPORA[name]
+    make(tmp_path / name)
+    line = refused_in_one_line(capsys, ["train", "--preset", "tiny", "--corpus", tmp_path / name, "--steps", "1",
+                                        "--no-progress"])
+    assert expected in line, line

@@ -1,0 +1,122 @@
+"""The tree-diff checker: hash every entry under a scratch root before and after a command and
+judge the difference by the invariants of `headlab.io`.
+
+    before = Tree.read(root)
+    status, err = run_cli(argv)
+    check(before, Tree.read(root), status, err)
+
+- The exit status is 0, 2 or 130, and an error is one line `headlab: error: ...` on stderr.
+- A file no manifest listed (a user's, a hostile edit's) is never changed or removed, and no new
+  file appears outside a folder that holds a headlab manifest (after the command).
+- A file a manifest listed with matching content ("good") stays as it was, unless the folder's
+  manifest afterwards lists a complete, verified state (every listed file present and matching):
+  a verified new version replaced it. A manifest itself changes only into one that verifies.
+Locks (their text names the last holder) and headlab's temporaries of a killed write are not
+content; a run's starts.jsonl may only grow."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from headlab.cli import main
+from headlab.io import LOCK, TEMPORARY
+
+MANIFESTS = ("manifest.json", "analysis.json", "study.json", "docs.json", "sweep.json")
+APPEND_ONLY = ("starts.jsonl",)  # a run's log of its starts: headlab only appends to it, never rewrites it
+
+
+@dataclass
+class Tree:
+    root: Path
+    entries: dict[str, str]  # name below root -> SHA-256, '-> target' of a link, or 'folder'
+    listed: dict[str, str]  # name below root -> SHA-256 a manifest recorded for it
+    complete: set[str]  # folders (below root) whose manifest's every file is present and matches
+    logs: dict[str, bytes]  # the content of every `APPEND_ONLY` file
+
+    @classmethod
+    def read(cls, root: Path) -> "Tree":
+        entries = {}
+        for path in sorted(root.rglob("*")):
+            name = path.relative_to(root).as_posix()
+            if path.name == LOCK or TEMPORARY.match(path.name):
+                continue
+            if path.is_symlink():
+                entries[name] = "-> " + os.readlink(path)
+            elif path.is_dir():
+                entries[name] = "folder"
+            elif path.is_file():
+                entries[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+        listed, complete = {}, set()
+        for name, digest in entries.items():
+            path = Path(name)
+            if path.name not in MANIFESTS or digest.startswith("->") or digest == "folder":
+                continue
+            try:
+                files = json.loads((root / name).read_text())["files"]
+                folder = path.parent.as_posix()
+                recorded = {(path.parent / f).as_posix(): e["sha256"] for f, e in files.items()}
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue  # a manifest a hostile edit made unreadable lists nothing
+            listed.update(recorded)
+            if all(entries.get(f) == sha for f, sha in recorded.items()):
+                complete.add(folder)
+        logs = {name: (root / name).read_bytes() for name, digest in entries.items()
+                if Path(name).name in APPEND_ONLY and not digest.startswith("->") and digest != "folder"}
+        return cls(root, entries, listed, complete, logs)
+
+    def owned(self, name: str) -> bool:
+        """Whether `name` lies in a folder holding a headlab manifest (or is one)."""
+        parents = [Path(name), *Path(name).parents]
+        return any(f"{p.as_posix()}/{m}" in self.entries or (p == Path(".") and m in self.entries)
+                   for p in parents for m in MANIFESTS)
+
+    def good(self, name: str) -> bool:
+        return name in self.listed and self.entries.get(name) == self.listed[name]
+
+
+def check(before: Tree, after: Tree, status: int, err: str) -> list[str]:
+    """The invariants broken by a command that took the tree from `before` to `after`."""
+    broken = []
+    lines = err.strip().splitlines()
+    if status not in (0, 2, 130):
+        broken.append(f"exit status {status}: {lines[-1:] if lines else ''}")
+    if status and not (len(lines) == 1 and lines[0].startswith("headlab: error: ")):
+        broken.append(f"error is not one line: {lines[:3]}")
+    for name, digest in before.entries.items():
+        if after.entries.get(name) == digest or digest == "folder":
+            continue
+        if name in before.logs and after.logs.get(name, b"").startswith(before.logs[name]):
+            continue  # appended to
+        if Path(name).name in MANIFESTS:  # the state's record: replaced by a verified one, or was not verified
+            folder = Path(name).parent.as_posix()
+            if folder in after.complete or folder not in before.complete:
+                continue
+            broken.append(f"manifest {name} changed and what it lists no longer verifies")
+            continue
+        if before.good(name):
+            folder = next((p.as_posix() for p in Path(name).parents if p.as_posix() in after.complete), None)
+            if folder is None:
+                broken.append(f"good {name} changed or vanished without a verified new version")
+        elif name not in before.listed:
+            broken.append(f"{name}, which headlab did not write, changed or vanished")
+    for name in after.entries.keys() - before.entries.keys():
+        if not after.owned(name):
+            broken.append(f"{name} appeared outside every headlab folder")
+    return broken
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    """`headlab argv` in this process: (exit status, stderr)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            status = main([str(a) for a in argv])
+        except SystemExit as exit:  # argparse's usage errors
+            status = exit.code
+    return status, err.getvalue()
