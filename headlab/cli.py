@@ -411,7 +411,7 @@ def cmd_sweep(args) -> int:
           f"{args.seeds} seed(s) into {args.out}")
     args.out.mkdir(parents=True, exist_ok=True)
     Manifest.claim(args.out, SWEEP_MANIFEST, SWEEP)  # a folder headlab did not write is refused before training
-    check_jobs(args.jobs, len(points) * len(sweep_roles(args.preset, only)) * args.seeds)
+    check_jobs(args.jobs or 1, len(points) * len(sweep_roles(args.preset, only)) * args.seeds)
     table = sweep_table(points, args.seeds, args.out, jobs=args.jobs, only=only)
     save_tables(args.out, {"sweep": table}, SWEEP_MANIFEST, SWEEP)
     tables, _ = load_tables(args.out, SWEEP_MANIFEST, SWEEP)
