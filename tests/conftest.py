@@ -1,12 +1,22 @@
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 
 from headlab import GPT, preset
 from headlab.io import Manifest, file_digest
 from headlab.training.runs import MANIFEST, RUN, MetricsLog, run_manifest, save_checkpoint
+
+# Property tests draw a fixed sequence of examples when the CI environment variable is set, so a CI run
+# is reproducible and a red one is red on every rerun; locally each run draws new ones and explores.
+# A draw that ever failed is pinned in its test as an explicit @example, so both keep checking it.
+# No example database: the suite writes nothing into the repository.
+settings.register_profile("ci", derandomize=True, max_examples=20, stateful_step_count=6, deadline=None, database=None)
+settings.register_profile("explore", max_examples=60, stateful_step_count=12, deadline=None, database=None)
+settings.load_profile("ci" if os.environ.get("CI") else "explore")
 
 # torch's own thread count on this machine, read before the suite pins one thread.
 DEFAULT_THREADS = torch.get_num_threads()

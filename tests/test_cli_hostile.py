@@ -5,7 +5,7 @@ import json
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from headlab.cli import EXIT_INPUT, EXIT_INTERRUPTED, build_parser, main
@@ -48,13 +48,19 @@ def test_every_option_with_a_hostile_value_gives_one_line(tmp_path, capsys, monk
             _one_line_or_usage(capsys, [*COMMANDS[command], option, value])
 
 
-@pytest.mark.parametrize("command", COMMANDS)
-@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_generated_hostile_values_give_one_line(tmp_path, capsys, monkeypatch, command, data):
+# A command, one of its options and a hostile value, drawn together so that the draws that ever
+# failed can be pinned below (the CI profile, tests/conftest.py, draws a fixed sequence besides).
+CASES = st.sampled_from(sorted(COMMANDS)).flatmap(lambda command: st.tuples(
+    st.just(command), st.sampled_from([o for o in _options(command) if o not in COMMANDS[command]]), VALUES))
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=CASES)
+@example(case=("reproduce", "--jobs", "9664"))  # exited 2 with its message on stdout and nothing on stderr
+def test_generated_hostile_values_give_one_line(tmp_path, capsys, monkeypatch, case):
+    command, option, value = case
     monkeypatch.chdir(tmp_path)
-    option = data.draw(st.sampled_from([o for o in _options(command) if o not in COMMANDS[command]]), label="option")
-    _one_line_or_usage(capsys, [*COMMANDS[command], option, data.draw(VALUES, label="value")])
+    _one_line_or_usage(capsys, [*COMMANDS[command], option, value])
 
 
 def test_hostile_files_give_one_line(tmp_path, capsys):
@@ -95,3 +101,10 @@ def _parser_with(func):
     parser = build_parser()
     parser._subparsers._group_actions[0].choices["info"].set_defaults(func=func)
     return parser
+
+
+def test_ci_draws_a_fixed_sequence_and_local_runs_explore():
+    """The profile of tests/conftest.py is the one loaded, so every property test's draws in CI are
+    the same on every run."""
+    assert settings.default.derandomize == bool(os.environ.get("CI"))
+    assert settings.default.database is None

@@ -2,8 +2,8 @@
 fields, links, truncations, a user's files) on the tiny preset, each command judged by the
 tree-diff checker (`treediff.check`): nothing headlab did not write changes, nothing good is lost
 unless a verified version replaces it, every error is one line with status 2 (or 130).
-Derandomized (a fixed sequence of examples) when the CI environment variable is set; exploring
-otherwise."""
+Derandomized (a fixed sequence of examples) when the CI environment variable is set, exploring
+otherwise (the profiles of tests/conftest.py)."""
 
 import json
 import os
@@ -25,9 +25,8 @@ from headlab.study.tables import tabulate_study
 TINY = train_preset("tiny", steps=4, batch_size=4, eval_every=2, eval_batches=1, checkpoint_every=2, log_every=1)
 TRAIN = ["train", "--preset", "tiny", "--corpus", "synthetic", "--batch-size", "4", "--eval-every", "2",
          "--checkpoint-every", "2", "--log-every", "1", "--no-progress"]
-IN_CI = bool(os.environ.get("CI"))
-EXAMPLES = settings(max_examples=3 if IN_CI else 20, stateful_step_count=6 if IN_CI else 12, deadline=None,
-                    derandomize=IN_CI, database=None,
+# Each example trains and analyses tiny runs: a sixth of the profile's examples (tests/conftest.py: 3 in CI).
+EXAMPLES = settings(max_examples=max(1, settings.default.max_examples // 6),
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
