@@ -21,7 +21,10 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import encode_text, input_moments
@@ -491,36 +494,17 @@ def unknown_arguments(parser: argparse.ArgumentParser, unknown: list[str]) -> st
     return "unrecognized arguments: " + " ".join(hints)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = Parser(add_help=False)
-    common.add_argument("--debug", action="store_true",
-                        help=f"show the full traceback of an error (also: {DEBUG_ENV}=1)")
-    parser = Parser(prog="headlab", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"headlab {installed_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    info = sub.add_parser("info", parents=[common], help="parameter count and KV-cache size of a preset or config",
-                          description="Parameter counts (no weights allocated) and decode KV-cache sizes of the "
-                                      "six variants `headlab reproduce` trains on a preset, of one attention family "
-                                      "(--attention), or of one ModelConfig JSON file.")
-    _add_model_arguments(info, attention_default=None)
+def _info_arguments(info: argparse.ArgumentParser) -> None:
     info.add_argument("--context", type=positive_int, metavar="TOKENS", help="tokens in the cache (default: seq_len)")
     info.add_argument("--batch-size", type=positive_int, default=1, metavar="N",
                       help="sequences in the cache (default: %(default)s)")
     info.add_argument("--dtype", choices=sorted(DTYPE_BYTES),
                       help="bytes per cached value (default: the preset's training dtype; bfloat16 for --config)")
     info.add_argument("--json", action="store_true", help="machine-readable output")
-    info.set_defaults(func=cmd_info, command_parser=info)
 
+
+def _train_arguments(train: argparse.ArgumentParser) -> None:
     small = TRAIN_PRESETS[DEFAULT_PRESET]
-    train = sub.add_parser("train", parents=[common], help="train one model into a run folder (works under torchrun)",
-                           description="Train one model. With --out, the run folder keeps config.json, metrics.jsonl "
-                                       "and atomic checkpoints; --resume continues it exactly, after checking that "
-                                       "the model, training and data settings match the saved run. Training "
-                                       "settings default to the preset's.")
-    _add_model_arguments(train, attention_default="mha")
-    _add_corpus_arguments(train, tokenizer_default="byte")
     train.add_argument("--encoding-errors", choices=("strict", "replace"),
                        help="text-path corpora only: 'strict' (default) refuses invalid UTF-8 naming the file and "
                             "byte offset; 'replace' decodes it lossily as U+FFFD")
@@ -548,14 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true",
                        help="continue the run in --out from its last checkpoint (or from step 0 if it has none)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_plan_arguments(train)
-    train.set_defaults(func=cmd_train, command_parser=train)
 
-    analyze = sub.add_parser(
-        "analyze", parents=[common], help="head similarity, eigen-spectra and effective rank per layer (paper §4.3)",
-        description="Analyse headlab run folders and Hugging Face checkpoints: save the tidy tables and print each "
-                    "model's per-layer effective rank. Models are listed in family order (MHA, LRKV, MQA, MLA, GQA, "
-                    "then others as given), or in the order of --label when given.")
+
+def _analyze_arguments(analyze: argparse.ArgumentParser) -> None:
     analyze.add_argument("sources", nargs="+", metavar="SOURCE",
                          help="a headlab run folder, or a Hugging Face checkpoint folder / .safetensors file")
     analyze.add_argument("--out", required=True, type=Path, metavar="DIR",
@@ -576,14 +555,10 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--snapshots", action="store_true",
                          help="headlab run folders only: analyse every training snapshot (TrainConfig.snapshot_every) "
                               "and the last checkpoint; the tables gain a step column")
-    analyze.set_defaults(func=cmd_analyze, command_parser=analyze)
 
-    reproduce = sub.add_parser("reproduce", parents=[common], help="train the six comparison variants, analyse "
-                               "their heads, write figures and a report beside the paper's numbers",
-                               description="The main job: train MHA, LRKV (two ranks), MQA, MLA and GQA, analyse "
-                                           "their heads and write figures and report.md. Finished runs are reused "
-                                           "and interrupted ones resumed.",
-                               epilog=REPRODUCE_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def _study_budget_arguments(reproduce: argparse.ArgumentParser) -> None:
+    small = TRAIN_PRESETS[DEFAULT_PRESET]
     reproduce.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
                            help="model and training preset (default: %(default)s)")
     reproduce.add_argument("--seeds", type=positive_int, default=3, metavar="N",
@@ -595,7 +570,9 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--tokens", type=token_count, metavar="N",
                         help="training tokens per variant and seed, e.g. 2500000000 or 100e9: "
                              "ceil(N / (batch_size x seq_len)) steps")
-    _add_corpus_arguments(reproduce, tokenizer_default=None)
+
+
+def _reproduce_arguments(reproduce: argparse.ArgumentParser) -> None:
     reproduce.add_argument("--out", default="runs/reproduce", metavar="DIR", help="study folder (default: %(default)s)")
     reproduce.add_argument("--compile", action="store_true", help="torch.compile every model (GPU only)")
     reproduce.add_argument("--optimizer", choices=OPTIMIZERS,
@@ -612,17 +589,9 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--set", type=sweep_values, action="append", metavar="FIELD=VALUE",
                            help="a ModelConfig or TrainConfig setting that replaces the preset's, e.g. "
                                 "optimizer=adamw or weight_decay=0 (repeatable; recorded in study.json and the report)")
-    add_plan_arguments(reproduce, tokens=False)
-    reproduce.set_defaults(func=cmd_reproduce, command_parser=reproduce)
 
-    sweep = sub.add_parser("sweep", parents=[common], help="the comparison with Standard MHA across a grid of "
-                           "training lengths, depths and model or training settings",
-                           description="Train the six comparison variants at every point of a grid (each point an "
-                                       "ordinary study folder: runs are reused and resumed), then write sweep.csv, "
-                                       "figures/sweep.png and sweep.md: the paired difference to Standard MHA ± its 95% "
-                                       "half-width per comparison and point, and which orderings hold everywhere, "
-                                       "change sign or shrink toward zero. Example: headlab sweep --preset cpu-small "
-                                       "--lengths 1 4 10 --seeds 3 --jobs 2 --out runs/sweep")
+
+def _sweep_arguments(sweep: argparse.ArgumentParser) -> None:
     sweep.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
                        help="model and training preset (default: %(default)s)")
     sweep.add_argument("--lengths", type=positive_float, nargs="+", default=[1.0], metavar="X",
@@ -637,23 +606,92 @@ def build_parser() -> argparse.ArgumentParser:
                        help="runs trained at once, each on one thread (default: one per CPU core, 1 on a GPU)")
     sweep.add_argument("--only", nargs="+", choices=ROLES, metavar="ROLE",
                        help=f"train these roles only, mha among them (default: all six: {' '.join(ROLES)})")
-    sweep.set_defaults(func=cmd_sweep)
 
-    report = sub.add_parser("report", parents=[common], help="redraw a study's report.md and figures from its tables",
-                            description="Redraw report.md and every figure of a study folder (what `headlab "
-                                        "reproduce` wrote) from its tables alone, in seconds: nothing is trained or "
-                                        "analysed again. The tables are checked against study.json first.")
-    report.add_argument("folder", type=Path, metavar="DIR", help="a study folder, e.g. runs/reproduce")
-    report.set_defaults(func=cmd_report, command_parser=report)
 
-    docs = sub.add_parser("docs", parents=[common], help="draw the README's figures and headline table from a study",
-                          description="Write the flagship figure, the effective rank per layer and the loss against "
-                                      "cache size (PNG and SVG) and headline.md (loss and effective rank, mean ± sd "
-                                      "over seeds, paired differences to MHA ± 95% half-width, the study's run time) "
-                                      "from a study folder's tables; `make docs` does it for make demo's study.")
-    docs.add_argument("folder", type=Path, metavar="DIR", help="a study folder, e.g. runs/reproduce")
+def _study_folder_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("folder", type=Path, metavar="DIR", help="a study folder, e.g. runs/reproduce")
+
+
+def _docs_arguments(docs: argparse.ArgumentParser) -> None:
     docs.add_argument("--out", type=Path, default=Path("docs"), metavar="DIR", help="output folder (default: %(default)s)")
-    docs.set_defaults(func=cmd_docs, command_parser=docs)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name, help and description, the handler that runs it, and its
+    arguments as groups added in order (its own, and those it shares with other subcommands: the
+    model, corpus and plan options, a study folder). `build_parser` gives every one the same common
+    parsing (--debug, no prefix matching, an unknown argument refused with the subcommand's own
+    usage), so no subcommand can miss a part of it."""
+
+    name: str
+    help: str
+    description: str
+    handler: Callable[[argparse.Namespace], int]
+    arguments: tuple[Callable[[argparse.ArgumentParser], None], ...]
+    epilog: str | None = None
+
+
+COMMANDS = (
+    Command("info", "parameter count and KV-cache size of a preset or config",
+            "Parameter counts (no weights allocated) and decode KV-cache sizes of the six variants `headlab "
+            "reproduce` trains on a preset, of one attention family (--attention), or of one ModelConfig JSON file.",
+            cmd_info, (partial(_add_model_arguments, attention_default=None), _info_arguments)),
+    Command("train", "train one model into a run folder (works under torchrun)",
+            "Train one model. With --out, the run folder keeps config.json, metrics.jsonl and atomic checkpoints; "
+            "--resume continues it exactly, after checking that the model, training and data settings match the "
+            "saved run. Training settings default to the preset's.",
+            cmd_train, (partial(_add_model_arguments, attention_default="mha"),
+                        partial(_add_corpus_arguments, tokenizer_default="byte"), _train_arguments, add_plan_arguments)),
+    Command("analyze", "head similarity, eigen-spectra and effective rank per layer (paper §4.3)",
+            "Analyse headlab run folders and Hugging Face checkpoints: save the tidy tables and print each model's "
+            "per-layer effective rank. Models are listed in family order (MHA, LRKV, MQA, MLA, GQA, then others as "
+            "given), or in the order of --label when given.",
+            cmd_analyze, (_analyze_arguments,)),
+    Command("reproduce", "train the six comparison variants, analyse their heads, write figures and a report beside "
+            "the paper's numbers",
+            "The main job: train MHA, LRKV (two ranks), MQA, MLA and GQA, analyse their heads and write figures and "
+            "report.md. Finished runs are reused and interrupted ones resumed.",
+            cmd_reproduce, (_study_budget_arguments, partial(_add_corpus_arguments, tokenizer_default=None),
+                            _reproduce_arguments, partial(add_plan_arguments, tokens=False)),
+            epilog=REPRODUCE_EXAMPLE),
+    Command("sweep", "the comparison with Standard MHA across a grid of training lengths, depths and model or "
+            "training settings",
+            "Train the six comparison variants at every point of a grid (each point an ordinary study folder: runs "
+            "are reused and resumed), then write sweep.csv, figures/sweep.png and sweep.md: the paired difference to "
+            "Standard MHA ± its 95% half-width per comparison and point, and which orderings hold everywhere, change "
+            "sign or shrink toward zero. Example: headlab sweep --preset cpu-small --lengths 1 4 10 --seeds 3 "
+            "--jobs 2 --out runs/sweep",
+            cmd_sweep, (_sweep_arguments,)),
+    Command("report", "redraw a study's report.md and figures from its tables",
+            "Redraw report.md and every figure of a study folder (what `headlab reproduce` wrote) from its tables "
+            "alone, in seconds: nothing is trained or analysed again. The tables are checked against study.json "
+            "first.",
+            cmd_report, (_study_folder_argument,)),
+    Command("docs", "draw the README's figures and headline table from a study",
+            "Write the flagship figure, the effective rank per layer and the loss against cache size (PNG and SVG) "
+            "and headline.md (loss and effective rank, mean ± sd over seeds, paired differences to MHA ± 95% "
+            "half-width, the study's run time) from a study folder's tables; `make docs` does it for make demo's "
+            "study.",
+            cmd_docs, (_study_folder_argument, _docs_arguments)),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = Parser(add_help=False)
+    common.add_argument("--debug", action="store_true",
+                        help=f"show the full traceback of an error (also: {DEBUG_ENV}=1)")
+    parser = Parser(prog="headlab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"headlab {installed_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        layout = {"epilog": command.epilog, "formatter_class": argparse.RawDescriptionHelpFormatter} \
+            if command.epilog else {}
+        command_parser = sub.add_parser(command.name, parents=[common], help=command.help,
+                                        description=command.description, **layout)
+        for group in command.arguments:
+            group(command_parser)
+        command_parser.set_defaults(func=command.handler, command_parser=command_parser)
     return parser
 
 

@@ -53,6 +53,29 @@ def test_a_mistyped_flag_prints_its_subcommands_usage_and_the_flag_it_resembles(
     assert "headlab reproduce: error: unrecognized arguments: --seed (did you mean --seeds?) 2" in err
 
 
+# What each subcommand requires besides its options, so that only the unknown argument is wrong.
+REQUIRED = {"info": [], "train": [], "analyze": ["run", "--out", "tables"], "reproduce": [], "sweep": [],
+            "report": ["study"], "docs": ["study"]}
+
+
+@pytest.mark.parametrize("unknown", [["--sed", "2"], ["--no-such-option"]], ids=" ".join)  # --seed is train's
+@pytest.mark.parametrize("command", sorted(REQUIRED))
+def test_every_subcommand_refuses_an_unknown_argument_with_its_usage_and_one_line(capsys, monkeypatch, command,
+                                                                                   unknown):
+    parser = build_parser()
+    (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(subcommands.choices) == set(REQUIRED)  # a new subcommand is checked here too
+    for name, sub in subcommands.choices.items():
+        sub.set_defaults(func=lambda args, name=name: pytest.fail(f"{name} ran with an unknown argument: {args}"))
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    with pytest.raises(SystemExit) as exit_:
+        main([command, *REQUIRED[command], *unknown])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err and err.startswith(f"usage: headlab {command} ")
+    assert err.strip().splitlines()[-1].startswith(f"headlab {command}: error: unrecognized arguments: {unknown[0]}")
+    assert sum("error:" in line for line in err.splitlines()) == 1
+
+
 def test_help_introduces_every_subcommand(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])
