@@ -11,24 +11,22 @@ The package is layered, and data flows one way (a lower layer never imports a hi
     cli        `headlab info | train | analyze | reproduce | report`
 """
 
-from importlib import import_module
+from headlab.package import installed_version, lazy_exports
 
 # Loaded on first use (PEP 562), so `headlab` (and its command line's Ctrl-C guard) starts without
-# importing torch first.
-EXPORTS = {
-    "headlab.analysis": ("Analysis", "analyze"),
-    "headlab.data": ("Corpus", "load_corpus"),
-    "headlab.model": ("ATTENTION_FAMILIES", "GPT", "PRESETS", "ModelConfig", "preset"),
-    "headlab.study": ("comparison_roles", "comparison_variants"),
-    "headlab.training": ("Run", "TrainConfig", "TrainingDiverged", "load_run", "train", "train_preset"),
-}
-MODULE_OF = {name: module for module, names in EXPORTS.items() for name in names}
-__all__ = sorted(MODULE_OF)
+# importing torch first; so do the packages below it, so that a module loads only what it imports.
+exported, __all__ = lazy_exports(__name__, {
+    "headlab.analysis.similarity": ("Analysis", "analyze"),
+    "headlab.data.corpus": ("load_corpus",),
+    "headlab.data.shards": ("Corpus",),
+    "headlab.model.config": ("ATTENTION_FAMILIES", "PRESETS", "ModelConfig", "preset"),
+    "headlab.model.gpt": ("GPT",),
+    "headlab.study.roles": ("comparison_roles", "comparison_variants"),
+    "headlab.training.config": ("TrainConfig", "train_preset"),
+    "headlab.training.runs": ("Run", "load_run"),
+    "headlab.training.trainer": ("TrainingDiverged", "train"),
+})
 
 
 def __getattr__(name: str):
-    if name == "__version__":
-        return import_module("headlab.training.runs").installed_version()
-    if name in MODULE_OF:
-        return getattr(import_module(MODULE_OF[name]), name)
-    raise AttributeError(f"module 'headlab' has no attribute {name!r}")
+    return installed_version() if name == "__version__" else exported(name)

@@ -37,6 +37,7 @@ from headlab.data.encoding import available_cores
 from headlab.data.tokenizers import tokenizer_vocab_size
 from headlab.model.config import ATTENTION_FAMILIES, PRESETS, ModelConfig, preset
 from headlab.model.gpt import count_parameters
+from headlab.package import installed_version
 from headlab.report.plots import method_order
 from headlab.report.writer import SWEEP, SWEEP_MANIFEST, write_docs, write_report, write_sweep_report
 from headlab.study.roles import ROLES, comparison_variants
@@ -46,7 +47,6 @@ from headlab.study.tables import read_study_tables, tabulate_study
 from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, TrainConfig, train_preset
 from headlab.training.plan import add_plan_arguments, format_bytes, format_plan, plan_for_args, plan_from_args
 from headlab.training.distributed import FailedOnAnotherRank, abandon, in_process_group, launched_processes, leave_process_group
-from headlab.training.runs import installed_version
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

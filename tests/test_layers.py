@@ -3,17 +3,22 @@ cli, and every import of a headlab module is a visible, module-level arrow.
 
 Read from the source (ast), so the check sees every import, including ones inside functions:
 no module imports a higher layer, no two modules import each other through any path (a
-circle), no function-level import of a headlab module, and no private name crosses modules."""
+circle), no function-level import of a headlab module, and no private name crosses modules.
+And in a fresh interpreter, as Python runs: a package's __init__ loads none of its modules, so a
+module loads only what its own imports reach (the spectrum math no trainer, headlab.io no torch)."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "headlab"
-LAYERS = ("io", "model", "data", "training", "analysis", "study", "report", "cli", "__main__", "__init__")
+LAYERS = ("package", "io", "model", "data", "training", "analysis", "study", "report", "cli", "__main__", "__init__")
+PACKAGES = ("model", "data", "training", "analysis", "study", "report")
 
 
 def module_name(path: Path) -> str:
@@ -139,3 +144,29 @@ def test_the_checks_catch_what_they_guard(arrow, problem):
     """A circle and an upward arrow, as the checks above would meet them."""
     assert bool(circles(arrow)) == (problem == "circle")
     assert bool(upward(arrow)) == (problem == "upward")
+
+
+def loaded_modules(module: str) -> set[str]:
+    """The modules a fresh interpreter holds after `import module`."""
+    code = f"import {module}, sys; print(' '.join(sys.modules))"
+    return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+
+
+def headlab_modules(modules: set[str]) -> set[str]:
+    return {name for name in modules if name.split(".")[0] == "headlab"}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_importing_a_package_loads_none_of_its_modules(package):
+    assert headlab_modules(loaded_modules(f"headlab.{package}")) == {"headlab", "headlab.package", f"headlab.{package}"}
+
+
+def test_the_spectrum_math_loads_no_training_module_and_no_torch():
+    loaded = loaded_modules("headlab.analysis.spectrum")
+    assert sorted(name for name in headlab_modules(loaded) if name.startswith("headlab.training")) == []
+    assert "torch" not in loaded
+
+
+def test_headlab_io_loads_no_torch_importing_module():
+    loaded = loaded_modules("headlab.io")
+    assert headlab_modules(loaded) == {"headlab", "headlab.package", "headlab.io"} and "torch" not in loaded

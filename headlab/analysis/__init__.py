@@ -1,6 +1,9 @@
 """The analysis layer: per-head forms of headlab runs and pretrained checkpoints, the spectrum math
 on them, and the tidy tables that every later layer reads."""
 
-from headlab.analysis.similarity import Analysis, analyze, concat, measure_agreement
+from headlab.package import lazy_exports
 
-__all__ = ["Analysis", "analyze", "concat", "measure_agreement"]
+# Loaded on first use (PEP 562): importing one module of the package loads that module only.
+__getattr__, __all__ = lazy_exports(__name__, {
+    "headlab.analysis.similarity": ("Analysis", "analyze", "concat", "measure_agreement"),
+})

@@ -1,9 +1,11 @@
 """The data layer: tokenizers, raw text sources, token shards and tokenized corpora (cached)."""
 
-from headlab.data.corpus import load_corpus
-from headlab.data.shards import Corpus, random_windows
-from headlab.data.sources import cache_dir, synthetic_texts
-from headlab.data.tokenizers import PADDED_GPT2_VOCAB, ByteTokenizer, get_tokenizer, tokenizer_vocab_size
+from headlab.package import lazy_exports
 
-__all__ = ["ByteTokenizer", "Corpus", "PADDED_GPT2_VOCAB", "cache_dir", "get_tokenizer", "load_corpus",
-           "random_windows", "synthetic_texts", "tokenizer_vocab_size"]
+# Loaded on first use (PEP 562): importing one module of the package loads that module only.
+__getattr__, __all__ = lazy_exports(__name__, {
+    "headlab.data.corpus": ("load_corpus",),
+    "headlab.data.shards": ("Corpus", "random_windows"),
+    "headlab.data.sources": ("cache_dir", "synthetic_texts"),
+    "headlab.data.tokenizers": ("PADDED_GPT2_VOCAB", "ByteTokenizer", "get_tokenizer", "tokenizer_vocab_size"),
+})

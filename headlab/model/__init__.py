@@ -1,7 +1,10 @@
 """The model layer: configs and presets, elementwise ops, the five attention families, the GPT and its
-decode caches. Imports nothing else of headlab."""
+decode caches. Imports no other layer of headlab."""
 
-from headlab.model.config import ATTENTION_FAMILIES, PRESETS, ModelConfig, preset
-from headlab.model.gpt import GPT, count_parameters
+from headlab.package import lazy_exports
 
-__all__ = ["ATTENTION_FAMILIES", "GPT", "ModelConfig", "PRESETS", "count_parameters", "preset"]
+# Loaded on first use (PEP 562): importing one module of the package loads that module only.
+__getattr__, __all__ = lazy_exports(__name__, {
+    "headlab.model.config": ("ATTENTION_FAMILIES", "PRESETS", "ModelConfig", "preset"),
+    "headlab.model.gpt": ("GPT", "count_parameters"),
+})

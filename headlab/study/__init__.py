@@ -1,7 +1,10 @@
 """The study layer: the comparison variants by role x seeds as run folders, the statistics every
 claim follows, and the study's tables on disk."""
 
-from headlab.study.roles import comparison_roles, comparison_variants
-from headlab.study.study import NotebookStudy, Study, StudyRun
+from headlab.package import lazy_exports
 
-__all__ = ["NotebookStudy", "Study", "StudyRun", "comparison_roles", "comparison_variants"]
+# Loaded on first use (PEP 562): importing one module of the package loads that module only.
+__getattr__, __all__ = lazy_exports(__name__, {
+    "headlab.study.roles": ("comparison_roles", "comparison_variants"),
+    "headlab.study.study": ("NotebookStudy", "Study", "StudyRun"),
+})

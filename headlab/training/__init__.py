@@ -1,7 +1,10 @@
 """The training layer: training settings, the trainer, run folders, analysis snapshots and the plan."""
 
-from headlab.training.config import TRAIN_PRESETS, TrainConfig, train_preset
-from headlab.training.runs import Run, load_run
-from headlab.training.trainer import TrainingDiverged, train
+from headlab.package import lazy_exports
 
-__all__ = ["Run", "TRAIN_PRESETS", "TrainConfig", "TrainingDiverged", "load_run", "train", "train_preset"]
+# Loaded on first use (PEP 562): importing one module of the package loads that module only.
+__getattr__, __all__ = lazy_exports(__name__, {
+    "headlab.training.config": ("TRAIN_PRESETS", "TrainConfig", "train_preset"),
+    "headlab.training.runs": ("Run", "load_run"),
+    "headlab.training.trainer": ("TrainingDiverged", "train"),
+})

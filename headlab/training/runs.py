@@ -39,7 +39,6 @@ import os
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pandas as pd
@@ -54,6 +53,7 @@ from headlab.data.bpe import TOKENIZER_FILE
 from headlab.io import Manifest, append_line, atomic_write_bytes, fsync_path, mismatch, read_regular
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
+from headlab.package import installed_version
 from headlab.training.config import TrainConfig
 
 FORMAT = "headlab"
@@ -177,14 +177,6 @@ def _parse_metrics(path: Path, data: bytes) -> list[dict]:
 
 
 # ---- config.json --------------------------------------------------------------------------
-
-def installed_version() -> str:
-    """headlab's version from the installed distribution's metadata."""
-    try:
-        return version("headlab")
-    except PackageNotFoundError:
-        return "0+unknown"
-
 
 def _git_commit() -> str | None:
     try:
