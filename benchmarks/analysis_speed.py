@@ -35,16 +35,16 @@ from collections.abc import Mapping
 try:
     from benchmarks import common
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    import common  # type: ignore[no-redef]
+    import common
 
-import torch  # noqa: E402
+import torch
 
-from headlab.analysis.similarity import analyze  # noqa: E402
-from headlab.model.attention import build_attention  # noqa: E402
-from headlab.model.config import ATTENTION_FAMILIES, preset  # noqa: E402
-from headlab.analysis.heads import from_state_dict  # noqa: E402
-from headlab.analysis.inputs import input_moments  # noqa: E402
-from headlab.model.gpt import GPT  # noqa: E402
+from headlab.analysis.heads import from_state_dict
+from headlab.analysis.inputs import input_moments
+from headlab.analysis.similarity import analyze
+from headlab.model.attention import build_attention
+from headlab.model.config import ATTENTION_FAMILIES, preset
+from headlab.model.gpt import GPT
 
 TARGET_S = {"paper-128m": 2.0, "paper-2.5b": 30.0}
 TARGET_PEAK_MB = 4096

@@ -20,15 +20,15 @@ import time
 try:
     from benchmarks import common
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    import common  # type: ignore[no-redef]
+    import common
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+import torch.nn.functional as F
+from torch import nn
 
-from headlab.model.attention import rope_tables  # noqa: E402
-from headlab.model.config import ModelConfig, preset  # noqa: E402
-from headlab.model.gpt import Block  # noqa: E402
+from headlab.model.attention import rope_tables
+from headlab.model.config import ModelConfig, preset
+from headlab.model.gpt import Block
 
 TARGET = 1.05
 EPS = 1e-6

@@ -49,21 +49,28 @@ from pathlib import Path
 try:
     from benchmarks import common
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    import common  # type: ignore[no-redef]
+    import common
 
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-from headlab.analysis import inputs, similarity as analysis  # noqa: E402
-from headlab.model import decoding  # noqa: E402
-from headlab.study.roles import comparison_variants  # noqa: E402
-from headlab.data.corpus import load_corpus  # noqa: E402
-from headlab.training.plan import (format_bytes, gpu_peak, measure_peak_flops, memory_per_device,  # noqa: E402
-                                   micro_batch_size, model_flops_utilization)
-from headlab.study.study import slug  # noqa: E402
-from headlab.training.config import train_preset  # noqa: E402
-from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run  # noqa: E402
-from headlab.training.trainer import train  # noqa: E402
+from headlab.analysis import inputs
+from headlab.analysis import similarity as analysis
+from headlab.data.corpus import load_corpus
+from headlab.model import decoding
+from headlab.study.roles import comparison_variants
+from headlab.study.study import slug
+from headlab.training.config import train_preset
+from headlab.training.plan import (
+    format_bytes,
+    gpu_peak,
+    measure_peak_flops,
+    memory_per_device,
+    micro_batch_size,
+    model_flops_utilization,
+)
+from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
+from headlab.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 PASS, FAIL, SKIP, WARN = "PASS", "FAIL", "SKIP", "WARN"

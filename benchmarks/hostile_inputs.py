@@ -78,7 +78,7 @@ def cli(*argv) -> tuple[str, str]:
         code = exit_.code
     except Hang as error:
         return "hang", str(error)
-    except BaseException as error:  # noqa: BLE001 - any escape is what is being counted
+    except BaseException as error:  # any escape is what is being counted
         return "traceback", f"{type(error).__name__}: {error}"[:200]
     text = err.getvalue().strip()
     if code == 2 and "Traceback" not in text and text.splitlines()[-1].count("error:") == 1:
@@ -94,7 +94,7 @@ def api(make) -> tuple[str, str]:
         return "hang", str(error)
     except USER_ERRORS as error:
         return "clear", f"{type(error).__name__}: {error}"[:200]
-    except BaseException as error:  # noqa: BLE001
+    except BaseException as error:
         return "traceback", f"{type(error).__name__}: {error}"[:200]
     return "silent", "accepted"
 
@@ -118,9 +118,9 @@ def same_run(folder: Path, reference) -> tuple[str, str]:
     try:
         loaded = load_run(folder)
         metrics = read_metrics(folder / "metrics.jsonl")
-    except BaseException as error:  # noqa: BLE001
+    except BaseException as error:
         return "lost", f"{type(error).__name__}: {error}"[:200]
-    strip = lambda records: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in records]  # noqa: E731
+    strip = lambda records: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in records]
     same = all(torch.equal(t, loaded.model.state_dict()[n]) for n, t in reference.model.state_dict().items())
     return ("recovered", "identical") if same and strip(metrics) == strip(reference.metrics) else ("silent", "differs")
 

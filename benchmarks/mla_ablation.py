@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from scipy import stats
 
-from headlab.model.config import PRESETS, preset
 from headlab.data.corpus import load_corpus
-from headlab.training.trainer import train
+from headlab.model.config import PRESETS, preset
 from headlab.training.config import train_preset
+from headlab.training.trainer import train
 
 PRESET = "cpu-small"
 

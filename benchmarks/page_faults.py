@@ -15,7 +15,7 @@ import sys
 try:
     from benchmarks import common
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    import common  # type: ignore[no-redef]
+    import common
 
 DEFAULT_AT_LEAST, KEPT_AT_MOST = 1000, 5
 SCRIPT = """

@@ -20,17 +20,22 @@ from __future__ import annotations
 try:
     from benchmarks import common
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    import common  # type: ignore[no-redef]
+    import common
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from scipy.spatial.distance import jensenshannon  # noqa: E402
+import numpy as np
+import torch
+from scipy.spatial.distance import jensenshannon
 
-from headlab import preset  # noqa: E402
-from headlab.analysis.similarity import (attention_pattern, attention_similarity, js_distance_matrix,  # noqa: E402
-                                        norm_scale_effect, recorded_attention)
-from headlab.analysis.inputs import input_moments  # noqa: E402
-from headlab.model.gpt import GPT  # noqa: E402
+from headlab import preset
+from headlab.analysis.inputs import input_moments
+from headlab.analysis.similarity import (
+    attention_pattern,
+    attention_similarity,
+    js_distance_matrix,
+    norm_scale_effect,
+    recorded_attention,
+)
+from headlab.model.gpt import GPT
 
 
 def scipy_js_distance_matrix(probs: torch.Tensor) -> np.ndarray:

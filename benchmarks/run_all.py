@@ -11,18 +11,27 @@ import sys
 import time
 
 try:
-    from benchmarks import (analysis_speed, block_overhead, common, decode, page_faults, tokenization, train_step,
-                            train_throughput, verification_cost)
+    from benchmarks import (
+        analysis_speed,
+        block_overhead,
+        common,
+        decode,
+        page_faults,
+        tokenization,
+        train_step,
+        train_throughput,
+        verification_cost,
+    )
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    import analysis_speed  # type: ignore[no-redef]
-    import block_overhead  # type: ignore[no-redef]
-    import common  # type: ignore[no-redef]
-    import decode  # type: ignore[no-redef]
-    import page_faults  # type: ignore[no-redef]
-    import tokenization  # type: ignore[no-redef]
-    import train_step  # type: ignore[no-redef]
-    import train_throughput  # type: ignore[no-redef]
-    import verification_cost  # type: ignore[no-redef]
+    import analysis_speed
+    import block_overhead
+    import common
+    import decode
+    import page_faults
+    import tokenization
+    import train_step
+    import train_throughput
+    import verification_cost
 
 
 def main(argv=None) -> int:

@@ -21,15 +21,15 @@ from pathlib import Path
 try:
     from benchmarks import common
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    import common  # type: ignore[no-redef]
+    import common
 
-import torch  # noqa: E402
+import torch
 
-from headlab.study.roles import comparison_roles  # noqa: E402
+from headlab.model.gpt import GPT
+from headlab.study.roles import comparison_roles
+from headlab.study.study import Study
 from headlab.training.config import train_preset
-from headlab.model.gpt import GPT  # noqa: E402
-from headlab.training.snapshots import snapshot_steps, write_snapshot  # noqa: E402
-from headlab.study.study import Study  # noqa: E402
+from headlab.training.snapshots import snapshot_steps, write_snapshot
 
 TARGET = 0.03
 

@@ -28,16 +28,16 @@ from pathlib import Path
 try:
     from benchmarks import common
 except ImportError:  # run as a script
-    import common  # type: ignore[no-redef]
+    import common
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import zstandard  # noqa: E402
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
 
-from headlab.data.bpe import BPETokenizer  # noqa: E402
-from headlab.data.shards import write_shards  # noqa: E402
-from headlab.data.sources import document_files, document_texts  # noqa: E402
-from headlab.data.tokenizers import get_tokenizer  # noqa: E402
+from headlab.data.bpe import BPETokenizer
+from headlab.data.shards import write_shards
+from headlab.data.sources import document_files, document_texts
+from headlab.data.tokenizers import get_tokenizer
 
 FORMATS = ("parquet", "jsonl", "jsonl.gz", "jsonl.zst")
 TOKENS_PER_CORE = 1e6

@@ -17,12 +17,12 @@ import time
 try:
     from benchmarks import common
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    import common  # type: ignore[no-redef]
+    import common
 
-import torch  # noqa: E402
+import torch
 
-from headlab.study.roles import comparison_variants  # noqa: E402
-from headlab.model.gpt import GPT  # noqa: E402
+from headlab.model.gpt import GPT
+from headlab.study.roles import comparison_variants
 
 TARGET = 1.10
 

@@ -22,18 +22,18 @@ from contextlib import nullcontext
 try:
     from benchmarks import common
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    import common  # type: ignore[no-redef]
+    import common
 
-import torch  # noqa: E402
+import torch
 
-from headlab.study.roles import comparison_variants
-from headlab.data.corpus import load_corpus  # noqa: E402
+from headlab.data.corpus import load_corpus
 from headlab.data.shards import random_windows
-from headlab.model.gpt import GPT  # noqa: E402
-from headlab.training.optimizers import make_optimizers  # noqa: E402
-from headlab.training.trainer import keep_freed_cpu_memory  # noqa: E402
+from headlab.model.gpt import GPT
+from headlab.study.roles import comparison_variants
 from headlab.training.config import train_preset
-from headlab.training.plan import model_flops_utilization, training_flops  # noqa: E402
+from headlab.training.optimizers import make_optimizers
+from headlab.training.plan import model_flops_utilization, training_flops
+from headlab.training.trainer import keep_freed_cpu_memory
 
 MFU_TARGET = 0.50
 GPU_MFU_TARGET = 0.35

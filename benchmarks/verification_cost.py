@@ -23,7 +23,7 @@ from headlab.io import Manifest, atomic_write_bytes, file_digest
 try:
     from benchmarks import common
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    import common  # type: ignore[no-redef]
+    import common
 
 CHECKPOINT_BYTES, CACHE_BYTES, SHARD_BYTES = 1_500_000_000, 1_000_000_000, 125_000_000
 TARGET_MB_S = 200

@@ -31,10 +31,10 @@ from headlab.analysis.inputs import encode_text, input_moments
 from headlab.analysis.similarity import analyze, concat
 from headlab.analysis.snapshots import analyze_snapshots
 from headlab.analysis.tables import load_tables, save_tables
-from headlab.io import Manifest
 from headlab.data.corpus import load_corpus
 from headlab.data.encoding import available_cores
 from headlab.data.tokenizers import tokenizer_vocab_size
+from headlab.io import Manifest
 from headlab.model.config import ATTENTION_FAMILIES, PRESETS, ModelConfig, preset
 from headlab.model.gpt import count_parameters
 from headlab.package import installed_version
@@ -45,8 +45,14 @@ from headlab.study.study import Study
 from headlab.study.sweep import UNSWEPT_TRAIN_FIELDS, grid, sweep_roles, sweep_table
 from headlab.study.tables import read_study_tables, tabulate_study
 from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, TrainConfig, train_preset
+from headlab.training.distributed import (
+    FailedOnAnotherRank,
+    abandon,
+    in_process_group,
+    launched_processes,
+    leave_process_group,
+)
 from headlab.training.plan import add_plan_arguments, format_bytes, format_plan, plan_for_args, plan_from_args
-from headlab.training.distributed import FailedOnAnotherRank, abandon, in_process_group, launched_processes, leave_process_group
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -723,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug and not in_process_group():
             raise
         status = _say(error, _one_line(error), EXIT_INPUT, debug)
-    except Exception as error:  # noqa: BLE001 - a defect: still one line, said to be a bug
+    except Exception as error:  # a defect: still one line, said to be a bug
         if debug and not in_process_group():
             raise
         status = _say(error, f"internal error {type(error).__name__}: {str(error)[:300]} (a bug in headlab: please "

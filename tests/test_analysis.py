@@ -9,10 +9,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import tiny_model, write_run
 from safetensors.torch import save_file
 
-from headlab.analysis.similarity import COLUMNS, Analysis, analyze, attention_similarity, concat, js_distance_matrix, norm_scale_effect, recorded_attention
+from conftest import tiny_model, write_run
+from headlab.analysis.similarity import (
+    COLUMNS,
+    Analysis,
+    analyze,
+    attention_similarity,
+    concat,
+    js_distance_matrix,
+    norm_scale_effect,
+    recorded_attention,
+)
 from headlab.cli import main as cli_main
 
 FAMILIES = ["mha", "gqa", "mqa", "lrkv", "mla"]

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from conftest import DECODE_CASES, tiny_model
 from headlab import ATTENTION_FAMILIES, GPT, preset
 from headlab.model.attention import attention_backend
-from conftest import DECODE_CASES, tiny_model
 
 
 @pytest.mark.parametrize("attention", ATTENTION_FAMILIES)

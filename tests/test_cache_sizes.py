@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from headlab import preset
 from conftest import DECODE_CASES, tiny_model
+from headlab import preset
 
 
 def _formula(config, mla_absorb):

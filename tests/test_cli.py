@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import pytest
-from headlab import GPT, preset
-from headlab import cli
+
+from headlab import GPT, cli, preset
 from headlab.cli import build_parser, describe, main
 from headlab.study.roles import comparison_variants
 

@@ -15,9 +15,9 @@ import zstandard
 from headlab.cli import main
 from headlab.data import encoding
 from headlab.data.bpe import BPETokenizer
-from headlab.data.tokenizers import ByteTokenizer
 from headlab.data.corpus import load_corpus
 from headlab.data.encoding import BATCH_BYTES
+from headlab.data.tokenizers import ByteTokenizer
 from headlab.training.config import train_preset
 from headlab.training.trainer import repetition_note
 

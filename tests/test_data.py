@@ -8,9 +8,9 @@ import torch
 
 from headlab import data
 from headlab.data import shards, sources
-from headlab.data.tokenizers import ByteTokenizer
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import random_windows
+from headlab.data.tokenizers import ByteTokenizer
 
 
 @pytest.fixture

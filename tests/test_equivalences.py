@@ -2,8 +2,8 @@
 
 import torch
 
-from headlab import GPT
 from conftest import tiny_model
+from headlab import GPT
 
 
 def _copy_shared_weights(source: GPT, target: GPT) -> None:

@@ -24,10 +24,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
 
-from headlab.analysis.similarity import recorded_attention
+from conftest import tiny_model
 from headlab.analysis.heads import LRKVWeights, MLAWeights, load_heads
+from headlab.analysis.similarity import recorded_attention
 from headlab.analysis.spectrum import frobenius_gram
 
 T = 6
@@ -209,7 +209,7 @@ def _hf_projections(model_type: str, model, layer: int, h: int):
     if model_type == "gpt2":
         a = model.h[layer].attn
         qkv = _affine_free(a.c_attn)
-        part = lambda x, i: qkv(x).split(x.size(-1), dim=-1)[i].view(len(x), h, -1)  # noqa: E731
+        part = lambda x, i: qkv(x).split(x.size(-1), dim=-1)[i].view(len(x), h, -1)
         return lambda x: part(x, 0), lambda x: part(x, 1), lambda x: part(x, 2), _affine_free(a.c_proj)
     a = model.layers[layer].self_attn
     if model_type.startswith("deepseek"):
@@ -218,7 +218,7 @@ def _hf_projections(model_type: str, model, layer: int, h: int):
         if a.q_proj is not None:
             q = a.q_proj
         else:
-            q = lambda x: a.q_b_proj(GainOnly(a.q_a_layernorm)(_affine_free(a.q_a_proj)(x)))  # noqa: E731
+            q = lambda x: a.q_b_proj(GainOnly(a.q_a_layernorm)(_affine_free(a.q_a_proj)(x)))
 
         def kv(x):
             latent, k_rope = _affine_free(a.kv_a_proj_with_mqa)(x).split([cfg.kv_lora_rank, rope], dim=-1)

@@ -5,8 +5,16 @@ import pytest
 import torch
 
 from headlab.analysis.heads import load_heads
-from headlab.analysis.lrkv import (deviation_energy_kept, deviation_table, factor_table, norm_ratio, principal_angles,
-                                   random_angle, rank_r_heads, rank_r_model)
+from headlab.analysis.lrkv import (
+    deviation_energy_kept,
+    deviation_table,
+    factor_table,
+    norm_ratio,
+    principal_angles,
+    random_angle,
+    rank_r_heads,
+    rank_r_model,
+)
 from headlab.analysis.similarity import analyze
 from headlab.model.config import preset
 from headlab.model.gpt import GPT

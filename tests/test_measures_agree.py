@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 from scipy.spatial.distance import jensenshannon
 
-from headlab.report import plots
-from headlab.analysis.similarity import measure_agreement
 from headlab.analysis.measures import behaviour_summary, clipped_spectrum
+from headlab.analysis.similarity import measure_agreement
 from headlab.analysis.spectrum import similarity_spectrum
+from headlab.report import plots
 from headlab.study.claims import compensation_onset, measure_claims, per_step_metrics, training_claims
 
 ROLES = {"mha": "Standard MHA", "mqa": "MQA", "lrkv-small": "LRKV (r=4)"}
@@ -169,9 +169,10 @@ def test_every_forward_measurement_runs_where_the_model_lives(measurement):
     import contextlib
 
     import torch
-    from conftest import tiny_model
 
-    from headlab.analysis import inputs, similarity as analysis
+    from conftest import tiny_model
+    from headlab.analysis import inputs
+    from headlab.analysis import similarity as analysis
 
     model = tiny_model("mha").to("meta")
     seen = []

@@ -14,11 +14,11 @@ import difflib
 import importlib.util
 import re
 import sys
-import tomllib
 import types
 from pathlib import Path
 
 import pytest
+import tomllib
 
 jupytext = pytest.importorskip("jupytext")
 

@@ -10,9 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import tiny_model, write_run
 
 import headlab.io
+from conftest import tiny_model, write_run
 from headlab import load_corpus, load_run, preset, train, train_preset
 from headlab.analysis.similarity import Analysis
 from headlab.cli import main

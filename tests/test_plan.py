@@ -7,12 +7,27 @@ import pytest
 
 from headlab import preset
 from headlab.cli import main
-from headlab.study.roles import comparison_variants
 from headlab.model.gpt import count_parameters
-from headlab.training.plan import (GiB, Devices, PlanError, StepTime, activation_bytes, evaluations, format_plan, gpu_peak,
-                                   measure_peak_flops, measure_step, memory_per_device, model_flops_utilization,
-                                   optimizer_state_bytes, parse_devices, study_plan, training_flops)
+from headlab.study.roles import comparison_variants
 from headlab.training.config import train_preset
+from headlab.training.plan import (
+    Devices,
+    GiB,
+    PlanError,
+    StepTime,
+    activation_bytes,
+    evaluations,
+    format_plan,
+    gpu_peak,
+    measure_peak_flops,
+    measure_step,
+    memory_per_device,
+    model_flops_utilization,
+    optimizer_state_bytes,
+    parse_devices,
+    study_plan,
+    training_flops,
+)
 
 
 def test_flops_are_6ND_plus_a_documented_causal_attention_term():

@@ -4,18 +4,18 @@ import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-from matplotlib.colors import to_hex  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.colors import to_hex
+from matplotlib.figure import Figure
 
-from headlab.io import Manifest  # noqa: E402
-from headlab.report import plots  # noqa: E402
+from headlab.io import Manifest
+from headlab.report import plots
 
 # The six demo variants, deliberately out of figure order, and their redundancy: the share of
 # each head's bilinear form that is common to all heads of a layer.

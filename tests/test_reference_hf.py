@@ -22,18 +22,23 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from transformers.models.deepseek_v3.configuration_deepseek_v3 import DeepseekV3Config  # noqa: E402
-from transformers.models.deepseek_v3.modeling_deepseek_v3 import (  # noqa: E402
+from transformers.models.deepseek_v3.configuration_deepseek_v3 import DeepseekV3Config
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
     DeepseekV3Attention,
     DeepseekV3RotaryEmbedding,
 )
-from transformers.models.llama.configuration_llama import LlamaConfig  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding  # noqa: E402
+from transformers.models.llama.configuration_llama import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
-import headlab  # noqa: E402
-from headlab.model.attention import (GroupedQueryAttention, KVCache, MultiHeadLatentAttention,  # noqa: E402
-                                     attention_backend, rope_tables)
-from headlab.model.attention.mla import NORM_EPS  # noqa: E402
+import headlab
+from headlab.model.attention import (
+    GroupedQueryAttention,
+    KVCache,
+    MultiHeadLatentAttention,
+    attention_backend,
+    rope_tables,
+)
+from headlab.model.attention.mla import NORM_EPS
 
 TOL = 1e-5
 BATCH, SEQ = 2, 12

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import write_run
 from safetensors.torch import save_file
 
 import headlab
 import headlab.training.runs
+from conftest import write_run
 from headlab import ModelConfig, TrainConfig, TrainingDiverged, load_corpus, load_run, preset, train, train_preset
 from headlab.analysis.similarity import Analysis, analyze
 from headlab.cli import main

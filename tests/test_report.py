@@ -11,8 +11,8 @@ from scipy import stats as scipy_stats
 
 import headlab.analysis.heads
 import headlab.analysis.similarity
-import headlab.study.stats
 import headlab.report.writer
+import headlab.study.stats
 import headlab.study.tables
 from headlab.cli import main
 from headlab.report.writer import DOCS_FIGURES, FIGURES, rank_table, write_report
@@ -169,8 +169,8 @@ def test_the_rule_states_how_many_orderings_chance_alone_would_give():
 
 def test_rope_to_latent_ratio_measures_the_rope_part(study):
     import torch
-    from conftest import tiny_model
 
+    from conftest import tiny_model
     from headlab.study.study import StudyRun
 
     _, runs, _ = study

@@ -22,7 +22,7 @@ from headlab.study.tables import read_study_tables, shipped_tables, study_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-import ship_demo_tables  # noqa: E402
+import ship_demo_tables
 
 SMALL = NotebookStudy.choose(True)  # the notebooks' small-mode study: tiny, 60 steps
 

@@ -6,7 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from headlab.analysis.spectrum import Factors, cosine_similarity, double_center, eigenspectrum, entropy_effective_rank, frobenius_gram, n_components, participation_ratio, similarity_spectrum
+from headlab.analysis.spectrum import (
+    Factors,
+    cosine_similarity,
+    double_center,
+    eigenspectrum,
+    entropy_effective_rank,
+    frobenius_gram,
+    n_components,
+    participation_ratio,
+    similarity_spectrum,
+)
 
 H, D, E = 6, 40, 5
 

@@ -6,10 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from headlab.study.roles import comparison_roles
 import headlab
-from headlab.study.study import (MANIFEST, NotebookStudy, Study, StudyRun, claim_study_folder, default_study_folder,
-                                 project_root, settings_key, slug)
+from headlab.study.roles import comparison_roles
+from headlab.study.study import (
+    MANIFEST,
+    NotebookStudy,
+    Study,
+    StudyRun,
+    claim_study_folder,
+    default_study_folder,
+    project_root,
+    settings_key,
+    slug,
+)
 from headlab.training.config import train_preset
 
 STEPS = 4

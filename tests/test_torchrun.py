@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 from headlab import GPT, preset
+from headlab.io import FolderLock, Manifest
 from headlab.training import distributed
 from headlab.training.config import train_preset
 from headlab.training.distributed import join_process_group, training_device
-from headlab.io import FolderLock, Manifest
 from headlab.training.runs import STARTS
 from headlab.training.trainer import train
 

@@ -8,10 +8,19 @@ import sys
 
 import pytest
 import torch
-from conftest import forge_manifest_entry
 
 import headlab
-from headlab import ATTENTION_FAMILIES, TrainConfig, TrainingDiverged, load_corpus, load_run, preset, train, train_preset
+from conftest import forge_manifest_entry
+from headlab import (
+    ATTENTION_FAMILIES,
+    TrainConfig,
+    TrainingDiverged,
+    load_corpus,
+    load_run,
+    preset,
+    train,
+    train_preset,
+)
 from headlab.model.gpt import GPT
 from headlab.training.optimizers import make_optimizers
 from headlab.training.runs import current_checkpoint, read_metrics
@@ -347,6 +356,7 @@ def test_checkpoints_resume_across_world_sizes_to_the_uninterrupted_run(tmp_path
 
 def test_a_run_on_a_trained_bpe_keeps_its_tokenizer_and_analysis_reads_it(tmp_path, monkeypatch):
     import shutil
+
     from headlab.analysis.inputs import encode_text
     from headlab.data import sources
 

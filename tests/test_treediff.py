@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
-from treediff import Tree, check, run_cli
 
-from headlab import load_corpus, preset, train, train_preset
+from headlab import train_preset
 from headlab.data import sources
 from headlab.report.writer import write_report
 from headlab.study.study import Study
 from headlab.study.tables import tabulate_study
+from treediff import Tree, check, run_cli
 
 TINY = train_preset("tiny", steps=4, batch_size=4, eval_every=2, eval_batches=1, checkpoint_every=2, log_every=1)
 TRAIN = ["train", "--preset", "tiny", "--corpus", "synthetic", "--batch-size", "4", "--eval-every", "2",

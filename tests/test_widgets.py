@@ -4,24 +4,22 @@ import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
 
-import asyncio  # noqa: E402
-import io  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
+import asyncio
+import io
+from types import SimpleNamespace
 
-import ipywidgets as widgets  # noqa: E402
-import matplotlib.image  # noqa: E402
+import ipywidgets as widgets
+import matplotlib.image
+import pandas as pd
+import pytest
 
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-from test_plots import (FIGURE_ORDER, TAB10, legend_labels, line_colours, synthetic_tables,  # noqa: E402
-                        synthetic_training)
-
-import headlab.report.widgets  # noqa: E402
-from headlab.report.widgets import NO_METHOD, choice_columns, explore  # noqa: E402
+import headlab.report.widgets
+from headlab.report.widgets import NO_METHOD, choice_columns, explore
+from test_plots import FIGURE_ORDER, TAB10, legend_labels, line_colours, synthetic_tables, synthetic_training
 
 THREE_PANELS = ["Early Layer (L=0)", "Middle Layer (L=2)", "Late Layer (L=3)"]
 

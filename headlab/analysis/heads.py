@@ -51,9 +51,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from headlab.analysis.spectrum import Factors
+from headlab.io import below, read_regular
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
-from headlab.io import below, read_regular
 from headlab.training.runs import parse_weights, read_config, read_current
 
 CIRCUITS = ("qk", "ov")

@@ -57,8 +57,14 @@ from scipy.stats import spearmanr
 
 from headlab.analysis.heads import CIRCUITS, LRKVWeights, MLAWeights, check_circuit, check_mla_rope, load_heads
 from headlab.analysis.inputs import InputMoments, run_forward
-from headlab.analysis.spectrum import (KINDS, cosine_similarity, data_gram, frobenius_gram, mean_offdiagonal,
-                                       similarity_spectrum)
+from headlab.analysis.spectrum import (
+    KINDS,
+    cosine_similarity,
+    data_gram,
+    frobenius_gram,
+    mean_offdiagonal,
+    similarity_spectrum,
+)
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.model.attention.common import AttentionCore, attention_probabilities
 from headlab.model.gpt import eval_mode

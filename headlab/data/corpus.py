@@ -32,12 +32,27 @@ from pathlib import Path
 
 import tokenizers
 
-from headlab.data.bpe import (MAX_TRAINING_BYTES, TOKENIZER_FILE, BPETokenizer, parse_bpe_vocab, split_at_character,
-                              utf8_texts)
+from headlab.data.bpe import (
+    MAX_TRAINING_BYTES,
+    TOKENIZER_FILE,
+    BPETokenizer,
+    parse_bpe_vocab,
+    split_at_character,
+    utf8_texts,
+)
 from headlab.data.encoding import available_cores
 from headlab.data.shards import TOKENS_FOLDER, Corpus, read_shards, write_shards
-from headlab.data.sources import (DOCUMENT_SUFFIXES, cache_dir, document_files, document_texts, hf_texts,
-                                  shakespeare_texts, synthetic_texts, text_files, text_path_texts)
+from headlab.data.sources import (
+    DOCUMENT_SUFFIXES,
+    cache_dir,
+    document_files,
+    document_texts,
+    hf_texts,
+    shakespeare_texts,
+    synthetic_texts,
+    text_files,
+    text_path_texts,
+)
 from headlab.data.tokenizers import get_tokenizer
 from headlab.io import file_digest
 
@@ -80,7 +95,7 @@ def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", workers: int
     else:
         path = Path(name).resolve()
         files = [(str(f), file_digest(f)) for f in text_files(path)]  # content, not size and mtime: `cp -p` keeps those
-        texts = lambda: text_path_texts(path, **source_options)  # noqa: E731
+        texts = lambda: text_path_texts(path, **source_options)
         key = f"text-{_options_key({'files': files, **source_options})}"
     folder = cache_dir() / TOKENS_FOLDER / f"{key}-{tok.name if tok else _bpe_key(tokenizer)}"
     if not (folder / "meta.json").exists():

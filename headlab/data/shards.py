@@ -13,9 +13,9 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from headlab.data.bpe import TOKENIZER_FILE
 from headlab.data.encoding import encode_texts
 from headlab.data.tokenizers import get_tokenizer
-from headlab.data.bpe import TOKENIZER_FILE
 from headlab.io import atomic_write_text, file_digest, mismatch, read_regular
 
 TOKENS_FOLDER = "tokens-sha256"  # under the cache: shard folders whose meta.json records each file's SHA-256

@@ -24,13 +24,25 @@ from headlab.analysis.similarity import BEHAVIOUR
 from headlab.analysis.spectrum import KINDS
 from headlab.io import Manifest, writing
 from headlab.report import plots
-from headlab.study.claims import (claims, difference_to_mha, final_losses, halfway, measure_claims, per_seed_metrics,
-                                  per_seed_ranks, per_step_metrics, rule_text, training_claims, values, variant_name,
-                                  variant_rows)
+from headlab.study.claims import (
+    claims,
+    difference_to_mha,
+    final_losses,
+    halfway,
+    measure_claims,
+    per_seed_metrics,
+    per_seed_ranks,
+    per_step_metrics,
+    rule_text,
+    training_claims,
+    values,
+    variant_name,
+    variant_rows,
+)
 from headlab.study.paper import PAPER
 from headlab.study.stats import paired_difference, spread
-from headlab.study.sweep import grid_axes, sweep_sentences
 from headlab.study.study import MANIFEST, STUDY, loss_unit
+from headlab.study.sweep import grid_axes, sweep_sentences
 from headlab.study.tables import StudyTables
 
 FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "effective_rank_uncentered",

@@ -47,8 +47,8 @@ from headlab.data.shards import Corpus, random_windows
 from headlab.study.roles import comparison_roles
 from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit, settings_key
 from headlab.training.config import train_preset
-from headlab.training.runs import EXECUTION_FIELDS
-from headlab.training.runs import resume_differences, run_manifest
+from headlab.training.runs import EXECUTION_FIELDS, resume_differences, run_manifest
+
 # The figures and claims use the whole pre-softmax score of MLA, as for every other family (see
 # `headlab.analysis.similarity`); the paper's latent-only definition is in the tables beside it.
 FLAGSHIP_MLA_ROPE = "included"

@@ -61,13 +61,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-
 import torch
 
+from headlab.data.shards import random_windows
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, count_parameters
 from headlab.training.config import PARALLEL
-from headlab.data.shards import random_windows
 from headlab.training.distributed import Processes, launched_processes, training_device
 from headlab.training.optimizers import is_muon_matrix, make_optimizers
 from headlab.training.trainer import on_device

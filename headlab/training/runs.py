@@ -31,7 +31,6 @@ so any number of processes, sharded or not, can resume a checkpoint.
 from __future__ import annotations
 
 import contextlib
-
 import hashlib
 import io
 import json
@@ -46,8 +45,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as parse_safetensors
 from safetensors.torch import save as serialize_safetensors
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from headlab.data.bpe import TOKENIZER_FILE
 from headlab.io import Manifest, append_line, atomic_write_bytes, fsync_path, mismatch, read_regular

@@ -30,11 +30,27 @@ from headlab.io import FolderLock, refuse_foreign
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, eval_mode
 from headlab.training.config import TrainConfig
-from headlab.training.distributed import (Processes, failing_alone, join_process_group, launched_processes,
-                                         local_main_first, together, training_device)
+from headlab.training.distributed import (
+    Processes,
+    failing_alone,
+    join_process_group,
+    launched_processes,
+    local_main_first,
+    together,
+    training_device,
+)
 from headlab.training.optimizers import make_optimizers
-from headlab.training.runs import (EXECUTION_FIELDS, MANIFEST, MetricsLog, Run, gather_training_state, load_checkpoint,
-                                   open_run, record_start, save_checkpoint)
+from headlab.training.runs import (
+    EXECUTION_FIELDS,
+    MANIFEST,
+    MetricsLog,
+    Run,
+    gather_training_state,
+    load_checkpoint,
+    open_run,
+    record_start,
+    save_checkpoint,
+)
 from headlab.training.snapshots import is_snapshot_step, write_snapshot
 
 

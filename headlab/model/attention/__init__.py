@@ -1,7 +1,14 @@
 """The five attention families. `build_attention(config)` picks one by `config.attention`."""
 
-from headlab.model.attention.common import (AttentionCore, KVCache, LayerCache, apply_rope, attend, attention_backend,
-                                            rope_tables)
+from headlab.model.attention.common import (
+    AttentionCore,
+    KVCache,
+    LayerCache,
+    apply_rope,
+    attend,
+    attention_backend,
+    rope_tables,
+)
 from headlab.model.attention.grouped import GroupedQueryAttention
 from headlab.model.attention.lrkv import LowRankKVAttention
 from headlab.model.attention.mla import MultiHeadLatentAttention
