@@ -178,7 +178,8 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(rows if len(rows) > 1 else rows[0], indent=2))
         return 0
-    source = args.config or f"preset {args.preset}" + ("" if args.attention else ", the variants of `headlab reproduce`")
+    variants = "" if args.attention else ", the variants of `headlab reproduce`"
+    source = args.config or f"preset {args.preset}{variants}"
     print(f"{source}: context {rows[0]['context']}, batch {rows[0]['batch_size']}, {dtype}")
     header = f"{'variant':<22}{'params':>14}{'KV values/token/layer':>24}{'% of MHA':>10}{'KV cache':>12}"
     print(header)
@@ -232,7 +233,8 @@ def cmd_train(args) -> int:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     if args.label is not None and len(args.label) != len(args.sources):
-        raise ValueError(f"--label was given {len(args.label)} times for {len(args.sources)} sources: give one per SOURCE")
+        raise ValueError(f"--label was given {len(args.label)} times for {len(args.sources)} sources: give one "
+                         "per SOURCE")
     given = args.label or [None] * len(args.sources)
     if args.snapshots:
         result = concat(analyze_snapshots(source, label, circuit=args.circuit, mla_rope=args.mla_rope,
@@ -298,7 +300,8 @@ def format_effective_ranks(summary) -> str:
         wide = rows.pivot(index="layer", columns="kind",
                           values=["effective_rank", "effective_rank_pct_of_heads", "effective_rank_pct_of_ceiling"])
         wide.loc["mean"] = wide.mean()
-        lines = [f"{model} · {circuit} · {measure} · {n} heads — effective rank (% of H; centered also % of ceiling {n - 1})",
+        lines = [f"{model} · {circuit} · {measure} · {n} heads — effective rank (% of H; centered also % of "
+                 f"ceiling {n - 1})",
                  f"{'layer':>5}  {'uncentered':<16}centered"]
         for layer, row in wide.iterrows():
             unc = f"{row['effective_rank', 'uncentered']:.2f} ({row['effective_rank_pct_of_heads', 'uncentered']:.1f}%)"
@@ -384,8 +387,9 @@ def paper_budget_note(preset_name: str, plan) -> str | None:
     if paper is None or tokens >= paper:
         return None
     return (f"note: each run trains on {tokens / 1e9:.2f} B tokens; the paper trained its {preset_name} models on "
-            f"{paper / 1e9:.0f} B. --tokens {paper / 1e9:.0f}e9 plans the paper's budget: about {paper / tokens:.0f} x the "
-            f"wall time and FLOPs above ({_duration_text(plan.total_wall_s * paper / tokens)})")
+            f"{paper / 1e9:.0f} B. --tokens {paper / 1e9:.0f}e9 plans the paper's budget: about "
+            f"{paper / tokens:.0f} x the wall time and FLOPs above "
+            f"({_duration_text(plan.total_wall_s * paper / tokens)})")
 
 
 def _duration_text(seconds: float) -> str:
@@ -602,12 +606,15 @@ def _sweep_arguments(sweep: argparse.ArgumentParser) -> None:
                        help="model and training preset (default: %(default)s)")
     sweep.add_argument("--lengths", type=positive_float, nargs="+", default=[1.0], metavar="X",
                        help="training lengths as multiples of the preset's steps (default: 1)")
-    sweep.add_argument("--depths", type=positive_int, nargs="+", metavar="N", help="n_layer values (default: the preset's)")
+    sweep.add_argument("--depths", type=positive_int, nargs="+", metavar="N",
+                       help="n_layer values (default: the preset's)")
     sweep.add_argument("--set", type=sweep_values, action="append", metavar="FIELD=V1,V2",
                        help="a ModelConfig or TrainConfig field to sweep, e.g. kv_residual_init=0,0.1,1 or "
                             "optimizer=adamw,muon (repeatable)")
-    sweep.add_argument("--seeds", type=positive_int, default=3, metavar="N", help="seeds per variant and point (default: 3)")
-    sweep.add_argument("--out", type=Path, default=Path("runs/sweep"), metavar="DIR", help="sweep folder (default: %(default)s)")
+    sweep.add_argument("--seeds", type=positive_int, default=3, metavar="N",
+                       help="seeds per variant and point (default: 3)")
+    sweep.add_argument("--out", type=Path, default=Path("runs/sweep"), metavar="DIR",
+                       help="sweep folder (default: %(default)s)")
     sweep.add_argument("--jobs", type=positive_int, metavar="N",
                        help="runs trained at once, each on one thread (default: one per CPU core, 1 on a GPU)")
     sweep.add_argument("--only", nargs="+", choices=ROLES, metavar="ROLE",
@@ -619,7 +626,8 @@ def _study_folder_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _docs_arguments(docs: argparse.ArgumentParser) -> None:
-    docs.add_argument("--out", type=Path, default=Path("docs"), metavar="DIR", help="output folder (default: %(default)s)")
+    docs.add_argument("--out", type=Path, default=Path("docs"), metavar="DIR",
+                      help="output folder (default: %(default)s)")
 
 
 @dataclass(frozen=True)
@@ -648,7 +656,8 @@ COMMANDS = (
             "--resume continues it exactly, after checking that the model, training and data settings match the "
             "saved run. Training settings default to the preset's.",
             cmd_train, (partial(_add_model_arguments, attention_default="mha"),
-                        partial(_add_corpus_arguments, tokenizer_default="byte"), _train_arguments, add_plan_arguments)),
+                        partial(_add_corpus_arguments, tokenizer_default="byte"),
+                        _train_arguments, add_plan_arguments)),
     Command("analyze", "head similarity, eigen-spectra and effective rank per layer (paper §4.3)",
             "Analyse headlab run folders and Hugging Face checkpoints: save the tidy tables and print each model's "
             "per-layer effective rank. Models are listed in family order (MHA, LRKV, MQA, MLA, GQA, then others as "

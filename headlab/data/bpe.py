@@ -58,7 +58,8 @@ class BPETokenizer:
         tokenizer = tk.Tokenizer(tk.models.BPE())
         tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = tk.decoders.ByteLevel()
-        trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False, special_tokens=[END_OF_TEXT] if end_of_text else [],
+        trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                         special_tokens=[END_OF_TEXT] if end_of_text else [],
                                          initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
         tokenizer.train_from_iterator(texts, trainer=trainer)
         if tokenizer.get_vocab_size() != vocab_size:

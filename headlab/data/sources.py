@@ -93,7 +93,8 @@ def _decode(raw: bytes, where, encoding_errors: str = "strict") -> str:
     """UTF-8 text of `raw`; invalid bytes are an error naming `where` and the byte offset, or
     become U+FFFD with encoding_errors='replace'."""
     if encoding_errors not in ENCODING_ERRORS:
-        raise ValueError(f"encoding_errors = {encoding_errors!r} is invalid: allowed values are {', '.join(ENCODING_ERRORS)}")
+        raise ValueError(f"encoding_errors = {encoding_errors!r} is invalid: allowed values are "
+                         f"{', '.join(ENCODING_ERRORS)}")
     try:
         return raw.decode("utf-8", errors=encoding_errors)
     except UnicodeDecodeError as error:
@@ -211,7 +212,8 @@ def _jsonl_texts(file: Path, text_field: str) -> Iterator[str]:
                 except json.JSONDecodeError as error:
                     raise ValueError(f"{file} line {number} is not JSON ({error.msg})") from None
                 if not isinstance(record, dict) or text_field not in record:
-                    raise ValueError(f"{file} line {number} has no text field {text_field!r}: name it with --text-field")
+                    raise ValueError(f"{file} line {number} has no text field {text_field!r}: name it with "
+                                     "--text-field")
                 text = record[text_field]
                 if not isinstance(text, str):
                     raise ValueError(f"{file} line {number}: field {text_field!r} holds {json.dumps(text)[:40]}, not "

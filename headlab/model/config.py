@@ -109,7 +109,8 @@ class ModelConfig:
         if self.kv_latent_dim < 1:
             raise invalid_field("kv_latent_dim", self.kv_latent_dim, "MLA latent d_c must be a positive integer")
         if self.rope_head_dim < 2 or self.rope_head_dim % 2:
-            raise invalid_field("rope_head_dim", self.rope_head_dim, "MLA RoPE width d_R must be a positive even integer")
+            raise invalid_field("rope_head_dim", self.rope_head_dim,
+                                "MLA RoPE width d_R must be a positive even integer")
         if self.q_latent_dim < 0:
             raise invalid_field("q_latent_dim", self.q_latent_dim, "must be 0 (no query compression) or positive")
         if self.kv_residual_init < 0:
@@ -132,7 +133,8 @@ class ModelConfig:
             "mqa": "MQA",
             "gqa": f"GQA ({self.n_kv_head} KV heads)",
             "mla": f"MLA (d_c={self.kv_latent_dim})",
-            "lrkv": f"LRKV (r={self.kv_rank}{'' if self.kv_residual_init == 0.1 else f', init {self.kv_residual_init:g}'})",
+            "lrkv": f"LRKV (r={self.kv_rank}"
+                    f"{'' if self.kv_residual_init == 0.1 else f', init {self.kv_residual_init:g}'})",
         }[self.attention]
 
     def kv_cache_values_per_token(self, mla_absorb: bool = True) -> int:

@@ -27,8 +27,9 @@ def cache_bytes_table(models: dict[str, GPT], context: int) -> pd.DataFrame:
         for absorb in (True, False) if config.attention == "mla" else (True,):
             cache = model.new_cache(1, context, mla_absorb=absorb)
             formula = config.kv_cache_bytes(context, cache.tensors()[0].element_size(), mla_absorb=absorb)
-            rows.append({"variant": label + ("" if absorb else ", naive cache"), "cache tensors (bytes)": cache.nbytes(),
-                         "formula (bytes)": formula, "agree": cache.nbytes() == formula})
+            rows.append({"variant": label + ("" if absorb else ", naive cache"),
+                         "cache tensors (bytes)": cache.nbytes(), "formula (bytes)": formula,
+                         "agree": cache.nbytes() == formula})
     table = pd.DataFrame(rows).set_index("variant")
     table["% of MHA"] = 100 * table["cache tensors (bytes)"] / table["cache tensors (bytes)"].iloc[0]
     return table
@@ -45,7 +46,8 @@ def generation_speed(models: dict[str, GPT], prompt: torch.Tensor, new_tokens: i
         same = torch.equal(model.generate(prompt, new_tokens, temperature=0),
                            model.generate(prompt, new_tokens, temperature=0, use_cache=False))
         seconds = {use_cache: min(timeit.repeat(
-            lambda use_cache=use_cache: (model.generate(prompt, new_tokens, temperature=0, use_cache=use_cache), sync()),
+            lambda use_cache=use_cache: (model.generate(prompt, new_tokens, temperature=0, use_cache=use_cache),
+                                         sync()),
             number=1, repeat=repeats)) for use_cache in (True, False)}
         rows.append({"variant": label, "with cache (ms/token)": 1e3 * seconds[True] / new_tokens,
                      "without cache (ms/token)": 1e3 * seconds[False] / new_tokens,

@@ -76,7 +76,8 @@ def save_figure(figure: Figure, manifest: Manifest, name: str) -> Path:
     into the folder of `manifest`, which records them (`name` may hold a subfolder: 'figures/x');
     each is drawn into memory and written atomically, never through a link. Returns the PNG's path."""
     drawn = {}
-    for suffix, options in ((".png", {"dpi": 130}), (".svg", {"metadata": {"Date": None}})):  # SVG: same figure, same bytes
+    # SVG without a date: the same figure gives the same bytes
+    for suffix, options in ((".png", {"dpi": 130}), (".svg", {"metadata": {"Date": None}})):
         buffer = io.BytesIO()
         figure.savefig(buffer, format=suffix[1:], bbox_inches="tight", **options)
         drawn[name + suffix] = buffer.getvalue()

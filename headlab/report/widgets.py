@@ -8,7 +8,9 @@ The controls choose the methods (a checkbox each, beside the method's colour), t
 or centered spectra, the layers (any one, or its early, middle and late layers together) and one value of every
 analysis choice the tables vary over: every text column of the summary table besides `model` and
 `kind` (`circuit`, and e.g. `measure` or `mla_rope` when an analysis option added them) with more
-than one value, and the training `step` of per-step tables (`headlab.analysis.snapshots.analyze_snapshots`). Controls that do nothing in the current view are disabled. Every change redraws
+than one value, and the training `step` of per-step tables
+(`headlab.analysis.snapshots.analyze_snapshots`). Controls that do nothing in the current view are
+disabled. Every change redraws
 the chosen plots; the explorer draws once when it is created (on the uncentered spectra, the
 flagship figure), so a headless run (nbmake, nbconvert) shows a figure.
 

@@ -274,7 +274,8 @@ def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
         per_seed = group.groupby(["seed", "kind"])[["key_energy_kept", "effective_rank_pct_of_heads"]].mean()
         rebuilt = per_seed["effective_rank_pct_of_heads"].unstack("kind")
         kept = per_seed["key_energy_kept"].unstack("kind")["uncentered"]
-        row = {"rank r": rank, "key deviation energy a rank-r residual keeps (%)": spread(100 * kept.to_numpy()).format(1)}
+        row = {"rank r": rank,
+               "key deviation energy a rank-r residual keeps (%)": spread(100 * kept.to_numpy()).format(1)}
         for kind in KINDS:
             row[f"MHA rebuilt, {kind} (% of H)"] = spread(rebuilt[kind].to_numpy()).format(1)
         role = lrkv_by_rank.get(rank)
@@ -413,7 +414,8 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
         "## Validation loss (the paper's Tables 1 and 8)",
         "",
         f"Ours: {unit} on the held-out 10% of {held_out}"
-        + ("" if unit == loss_unit("byte") else f" (and bits per byte, at {meta['bytes_per_token']:.2f} bytes per token)")
+        + ("" if unit == loss_unit("byte")
+           else f" (and bits per byte, at {meta['bytes_per_token']:.2f} bytes per token)")
         + ", with the paired difference to MHA ± the 95% "
         "t half-width. Paper: test cross-entropy per GPT-2 token on FineWeb-Edu at 128M, from its rank ablation "
         "(Table 8), which has both LRKV ranks. Only the differences to MHA are comparable.",

@@ -119,7 +119,8 @@ def change_since(end: pd.DataFrame, half: pd.DataFrame, role: str, mla_rope: str
     seed has the value half-way (e.g. no validation record before the last step)."""
     def per_seed(metrics: pd.DataFrame) -> pd.Series:
         ours = values(metrics, role, mla_rope, column)
-        return ours - (values(metrics, baseline, mla_rope, column) if baseline else values(metrics, role, mla_rope, minus))
+        other = values(metrics, baseline, mla_rope, column) if baseline else values(metrics, role, mla_rope, minus)
+        return ours - other
 
     at_end, at_half = per_seed(end), per_seed(half)
     seeds = at_end.dropna().index.intersection(at_half.dropna().index).sort_values()
@@ -158,8 +159,8 @@ def claims(metrics: pd.DataFrame, half: Halfway | None = None) -> list[str]:
                                      half.loss_step if column == "val_loss" else half.rank_step, decimals)
             sentences.append(sentence(f"{variant_name(role, model, mla_rope)}: {what}",
                                       difference_to_mha(metrics, role, mla_rope, column),
-                                      ("higher than", "lower than", "within seed noise of Standard MHA"), "Standard MHA",
-                                      unit, decimals, mark=mark))
+                                      ("higher than", "lower than", "within seed noise of Standard MHA"),
+                                      "Standard MHA", unit, decimals, mark=mark))
     for role, model, mla_rope in variant_rows(metrics):
         rise = paired_difference(values(metrics, role, mla_rope, "centered").to_numpy(),
                                  values(metrics, role, mla_rope, "uncentered").to_numpy())
@@ -167,8 +168,9 @@ def claims(metrics: pd.DataFrame, half: Halfway | None = None) -> list[str]:
                                               minus="uncentered"), half.rank_step, 2)
         paper = PAPER[role]
         sentences.append(sentence(f"{variant_name(role, model, mla_rope)}: centering", rise,
-                                  ("raises", "lowers", "leaves the effective rank within seed noise"), "the effective rank",
-                                  "points of % of H", 2, f"the paper: {paper.uncentered:.1f}% → {paper.centered:.1f}%",
+                                  ("raises", "lowers", "leaves the effective rank within seed noise"),
+                                  "the effective rank", "points of % of H", 2,
+                                  f"the paper: {paper.uncentered:.1f}% → {paper.centered:.1f}%",
                                   mark=mark))
     return sentences
 
@@ -199,8 +201,8 @@ def rule_text(n_seeds: int, n_comparisons: int) -> str:
             "difference ± half-width; otherwise the two are called within seed noise. No other ordering is claimed. "
             f"The {n_comparisons} comparisons below are each tested at 95% with no correction for their number: were "
             f"there no true difference behind any of them (a variant against Standard MHA, or centered against "
-            f"uncentered), about {chance_orderings(n_comparisons):.1f} of them would still come out as orderings, so an "
-            "ordering whose interval barely excludes zero is a lead to re-test with more seeds, not a finding. "
+            f"uncentered), about {chance_orderings(n_comparisons):.1f} of them would still come out as orderings, "
+            "so an ordering whose interval barely excludes zero is a lead to re-test with more seeds, not a finding. "
             "Each comparison is also made half-way through training (the snapshot nearest half the steps), and "
             "the per-seed change of its difference since then gets the same interval: where that excludes zero "
             "the sentence is marked still moving (a longer run may change it), otherwise settled.")

@@ -10,7 +10,8 @@ ROLES = ("mha", "lrkv-small", "lrkv-large", "mqa", "mla", "gqa")  # the flagship
 def comparison_roles(name: str = "cpu-small") -> dict[str, ModelConfig]:
     """Role -> config of the six variants of the flagship figure, in its order. A role names what a
     variant stands for in the paper's tables, so a paper number is looked up by role, never by
-    position: mha, lrkv-small, lrkv-large, mqa, mla, gqa. LRKV's two ranks are d_h/8 and d_h/2 (the paper's r=16 and r=64 at d_h=128)."""
+    position: mha, lrkv-small, lrkv-large, mqa, mla, gqa. LRKV's two ranks are d_h/8 and d_h/2 (the
+    paper's r=16 and r=64 at d_h=128)."""
     head_dim = preset(name).head_dim  # preset() refuses an unknown name, listing the allowed ones
     return {
         "mha": preset(name, "mha"),

@@ -9,8 +9,9 @@ trained, reused or resumed in one way, for `headlab reproduce` and the notebooks
     Study("paper-128m", None, Path("runs/paper"), corpus="hf:HuggingFaceFW/fineweb-edu:sample-10BT",
           tokenizer="gpt2", tokens=2_000_000_000)
 
-Layout: <folder>/runs/<variant slug>-seed<k>/ (a run folder: see `headlab.training.runs`). A finished run is loaded, an interrupted one resumed; a seed's data order and
-initial weights depend on the seed alone, so the runs of one seed form a paired comparison.
+Layout: <folder>/runs/<variant slug>-seed<k>/ (a run folder: see `headlab.training.runs`). A
+finished run is loaded, an interrupted one resumed; a seed's data order and initial weights depend
+on the seed alone, so the runs of one seed form a paired comparison.
 
 Roles (`headlab.study.roles.comparison_roles`) are what the paper's numbers are keyed by: mha,
 lrkv-small, lrkv-large, mqa, mla, gqa. Analysis and prose live in `headlab.report`.

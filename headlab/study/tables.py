@@ -100,7 +100,8 @@ def training_table(runs: list[StudyRun], unit: str) -> pd.DataFrame:
 def cache_table(runs: list[StudyRun]) -> pd.DataFrame:
     """KV values cached per token and layer, and their % of MHA's, per role."""
     configs = {r.role: r.config for r in runs}
-    return pd.DataFrame([{"role": role, "model": config.label, "kv_values_per_token": config.kv_cache_values_per_token(),
+    return pd.DataFrame([{"role": role, "model": config.label,
+                          "kv_values_per_token": config.kv_cache_values_per_token(),
                           "kv_cache_pct": 100 * config.kv_cache_fraction_of_mha()} for role, config in configs.items()])
 
 
@@ -252,8 +253,9 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
     unit = loss_unit(corpus.tokenizer_name)
     tables = analysis_tables(runs)
     measures, agreement, moment_seconds, moment_tokens = measures_tables(runs, corpus)
-    tables.update(training=training_table(runs, unit), cache=cache_table(runs), norm_effect=norm_effect_table(runs, corpus),
-                  rope_ratio=rope_ratio_table(runs), measures=measures, measure_agreement=agreement,
+    tables.update(training=training_table(runs, unit), cache=cache_table(runs),
+                  norm_effect=norm_effect_table(runs, corpus), rope_ratio=rope_ratio_table(runs), measures=measures,
+                  measure_agreement=agreement,
                   lrkv_factors=lrkv_factor_table(runs), rank_bound=rank_bound_table(runs))
     tables["snapshot_summary"], tables["factor_training"] = snapshot_tables(runs)
     config = runs[0].config
@@ -306,7 +308,8 @@ def shipped_tables(study: Study, seeds: int, folder: Path | None = None) -> Stud
     except ValueError:
         return None
     meta = tables.meta
-    same = (are_tables_of(tables, study, seeds) and (meta["corpus"], meta["tokenizer"]) == (study.corpus, study.tokenizer)
+    same = (are_tables_of(tables, study, seeds)
+            and (meta["corpus"], meta["tokenizer"]) == (study.corpus, study.tokenizer)
             and meta.get("shipped", {}).get("settings_key") == settings_key(study.preset, study.steps)
             and not (study.model_overrides or study.train_overrides or study.corpus_options or study.only))
     return tables if same else None

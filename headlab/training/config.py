@@ -47,20 +47,24 @@ class TrainConfig:
     seed: int = 0
     parallel: str = "ddp"
     grad_accum: int = 1
-    lrkv_factor_decay: bool = True  # weight decay on LRKV's U_h, B_h where the recipe decays (headlab.training.optimizers)
+    # weight decay on LRKV's U_h, B_h where the recipe decays (headlab.training.optimizers)
+    lrkv_factor_decay: bool = True
     lrkv_b_optimizer: str = "adamw"  # with optimizer "muon": "muon" orthogonalises each head's B_h too
-    snapshot_every: int = 0  # analysis snapshots every K steps and at 0, 1, 2, 4, … < K (headlab.training.snapshots); 0: off
+    # analysis snapshots every K steps and at 0, 1, 2, 4, … < K (headlab.training.snapshots); 0: off
+    snapshot_every: int = 0
 
     def __post_init__(self):
         check_field_types(self)
-        for name in ("steps", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "log_every", "grad_accum"):
+        for name in ("steps", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "log_every",
+                     "grad_accum"):
             if getattr(self, name) < 1:
                 raise invalid_field(name, getattr(self, name), "must be a positive integer", "TrainConfig")
         if self.steps > MAX_STEPS:
             raise invalid_field("steps", self.steps, f"must be at most {MAX_STEPS:,} (years of training at any size; "
                                 "the schedule and the plan enumerate the steps)", "TrainConfig")
         if self.optimizer not in OPTIMIZERS:
-            raise invalid_field("optimizer", self.optimizer, f"allowed values are {', '.join(OPTIMIZERS)}", "TrainConfig")
+            raise invalid_field("optimizer", self.optimizer, f"allowed values are {', '.join(OPTIMIZERS)}",
+                                "TrainConfig")
         if self.lrkv_b_optimizer not in LRKV_B_OPTIMIZERS:
             raise invalid_field("lrkv_b_optimizer", self.lrkv_b_optimizer,
                                 f"allowed values are {', '.join(LRKV_B_OPTIMIZERS)}", "TrainConfig")
@@ -73,7 +77,8 @@ class TrainConfig:
             raise invalid_field("parallel", self.parallel, "Muon orthogonalizes whole matrices and FSDP hands it row "
                            "shards; use optimizer = 'adamw' with fsdp, or parallel = 'ddp' with muon", "TrainConfig")
         if self.batch_size % self.grad_accum:
-            raise invalid_field("grad_accum", self.grad_accum, f"must divide batch_size = {self.batch_size}", "TrainConfig")
+            raise invalid_field("grad_accum", self.grad_accum, f"must divide batch_size = {self.batch_size}",
+                                "TrainConfig")
         if self.dtype not in DTYPES:
             raise invalid_field("dtype", self.dtype, f"allowed values are {', '.join(DTYPES)}", "TrainConfig")
         for name in ("lr", "matrix_lr", "embedding_lr", "unembedding_lr", "grad_clip"):

@@ -508,7 +508,8 @@ def study_plan(variants: list[ModelConfig], train_config, devices: Devices, *, t
         raise PlanError(f"strategy = {strategy!r} is invalid: allowed values are {', '.join(STRATEGIES)}")
     seq_len = variants[0].seq_len
     if any(config.seq_len != seq_len for config in variants):
-        raise PlanError(f"variants have different seq_len ({sorted({c.seq_len for c in variants})}): plan them separately")
+        raise PlanError(f"variants have different seq_len ({sorted({c.seq_len for c in variants})}): plan them "
+                        "separately")
     tokens_per_step = train_config.batch_size * seq_len
     steps = math.ceil(tokens / tokens_per_step) if tokens is not None else train_config.steps
     micro = micro_batch_size(train_config.batch_size, devices.count, grad_accum)
@@ -652,7 +653,8 @@ def format_plan(plan: StudyPlan) -> str:
             f"{format_bytes(v.memory['fsdp'].total):>10}  {'yes' if v.fits else 'NO'}")
     at_once = f" ({plan.jobs} runs at once: {plan.jobs} models in memory)" if plan.jobs > 1 else ""
     lines += ["", f"total: {plan.total_flops:.3g} FLOPs, {_duration(plan.total_wall_s)} of training{at_once}, "
-              f"{format_bytes(plan.total_checkpoint_bytes)} of checkpoints; {format_bytes(d.usable_bytes)} usable per device"]
+              f"{format_bytes(plan.total_checkpoint_bytes)} of checkpoints; {format_bytes(d.usable_bytes)} usable "
+              "per device"]
     if plan.measured:
         spread = max(v.step.spread for v in plan.variants)
         lines.append(f"measured with {plan.timing_note}; repeated steps differed by up to {100 * spread:.0f}%")

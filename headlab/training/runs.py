@@ -376,7 +376,8 @@ def save_checkpoint(run_dir: Path, weights: dict[str, torch.Tensor], optimizer_s
     except (OSError, SafetensorError, RuntimeError) as error:  # torch.save reports a full disk as RuntimeError
         needed = sum(t.numel() * t.element_size() for t in weights.values())
         raise CheckpointWriteFailed(
-            f"could not write the step-{step} checkpoint in {run_dir} ({_describe_write_error(error, run_dir, needed)}); "
+            f"could not write the step-{step} checkpoint in {run_dir} "
+            f"({_describe_write_error(error, run_dir, needed)}); "
             "the previous checkpoint is intact: free space or fix permissions, then resume (--resume)") from error
     finally:
         if not committed:
@@ -415,7 +416,8 @@ def _parse_state(data: bytes, where: Path) -> dict:
         raise ValueError(f"{where} is not a readable headlab training state (truncated, corrupt or foreign): "
                          f"{type(error).__name__}: {str(error)[:300]}") from error
     if not isinstance(state, dict) or not {"step", "optimizers", "generator"} <= set(state):
-        raise ValueError(f"{where} is not a headlab training state (keys: {sorted(state) if isinstance(state, dict) else type(state).__name__})")
+        keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{where} is not a headlab training state (keys: {keys})")
     return state
 
 
@@ -470,7 +472,8 @@ def open_run(run_dir: Path, model_config: ModelConfig, train_config: TrainConfig
     manifest = Manifest.claim(run_dir, MANIFEST, RUN) if write else run_manifest(run_dir)
     checkpoint = checkpoint_of(manifest)
     if checkpoint is not None and not resume:
-        raise FileExistsError(f"{run_dir} already holds a run: resume it (resume=True, --resume) or choose another folder")
+        raise FileExistsError(f"{run_dir} already holds a run: resume it (resume=True, --resume) or choose another "
+                              "folder")
     if resume and "config.json" in manifest.files:
         differences = resume_differences(run_dir, model_config, train_config, corpus)
         if differences:

@@ -1,7 +1,7 @@
 """The trainer: `train(model_config, train_config, data, out=...)`.
 
-AdamW (decay on matrices only), or the paper's Muon + AdamW split (`headlab.training.optimizers`); linear warmup then cosine
-decay; gradient clipping; bf16 autocast and optional torch.compile on GPU; periodic validation
+AdamW (decay on matrices only), or the paper's Muon + AdamW split (`headlab.training.optimizers`);
+linear warmup then cosine decay; gradient clipping; bf16 autocast and optional torch.compile on GPU; periodic validation
 in nats/token and bits per byte; runs that never lose work (see `headlab.training.runs`); and under
 `torchrun` (NCCL on GPUs, gloo on CPU) DistributedDataParallel or, for models that do not fit
 one device, FSDP2 (`fully_shard` per block). One global batch is split across ranks and then
@@ -157,7 +157,8 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
                          f"{corpus.tokenizer_name} tokenizer's vocabulary ({corpus.vocab_size})")
     for split, shards in (("training", corpus.train), ("validation", corpus.val)):
         if max(len(shard) for shard in shards) <= model_config.seq_len:
-            raise ValueError(f"ModelConfig.seq_len = {model_config.seq_len} is too long for corpus {corpus.name!r}: its "
+            raise ValueError(f"ModelConfig.seq_len = {model_config.seq_len} is too long for corpus "
+                             f"{corpus.name!r}: its "
                              f"{split} split has no window of {model_config.seq_len + 1} tokens; use a shorter "
                              "seq_len or a larger corpus")
     launched = launched_processes()
@@ -211,7 +212,8 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     metrics = MetricsLog(run_dir / "metrics.jsonl" if run_dir is not None else None, write=ddp.is_main)
     if run_dir is not None:
         with together(ddp):  # the main rank claims and cleans the folder before the others read it
-            checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=True) if ddp.is_main else None
+            checkpoint = (open_run(run_dir, model_config, train_config, corpus, resume, write=True) if ddp.is_main
+                          else None)
         with together(ddp):
             if not ddp.is_main:
                 checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=False)
