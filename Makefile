@@ -39,6 +39,7 @@ docs: $(STAMP)
 	$(PY) -m headlab docs runs/reproduce --out docs
 
 test: $(STAMP) browser
+	$(VENV)/bin/ruff check headlab tests benchmarks scripts notebooks/*.py
 	$(PY) -m pytest -q -n 2 --dist loadgroup --nbmake tests $(wildcard notebooks/*.ipynb)
 
 bench: $(STAMP)

@@ -145,7 +145,8 @@ def run(quick: bool = False, batch: int = 16, seq_len: int = 128, rounds: int | 
             "timed": f"forward + backward of one block, x {batch} x {seq_len} x {cfg.d_model} with requires_grad",
             "same function": f"weights copied; max |out diff| = {out_diff:.2e}, max |dx diff| = {grad_diff:.2e}, "
                              f"max |dW diff| (wq, fc) = {wgrad_diff:.2e} (asserted < 1e-4)",
-            "method": f"{done} interleaved rounds (max {rounds}, time budget {budget_s:.0f} s); ms = median; ratio = median of same-round ratios",
+            "method": f"{done} interleaved rounds (max {rounds}, time budget {budget_s:.0f} s); ms = median; "
+                      "ratio = median of same-round ratios",
             "target": f"headlab / plain <= {TARGET:.2f}",
         },
         monitor=monitor, quick=quick,

@@ -165,7 +165,8 @@ def machine_header(title: str, extra: dict[str, object] | None = None,
             lines.append("WARNING: the machine was shared while measuring; absolute times are inflated and "
                          "ratios noisier (interleaving spreads the noise over all rows alike). Rerun when idle.")
     if quick:
-        lines.append("QUICK MODE: a smoke test of the script; too few rounds for the PASS/MISS verdicts to be reliable.")
+        lines.append("QUICK MODE: a smoke test of the script; too few rounds for the PASS/MISS verdicts to be "
+                     "reliable.")
     for key, value in (extra or {}).items():
         lines.append(f"{key}: {value}")
     return "\n".join(lines)

@@ -23,10 +23,10 @@ Performance targets (judged on a GPU; printed as SKIP in --smoke): Standard MHA 
 MFU, and every variant >= 90 % of MHA's tokens/s. A target missed is a WARN, not a FAIL: a slow
 node is still a working one. Exit status 1 when any check FAILs, 0 otherwise. Without a CUDA device
 (and without --smoke) every GPU stage is a SKIP row saying so, the CPU-only rows still run, and the
-exit status is 0: the table says what this node can and cannot check. The variants' corpus is `synthetic` (offline) with byte tokens
-inside the preset's 50304-token vocabulary: the compute per step is the paper's, but the losses are
-not a language result. Tokens/s is the median of the logged windows after the first one, which
-holds compilation.
+exit status is 0: the table says what this node can and cannot check. The variants' corpus is
+`synthetic` (offline) with byte tokens inside the preset's 50304-token vocabulary: the compute per
+step is the paper's, but the losses are not a language result. Tokens/s is the median of the logged
+windows after the first one, which holds compilation.
 """
 
 from __future__ import annotations

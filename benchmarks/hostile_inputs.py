@@ -183,10 +183,13 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
     tiny_run = ["train", "--preset", "tiny", "--attention", "gqa", "--corpus", "synthetic", "--no-progress", "--resume",
                 *TINY_FLAGS]
     record("train --resume with another --lr", cli(*tiny_run, "--lr", "0.01", "--out", copy_of_finished("lr")))
-    record("train --resume with another attention", cli(*tiny_run, "--attention", "mha", "--out", copy_of_finished("att")))
+    record("train --resume with another attention",
+           cli(*tiny_run, "--attention", "mha", "--out", copy_of_finished("att")))
     (root / "other.txt").write_text("another corpus entirely. " * 2000)
-    record("train --resume on another corpus", cli(*tiny_run, "--corpus", root / "other.txt", "--out", copy_of_finished("corp")))
-    record("train --resume, same settings (control)", ("recovered", "resumed") if cli(*tiny_run, "--out", copy_of_finished("same"))[0] == "silent"
+    record("train --resume on another corpus",
+           cli(*tiny_run, "--corpus", root / "other.txt", "--out", copy_of_finished("corp")))
+    record("train --resume, same settings (control)",
+           ("recovered", "resumed") if cli(*tiny_run, "--out", copy_of_finished("same"))[0] == "silent"
            else ("silent", "a valid resume was refused"))
     folder = copy_of_finished("metrics")
     lines = (folder / "metrics.jsonl").read_text().splitlines(keepends=True)
@@ -195,7 +198,8 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
     for name, damage in (("config.json not JSON", lambda f: (f / "config.json").write_text("{")),
                          ("config.json a list", lambda f: (f / "config.json").write_text("[]")),
                          ("manifest.json corrupt", lambda f: (f / MANIFEST).write_text("{")),
-                         ("weights truncated", lambda f: checkpoint_file(f, "model.safetensors").write_bytes(b"x" * 10)),
+                         ("weights truncated",
+                          lambda f: checkpoint_file(f, "model.safetensors").write_bytes(b"x" * 10)),
                          ("state.pt deleted", lambda f: checkpoint_file(f, "state.pt").unlink()),
                          ("weights deleted", lambda f: checkpoint_file(f, "model.safetensors").unlink())):
         folder = copy_of_finished(name.replace(" ", "-"))
@@ -213,10 +217,12 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
         folder.mkdir()
         generator = torch.Generator().manual_seed(0)
         weights = tensors if tensors is not None else {
-            k: v for i in range(on_disk) for k, v in ((f"h.{i}.attn.c_attn.weight", torch.randn(16, 48, generator=generator)),
-                                                     (f"h.{i}.attn.c_proj.weight", torch.randn(16, 16, generator=generator)))}
+            k: v for i in range(on_disk)
+            for k, v in ((f"h.{i}.attn.c_attn.weight", torch.randn(16, 48, generator=generator)),
+                         (f"h.{i}.attn.c_proj.weight", torch.randn(16, 16, generator=generator)))}
         save_file(weights, str(folder / "model.safetensors"))
-        (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": n_layer, "n_head": n_head, **extra}))
+        (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": n_layer, "n_head": n_head,
+                                                        **extra}))
         return folder
 
     out = root / "analysis"
@@ -228,9 +234,11 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
     sharded = gpt2("sharded")
     (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "gone.safetensors"}}))
     record("analyze <missing shard>", cli("analyze", sharded, "--out", out))
-    record("analyze <missing tensor>", cli("analyze", gpt2("missing-tensor", 1, tensors={"h.0.attn.c_attn.weight": torch.ones(16, 48)}), "--out", out))
-    record("analyze <1-D weight>", cli("analyze", gpt2("one-d", 1, tensors={"h.0.attn.c_attn.weight": torch.ones(48),
-                                                                        "h.0.attn.c_proj.weight": torch.ones(16, 16)}), "--out", out))
+    missing_tensor = gpt2("missing-tensor", 1, tensors={"h.0.attn.c_attn.weight": torch.ones(16, 48)})
+    record("analyze <missing tensor>", cli("analyze", missing_tensor, "--out", out))
+    one_d = gpt2("one-d", 1, tensors={"h.0.attn.c_attn.weight": torch.ones(48),
+                                      "h.0.attn.c_proj.weight": torch.ones(16, 16)})
+    record("analyze <1-D weight>", cli("analyze", one_d, "--out", out))
     nan = {"h.0.attn.c_attn.weight": torch.full((16, 48), float("nan")), "h.0.attn.c_proj.weight": torch.ones(16, 16)}
     record("analyze <NaN weights>", cli("analyze", gpt2("nan", 1, tensors=nan), "--out", out))
     record("analyze <n_head 3 for 16-wide heads>", cli("analyze", gpt2("heads3", n_head=3), "--out", out))
@@ -246,7 +254,9 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
     model = GPT(preset("tiny", "mha"))
     wrong_heads = root / "wrong-heads"
     wrong_heads.mkdir()
-    (wrong_heads / "config.json").write_text(json.dumps({"format": "headlab", "model": {**model.config.to_dict(), "n_head": 2, "n_kv_head": 1}}))
+    (wrong_heads / "config.json").write_text(json.dumps({"format": "headlab",
+                                                         "model": {**model.config.to_dict(), "n_head": 2,
+                                                                   "n_kv_head": 1}}))
     save_file(dict(model.state_dict()), str(wrong_heads / "model.safetensors"))
     record("analyze <headlab run, wrong n_head>", cli("analyze", wrong_heads, "--out", out))
     record("analyze --label count mismatch", cli("analyze", finished, "--label", "a", "--label", "b", "--out", out))
@@ -286,7 +296,8 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
     load_corpus(str(texts))
     (texts / "a.txt").write_text("new words " * 200)
     fresh = bytes(load_corpus(str(texts)).train[0][:9])
-    record("load_corpus <file rewritten in place>", ("recovered", "re-tokenized") if fresh == b"new words" else ("silent", "stale cache"))
+    record("load_corpus <file rewritten in place>",
+           ("recovered", "re-tokenized") if fresh == b"new words" else ("silent", "stale cache"))
 
 
     # ---- issue 22: ownership -----------------------------------------------------------------------
@@ -302,7 +313,8 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
     short = ["--preset", "tiny", "--corpus", "synthetic", "--steps", "2", "--no-progress"]
     for flags in ([], ["--resume"]):
         out_ = foreign(f"hf-train{len(flags)}")
-        record(f"train {' '.join(flags)} --out <HF trainer folder>", untouched(lambda: cli("train", *short, *flags, "--out", out_), out_))
+        record(f"train {' '.join(flags)} --out <HF trainer folder>",
+               untouched(lambda: cli("train", *short, *flags, "--out", out_), out_))
     out_ = foreign("hf-analyze")
     record("analyze --out <HF trainer folder>", untouched(lambda: cli("analyze", finished, "--out", out_), out_))
     out_ = foreign("hf-reproduce")
@@ -316,11 +328,15 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
     outside = root / "outside"
     outside.mkdir()
     (outside / "victim.txt").write_text("not headlab's")
-    for name, edit in (("checkpoint folder missing", lambda m: m.meta.update(checkpoint={"step": 8, "folder": "checkpoint-99999999"})),
-                       ("checkpoint folder ../outside", lambda m: m.meta.update(checkpoint={"step": 8, "folder": "../outside"})),
-                       ("checkpoint folder absolute", lambda m: m.meta.update(checkpoint={"step": 8, "folder": str(outside)})),
+    for name, edit in (("checkpoint folder missing",
+                        lambda m: m.meta.update(checkpoint={"step": 8, "folder": "checkpoint-99999999"})),
+                       ("checkpoint folder ../outside",
+                        lambda m: m.meta.update(checkpoint={"step": 8, "folder": "../outside"})),
+                       ("checkpoint folder absolute",
+                        lambda m: m.meta.update(checkpoint={"step": 8, "folder": str(outside)})),
                        ("discard ../outside/victim.txt", lambda m: m.discard.append("../outside/victim.txt")),
-                       ("file ../outside/victim.txt", lambda m: m.files.update({"../outside/victim.txt": {"bytes": 1, "sha256": "0"}})),
+                       ("file ../outside/victim.txt",
+                        lambda m: m.files.update({"../outside/victim.txt": {"bytes": 1, "sha256": "0"}})),
                        ("checkpoint step a list", lambda m: m.meta.update(checkpoint={"step": [8], "folder": "x"})),
                        ("files a list", lambda m: setattr(m, "files", []))):
         folder = copy_of_finished("manifest-" + name.replace(" ", "-").replace("/", "_").replace(".", ""))
@@ -345,13 +361,16 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
              lambda f: train(preset("tiny", "gqa"), TINY, corpus, out=f, resume=True, progress=False)),
             ("weights of another seed", lambda f: shutil.copy(checkpoint_file(other_seed, "model.safetensors"),
                                                               checkpoint_file(f, "model.safetensors")), load_run),
-            ("metrics.jsonl of another seed", lambda f: shutil.copy(other_seed / "metrics.jsonl", f / "metrics.jsonl"), load_run),
+            ("metrics.jsonl of another seed", lambda f: shutil.copy(other_seed / "metrics.jsonl", f / "metrics.jsonl"),
+             load_run),
             ("metrics.jsonl emptied", lambda f: (f / "metrics.jsonl").write_text(""),
              lambda f: train(preset("tiny", "gqa"), TINY, corpus, out=f, resume=True, progress=False)),
             ("config.json lr edited", lambda f: (f / "config.json").write_text((f / "config.json").read_text().replace(
                 '"lr": 0.003', '"lr": 0.006')), load_run),
-            ("config.json of another seed", lambda f: shutil.copy(other_seed / "config.json", f / "config.json"), load_run),
-            ("manifest.json truncated", lambda f: (f / MANIFEST).write_bytes((f / MANIFEST).read_bytes()[:50]), load_run),
+            ("config.json of another seed", lambda f: shutil.copy(other_seed / "config.json", f / "config.json"),
+             load_run),
+            ("manifest.json truncated", lambda f: (f / MANIFEST).write_bytes((f / MANIFEST).read_bytes()[:50]),
+             load_run),
             ("model.safetensors a link to an identical copy", lambda f: (
                 shutil.copy(checkpoint_file(f, "model.safetensors"), root / f"copy-{f.name}"),
                 checkpoint_file(f, "model.safetensors").unlink(),
@@ -394,7 +413,8 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
         folder = gpt2("index-" + name.replace("/", "_").replace(".", "").replace(" ", "-"))
         save_file({"h.0.attn.c_attn.weight": torch.ones(16, 48)}, str(outside / "x.safetensors"))
         (folder / "model.safetensors").unlink()
-        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"h.0.attn.c_attn.weight": entry}}))
+        (folder / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": {"h.0.attn.c_attn.weight": entry}}))
         record(f"analyze <index entry {name}>", cli("analyze", folder, "--out", root / "never-analysis"))
     for name, make in (("FIFO named x.txt", lambda path: os.mkfifo(path)),
                        ("symlink named x.txt", lambda path: path.symlink_to(outside / "victim.txt")),
@@ -410,7 +430,8 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
                  ["--batch-size", "1e3"], ["--n-kv-head", "-0"], ["--seq-len", "0x10"]):
         record("info " + " ".join(args), cli("info", *args))
     for name, text in (("inf layers", '{"n_layer": 1e999}'), ("list width", '{"d_model": [128]}'),
-                       ("huge heads", '{"n_head": 99999999999999999999999}'), ("Infinity rope", '{"rope_base": Infinity}'),
+                       ("huge heads", '{"n_head": 99999999999999999999999}'),
+                       ("Infinity rope", '{"rope_base": Infinity}'),
                        ("null attention", '{"attention": null}'), ("dict kv rank", '{"kv_rank": {"a": 1}}'),
                        ("nested", '{"model": {"n_layer": 2}}'), ("top-level string", '"mha"')):
         path = root / f"config-22-{name.replace(' ', '-')}.json"
@@ -432,7 +453,8 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
     with contextlib.redirect_stderr(err):
         code = main(["train", *short, "--out", str(root / "ctrl-c")])
     GPT.forward = real_forward
-    record("Ctrl-C during train", ("clear", err.getvalue().strip()) if code == 130 and len(err.getvalue().splitlines()) == 1
+    record("Ctrl-C during train",
+           ("clear", err.getvalue().strip()) if code == 130 and len(err.getvalue().splitlines()) == 1
            else ("traceback", f"exit {code}: {err.getvalue()[-150:]}"))
 
     # ---- issue 22: concurrent writers ------------------------------------------------------------------
@@ -500,7 +522,8 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
     pid = os.fork()
     if pid == 0:  # a slow trainer, killed while it holds the folder's lock
         try:
-            GPT.forward = (lambda original: lambda self, *a, **k: (time.sleep(0.2), original(self, *a, **k))[1])(GPT.forward)
+            GPT.forward = (lambda original: lambda self, *a, **k: (time.sleep(0.2), original(self, *a, **k))[1])(
+                GPT.forward)
             train(preset("tiny", "gqa"), TINY, corpus, out=root / "busy", progress=False)
         finally:
             os._exit(0)
@@ -511,7 +534,8 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     outcome = api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=root / "busy", resume=True, progress=False))
-    record("stale lock of a killed trainer, resumed", same_run(root / "busy", reference) if outcome[0] == "silent" else outcome)
+    record("stale lock of a killed trainer, resumed",
+           same_run(root / "busy", reference) if outcome[0] == "silent" else outcome)
     issue28_classes(root, corpus, copy_of_finished, record)
     return results
 
@@ -551,7 +575,8 @@ def issue28_classes(root: Path, corpus, copy_of_finished, record) -> None:
     user.mkdir()
     (user / "headline.md").write_text("the user's own headline")
     (user / "photo.png").write_bytes(b"the user's photo")
-    record("docs --out <a user's folder with headline.md>", untouched(lambda: cli("docs", study.folder, "--out", user), user))
+    record("docs --out <a user's folder with headline.md>",
+           untouched(lambda: cli("docs", study.folder, "--out", user), user))
     for what in ("figures", "figures/spectra_uncentered.png", "report.md"):
         target = study.folder / what
         saved = root / f"saved28-{what.replace('/', '_')}"
@@ -592,12 +617,15 @@ def issue28_classes(root: Path, corpus, copy_of_finished, record) -> None:
         out_ = root / f"same28-{a.replace('/', '_')}"
         outcome = cli("analyze", root / "same28" / a, root / "same28" / b, "--out", out_)
         if outcome[0] == "silent":
-            outcome = ("clear", "two models") if Analysis.load(out_).summary["model"].nunique() == 2 else ("silent", "one model")
+            two = Analysis.load(out_).summary["model"].nunique() == 2
+            outcome = ("clear", "two models") if two else ("silent", "one model")
         record(f"analyze {a} {b}", outcome)
     # unbounded counts
-    for flags in (["--tokens", str(2 ** 62), "--plan"], ["--steps", str(2 ** 40), "--plan"], ["--jobs", "9664", "--plan"],
+    for flags in (["--tokens", str(2 ** 62), "--plan"], ["--steps", str(2 ** 40), "--plan"],
+                  ["--jobs", "9664", "--plan"],
                   ["--jobs", "9664", "--steps", "2"]):
-        record(f"reproduce {' '.join(flags)}", cli("reproduce", "--preset", "tiny", "--out", root / "unbounded28", *flags))
+        record(f"reproduce {' '.join(flags)}",
+               cli("reproduce", "--preset", "tiny", "--out", root / "unbounded28", *flags))
     # damaged or odd document corpora
     documents = "".join(json.dumps({"text": f"document {i} " + "word " * 60}) + "\n" for i in range(30)).encode()
     corpora = {"truncated.jsonl.gz": gzip.compress(documents)[:-40], "gzip.jsonl.zst": gzip.compress(documents),

@@ -52,7 +52,8 @@ def run(**_ignored) -> common.Report:
     text = "\n".join([common.machine_header("Minor page faults per cpu-small training step"), "",
                       common.format_table(["allocator", "faults per step", "target"], rows),
                       f"result: {common.verdict(ok)}"])
-    return common.Report("page_faults", text, ok, [] if ok else [f"page_faults: {default:.0f} default, {kept:.1f} kept"])
+    return common.Report("page_faults", text, ok,
+                         [] if ok else [f"page_faults: {default:.0f} default, {kept:.1f} kept"])
 
 
 if __name__ == "__main__":

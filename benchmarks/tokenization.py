@@ -141,7 +141,8 @@ def run(quick: bool = False, megabytes: float | None = None, rss_gigabytes: floa
                     seconds, cpu, n_bytes, n_tokens = time_shards(folder, tokenizer, workers,
                                                                   Path(tmp) / f"out-{kind}-{name}-{workers}")
                     rates[workers] = n_tokens / seconds
-                    rows.append([kind, name, workers, f"{n_bytes / seconds / 1e6:.1f}", f"{n_tokens / seconds / 1e6:.2f}",
+                    rows.append([kind, name, workers, f"{n_bytes / seconds / 1e6:.1f}",
+                                 f"{n_tokens / seconds / 1e6:.2f}",
                                  f"{n_tokens / seconds / workers / 1e6:.2f}", f"{n_tokens / cpu / 1e6:.2f}",
                                  f"{cpu / seconds:.2f}"])
                 if rates[1] < TOKENS_PER_CORE:

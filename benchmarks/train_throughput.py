@@ -4,9 +4,10 @@ A step here is exactly the trainer's: random windows, forward, backward, gradien
 the AdamW step, at the preset's training batch, with the trainer's CPU allocator setting
 (`keep_freed_cpu_memory`). MFU is headlab's one definition,
 `headlab.training.plan.model_flops_utilization` (6·N plus the causal attention term per token,
-as `--plan` and benchmarks/gpu_check.py count it), against this CPU's fp32 matmul peak measured in the same run: large square matmuls are timed in every round beside the
-training steps, a round's peak is its best size, and MFU is the median over rounds of each
-round's ratio, so that a shared machine's speed changes reach numerator and denominator alike.
+as `--plan` and benchmarks/gpu_check.py count it), against this CPU's fp32 matmul peak measured in
+the same run: large square matmuls are timed in every round beside the training steps, a round's
+peak is its best size, and MFU is the median over rounds of each round's ratio, so that a shared
+machine's speed changes reach numerator and denominator alike.
 
 Targets: MHA at >= 50% of the peak; every other variant within 10% of MHA's tokens/s.
 On a CUDA machine, `--preset paper-128m` runs the same in bf16 against the bf16 peak.
@@ -114,7 +115,8 @@ def run(quick: bool = False, preset_name: str = "cpu-small", rounds: int | None 
             ok, goal = relative >= TOKENS_TARGET, f">= {TOKENS_TARGET:.0%} of MHA tok/s"
         if not ok:
             misses.append(f"{label}: {goal}")
-        rows.append([label, round(tokens_per_s), round(training_flops(config, 1)["total"] / 1e6, 2), mfu * 100, relative, goal,
+        rows.append([label, round(tokens_per_s), round(training_flops(config, 1)["total"] / 1e6, 2), mfu * 100,
+                     relative, goal,
                      common.verdict(ok)])
     table = common.format_table(
         ["variant", "tokens/s", "MFLOP/token", "MFU %", "tok/s vs MHA", "target", "result"], rows)
@@ -123,7 +125,8 @@ def run(quick: bool = False, preset_name: str = "cpu-small", rounds: int | None 
         {"matmul peak (measured now)": f"median {common.median(peaks) / 1e9:.1f} GFLOP/s over {done} rounds "
                                        f"(range {min(peaks) / 1e9:.1f}-{max(peaks) / 1e9:.1f}), best of n = "
                                        f"{', '.join(map(str, probes))} each round",
-         "step": f"trainer step (windows, fwd, bwd, clip, {train_config.optimizer}), batch {batch} x {configs[0].seq_len}",
+         "step": f"trainer step (windows, fwd, bwd, clip, {train_config.optimizer}), batch {batch} x "
+                 f"{configs[0].seq_len}",
          "MHA tokens/s": f"{mha_tokens:,.0f}"}, monitor)
     return common.Report("train_throughput", f"{header}\n\n{table}\n", not misses, misses)
 

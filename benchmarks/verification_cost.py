@@ -46,8 +46,10 @@ def run(quick: bool = False, **_ignored) -> common.Report:
         data = serialize_safetensors(tensors)
         write = _timed(lambda: manifest.write("model.safetensors", lambda file: file.write(data)))
         read = _timed(lambda: manifest.read_bytes("model.safetensors"))
-        rows.append(["checkpoint (write + hash)", f"{len(data) / 1e9:.2f} GB", f"{write:.2f}", f"{len(data) / 1e6 / write:,.0f}"])
-        rows.append(["checkpoint (read + verify)", f"{len(data) / 1e9:.2f} GB", f"{read:.2f}", f"{len(data) / 1e6 / read:,.0f}"])
+        rows.append(["checkpoint (write + hash)", f"{len(data) / 1e9:.2f} GB", f"{write:.2f}",
+                     f"{len(data) / 1e6 / write:,.0f}"])
+        rows.append(["checkpoint (read + verify)", f"{len(data) / 1e9:.2f} GB", f"{read:.2f}",
+                     f"{len(data) / 1e6 / read:,.0f}"])
         speeds.append(len(data) / 1e6 / read)
         del data, tensors
         shard = torch.randint(0, 32767, (SHARD_BYTES // scale // 2,), dtype=torch.int16).numpy().tobytes()
@@ -58,7 +60,8 @@ def run(quick: bool = False, **_ignored) -> common.Report:
         read = _timed(lambda: [file_digest(folder / f"train_{i:03d}.bin") == digests[i] or sys.exit("mismatch")
                                for i in range(n_shards)])
         size = n_shards * len(shard)
-        rows.append(["token cache (write + hash)", f"{size / 1e9:.2f} GB", f"{write:.2f}", f"{size / 1e6 / write:,.0f}"])
+        rows.append(["token cache (write + hash)", f"{size / 1e9:.2f} GB", f"{write:.2f}",
+                     f"{size / 1e6 / write:,.0f}"])
         rows.append(["token cache (verify)", f"{size / 1e9:.2f} GB", f"{read:.2f}", f"{size / 1e6 / read:,.0f}"])
         speeds.append(size / 1e6 / read)
     ok = min(speeds) >= TARGET_MB_S

@@ -56,4 +56,5 @@ if __name__ == "__main__":
         print(f"ship_demo_tables: error: {error}", file=sys.stderr)
         sys.exit(2)
     size = sum(p.stat().st_size for p in SHIPPED.iterdir())
-    print(f"shipped {len(shipped.tables)} tables ({size / 2**20:.2f} MB) to {SHIPPED}: {shipped.meta['shipped']['note']}")
+    print(f"shipped {len(shipped.tables)} tables ({size / 2**20:.2f} MB) to {SHIPPED}: "
+          f"{shipped.meta['shipped']['note']}")

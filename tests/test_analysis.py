@@ -31,7 +31,8 @@ def _write_model_folder(folder, model, dtype=None):
     """A model's own folder: a ModelConfig dict beside model.safetensors (not a headlab run)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(model.config.to_dict()))
-    save_file({k: v.to(dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+    save_file({k: v.to(dtype or v.dtype).contiguous() for k, v in model.state_dict().items()},
+              str(folder / "model.safetensors"))
     return folder
 
 

@@ -20,7 +20,8 @@ def test_logits_up_to_t_ignore_tokens_after_t(attention, tokens):
 
 
 # LRKV's decode step scores without forming keys, QK-norm included or not: both are held here
-@pytest.mark.parametrize("attention,mla_absorb,qk_norm", [(*case, True) for case in DECODE_CASES] + [("lrkv", True, False)])
+@pytest.mark.parametrize("attention,mla_absorb,qk_norm",
+                         [(*case, True) for case in DECODE_CASES] + [("lrkv", True, False)])
 def test_prefill_then_cached_steps_equal_the_full_forward(attention, mla_absorb, qk_norm, tokens):
     model = tiny_model(attention, qk_norm=qk_norm)
     full = model(tokens)[0]
@@ -41,7 +42,8 @@ def test_mla_absorbed_decode_equals_naive_decode(qk_norm, tokens):
     outputs = []
     for absorb in (True, False):
         cache = model.new_cache(tokens.size(0), tokens.size(1), mla_absorb=absorb)
-        steps = [model(tokens[:, :8], cache=cache)[0]] + [model(tokens[:, t:t + 1], cache=cache)[0] for t in range(8, 24)]
+        steps = ([model(tokens[:, :8], cache=cache)[0]]
+                 + [model(tokens[:, t:t + 1], cache=cache)[0] for t in range(8, 24)])
         outputs.append(torch.cat(steps, dim=1))
     assert (outputs[0] - outputs[1]).abs().max().item() <= 1e-5
 
@@ -68,7 +70,8 @@ def test_manual_softmax_fallback_equals_sdpa(attention, mla_absorb, tokens):
     for backend in ("sdpa", "manual"):
         with attention_backend(backend):
             cache = model.new_cache(tokens.size(0), tokens.size(1), mla_absorb=mla_absorb)
-            results.append((model(tokens)[0], model(tokens[:, :20], cache=cache)[0], model(tokens[:, 20:21], cache=cache)[0]))
+            results.append((model(tokens)[0], model(tokens[:, :20], cache=cache)[0],
+                            model(tokens[:, 20:21], cache=cache)[0]))
     for sdpa, manual in zip(*results):
         assert (sdpa - manual).abs().max().item() <= 1e-5
 
@@ -119,7 +122,8 @@ def test_generation_past_seq_len_slides_its_window_and_samples_from_the_top_k(to
         assert torch.equal(greedy[:, :4], tokens[:, :4])
         for t in range(4, 44):
             assert torch.equal(greedy[:, t], last_logits(greedy, t).argmax(-1)), t
-        sampled = model.generate(tokens[:, :4], 40, top_k=5, use_cache=False, generator=torch.Generator().manual_seed(3))
+        sampled = model.generate(tokens[:, :4], 40, top_k=5, use_cache=False,
+                                 generator=torch.Generator().manual_seed(3))
         for t in range(4, 44):
             top5 = last_logits(sampled, t).topk(5).indices
             assert (top5 == sampled[:, t:t + 1]).any(-1).all(), t
@@ -143,7 +147,8 @@ def test_lrkv_residuals_start_at_the_configured_fraction_of_the_shared_projectio
         attn = block.attn
         for which, shared in (("k", attn.k_shared), ("v", attn.v_shared)):
             norms = torch.linalg.matrix_norm(attn.residual_weights(which).detach())
-            torch.testing.assert_close(norms, torch.full_like(norms, ratio) * torch.linalg.matrix_norm(shared.weight.detach()))
+            torch.testing.assert_close(norms,
+                                       torch.full_like(norms, ratio) * torch.linalg.matrix_norm(shared.weight.detach()))
     model(torch.randint(0, 256, (2, 8)), targets=torch.randint(0, 256, (2, 8)))[1].backward()
     attn = model.blocks[0].attn
     assert attn.b_k.grad.abs().sum() > 0 and attn.u_k.weight.grad is not None

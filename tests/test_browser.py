@@ -22,7 +22,8 @@ import pytest
 CHROMIUM = Path("/usr/bin/chromium")
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "03_compare_layers.ipynb"
 SCREENSHOTS = Path(__file__).resolve().parent / "output" / "browser"
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
 RUN_ALL_TIMEOUT_MS = 150_000
 REDRAW_TIMEOUT_S = 30
@@ -46,7 +47,8 @@ def lab(tmp_path):
     """A JupyterLab server on a copy of notebook 03, with fresh settings; yields its URL."""
     assert sync_playwright is not None, 'the browser test needs playwright: pip install -e ".[test]"'
     if not CHROMIUM.exists():  # a non-root machine may not have it; CI (root) installs it through `make browser`
-        pytest.skip(f"no Chromium at {CHROMIUM}: `sudo apt-get install chromium` (or `make browser` as root) runs this test")
+        pytest.skip(f"no Chromium at {CHROMIUM}: `sudo apt-get install chromium` (or `make browser` as root) "
+                    "runs this test")
     root = tmp_path / "lab"
     root.mkdir()
     notebook = nbformat.read(NOTEBOOK, as_version=4)  # without the committed outputs, which run-all must remake
@@ -56,10 +58,12 @@ def lab(tmp_path):
     notebook.metadata.pop("widgets", None)
     nbformat.write(notebook, root / NOTEBOOK.name)
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
     log = (tmp_path / "jupyter.log").open("w")
-    server = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}", "--ip=127.0.0.1",
+    server = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
+                               "--ip=127.0.0.1",
                                f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"],
                               stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"

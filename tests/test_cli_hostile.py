@@ -17,7 +17,8 @@ COMMANDS = {"info": ["info", "--attention", "mha"],
             "train": ["train", "--preset", "tiny", "--corpus", "synthetic", "--plan"],
             "reproduce": ["reproduce", "--preset", "tiny", "--plan"]}
 # Values a careless or hostile user types: any short text, and numbers of every size and kind as text.
-VALUES = st.one_of(st.text(max_size=12), st.integers().map(str), st.floats(allow_nan=True, allow_infinity=True).map(repr),
+VALUES = st.one_of(st.text(max_size=12), st.integers().map(str),
+                   st.floats(allow_nan=True, allow_infinity=True).map(repr),
                    st.integers(min_value=-10 ** 40, max_value=10 ** 40).map(lambda n: f"{n}e{n % 400}"))
 
 
@@ -78,8 +79,10 @@ def test_hostile_files_give_one_line(tmp_path, capsys):
     huge.write_text('{"n_head": 99999999999999999999999}')  # torch failed on it with pages of C++ frames
     fifo = tmp_path / "fifo"
     os.mkfifo(tmp_path / "fifo.txt")
-    for argv in (["analyze", str(hf), "--out", str(tmp_path / "a")], ["analyze", str(index), "--out", str(tmp_path / "b")],
-                 ["info", "--config", str(nan)], ["info", "--config", str(huge)], ["report", str(tmp_path)], ["report", str(fifo)],
+    for argv in (["analyze", str(hf), "--out", str(tmp_path / "a")],
+                 ["analyze", str(index), "--out", str(tmp_path / "b")],
+                 ["info", "--config", str(nan)], ["info", "--config", str(huge)], ["report", str(tmp_path)],
+                 ["report", str(fifo)],
                  ["train", "--corpus", str(tmp_path / "fifo.txt"), "--steps", "1"]):
         _one_line_or_usage(capsys, argv)
 

@@ -83,7 +83,8 @@ def test_jsonl_zst_and_plain_jsonl_read_the_same_documents(tmp_path, monkeypatch
 def test_a_document_corpus_trains_end_to_end(corpus_folder, tmp_path, capsys, pattern):
     out = tmp_path / "run"
     assert main(["train", "--preset", "tiny", "--corpus", str(tmp_path / pattern), "--text-field", "body",
-                 "--tokenizer", "bpe:400", "--steps", "4", "--eval-every", "2", "--no-progress", "--out", str(out)]) == 0
+                 "--tokenizer", "bpe:400", "--steps", "4", "--eval-every", "2", "--no-progress", "--out",
+                 str(out)]) == 0
     assert "final validation loss" in capsys.readouterr().out
     saved = json.loads((out / "config.json").read_text())["data"]
     assert saved["tokenizer"] == "bpe:400" and saved["name"] == str(tmp_path / pattern)

@@ -88,7 +88,8 @@ def _byte_level_bpe():
     """A small tiktoken encoding in GPT-2's form (byte-level ranks plus one merge), built offline."""
     tiktoken = pytest.importorskip("tiktoken")
     ranks = {bytes([b]): b for b in range(256)} | {b"he": 256}
-    return tiktoken.Encoding("offline", pat_str=r"""'s|'t| ?\w+| ?[^\s\w]+|\s+""", mergeable_ranks=ranks, special_tokens={})
+    return tiktoken.Encoding("offline", pat_str=r"""'s|'t| ?\w+| ?[^\s\w]+|\s+""", mergeable_ranks=ranks,
+                             special_tokens={})
 
 
 def test_gpt2_tokenizer_wraps_tiktoken(monkeypatch):

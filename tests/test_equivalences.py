@@ -31,7 +31,8 @@ def test_gqa_equals_mha_whose_heads_share_k_and_v_within_each_group(tokens):
         for g_block, m_block in zip(gqa.blocks, mha.blocks):
             for proj in ("c_k", "c_v"):
                 grouped = getattr(g_block.attn, proj).weight.view(gqa.config.n_kv_head, dh, -1)
-                getattr(m_block.attn, proj).weight.copy_(grouped.repeat_interleave(group_size, dim=0).reshape(-1, grouped.size(-1)))
+                repeated = grouped.repeat_interleave(group_size, dim=0).reshape(-1, grouped.size(-1))
+                getattr(m_block.attn, proj).weight.copy_(repeated)
     _assert_same_logits(gqa, mha, tokens)
 
 

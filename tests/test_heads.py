@@ -269,7 +269,8 @@ def test_hf_layout_factors_reproduce_the_module(model_type, hf_checkpoints):
             values = v(x)  # (T, H, e_v)
             e_v = values.size(-1)
             # head h's output alone: its values in its slot of the concatenation, zeros elsewhere
-            outputs = torch.stack([o(torch.nn.functional.pad(values[:, h], (h * e_v, (3 - h) * e_v))) for h in range(4)])
+            outputs = torch.stack([o(torch.nn.functional.pad(values[:, h],
+                                                             (h * e_v, (3 - h) * e_v))) for h in range(4)])
         weights = heads.layer(layer)
         torch.testing.assert_close(_bilinear(x, *weights.factors("qk")), scores, rtol=1e-10, atol=1e-10)
         left, right = weights.factors("ov")

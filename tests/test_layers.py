@@ -40,9 +40,11 @@ def imports(path: Path) -> list[tuple[str, int, bool, list[str]]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("headlab"):
             names = [a.name for a in node.names]
-            modules = [f"{node.module}.{n}" for n in names if (PACKAGE.parent / f"{node.module}.{n}".replace(".", "/")).is_dir()
+            modules = [f"{node.module}.{n}" for n in names
+                       if (PACKAGE.parent / f"{node.module}.{n}".replace(".", "/")).is_dir()
                        or (PACKAGE.parent / (f"{node.module}.{n}".replace(".", "/") + ".py")).is_file()]
-            found.append((node.module, node.lineno, id(node) in top, [n for n in names if f"{node.module}.{n}" not in modules]))
+            found.append((node.module, node.lineno, id(node) in top,
+                          [n for n in names if f"{node.module}.{n}" not in modules]))
             found += [(m, node.lineno, id(node) in top, []) for m in modules]
         elif isinstance(node, ast.ImportFrom) and node.level > 0:
             found.append((f"(relative import, level {node.level})", node.lineno, id(node) in top, []))
@@ -104,7 +106,8 @@ def circles(edges: dict[str, dict[str, list]]) -> list[list[str]]:
 
 def upward(edges: dict[str, dict[str, list]]) -> list[str]:
     """Every import of a module in a higher layer than the importer's."""
-    return [f"{source} → {target} (line {line})" for source, targets in edges.items() for target, uses in targets.items()
+    return [f"{source} → {target} (line {line})" for source, targets in edges.items()
+            for target, uses in targets.items()
             if target.startswith("headlab.") and layer(target) > layer(source) for line, _, _ in uses]
 
 

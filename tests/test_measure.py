@@ -178,8 +178,8 @@ def test_cli_data_measure_on_a_trained_run_folder(tmp_path, capsys):
     out = tmp_path / "out"
     assert cli_main(["analyze", str(run.path), "--measure", "data", "--text", str(text), "--out", str(out)]) == 0
     assert f"{run.model_config.label} · qk · data · 4 heads" in capsys.readouterr().out
-    expected = analyze(run.model, measure="data", inputs=input_moments(run.model, encode_text(run.model, text.read_text(),
-                                                                                               tokenizer="byte")))
+    moments = input_moments(run.model, encode_text(run.model, text.read_text(), tokenizer="byte"))
+    expected = analyze(run.model, measure="data", inputs=moments)
     np.testing.assert_allclose(Analysis.load(out).summary["effective_rank"], expected.summary["effective_rank"],
                                rtol=1e-9)
     assert cli_main(["analyze", str(run.path), "--measure", "data", "--text", str(tmp_path / "none.txt"),
@@ -198,7 +198,8 @@ def test_measure_agreement_ranks_layers_and_seeds():
     agreement = measure_agreement(pd.DataFrame(rows)).set_index(["measure_a", "measure_b"])
     assert agreement.loc[("frobenius", "data"), "spearman"] == pytest.approx(-1.0)  # exactly reversed order
     assert agreement.loc[("frobenius", "data"), "n_points"] == 8  # 4 layers × 2 seeds
-    expected = spearmanr([layer + seed for seed in (0, 1) for layer in layers], [layer % 2 for _ in (0, 1) for layer in layers])
+    expected = spearmanr([layer + seed for seed in (0, 1) for layer in layers],
+                         [layer % 2 for _ in (0, 1) for layer in layers])
     assert agreement.loc[("frobenius", "other"), "spearman"] == pytest.approx(expected.statistic)
     with pytest.raises(ValueError, match="several rows for model 'M', circuit qk, measure frobenius, layer 0"):
         measure_agreement(pd.DataFrame(rows).drop(columns="seed"))

@@ -102,7 +102,8 @@ def test_measure_claims_say_where_the_weight_ordering_holds_up_in_behaviour():
         "One seed: no orderings claimed, so no weight-space conclusion is tested."]
 
 
-def _snapshot_summary(onset: int | None, lrkv_departs: int | None, seeds: int = 3, mqa_noise: float = 0.0) -> pd.DataFrame:
+def _snapshot_summary(onset: int | None, lrkv_departs: int | None, seeds: int = 3,
+                      mqa_noise: float = 0.0) -> pd.DataFrame:
     """Summary rows over steps: MQA's centered rank rises by 6 points over MHA's from `onset` on;
     LRKV's uncentered rank drops by 8 from `lrkv_departs` on; ±0.3 seed noise, and ±`mqa_noise`
     on MQA's centered rank (a positive mean gap, within seed noise)."""

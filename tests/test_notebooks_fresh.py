@@ -33,7 +33,8 @@ def execute(clone: Path, name: str) -> None:
     as Jupyter does; a failing cell raises `CellExecutionError` naming it."""
     path = clone / "notebooks" / name
     notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(notebook, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
 
 
 def test_five_notebooks_are_found():

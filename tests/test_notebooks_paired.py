@@ -125,7 +125,8 @@ def run_colab_cell(source: Path, monkeypatch, on_colab: bool = True) -> list[tup
     else:
         monkeypatch.setitem(sys.modules, "google.colab", None)  # import google.colab raises ImportError
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "headlab" else find_spec(name, *rest))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "headlab" else find_spec(name, *rest))
     ipython = FakeIPython()
     exec(compile(colab_cell(source), source.name, "exec"), {"get_ipython": lambda: ipython})
     return ipython.magics

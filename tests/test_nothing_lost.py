@@ -231,7 +231,8 @@ def test_a_corpus_edited_with_its_size_and_time_kept_is_tokenized_again(tmp_path
     text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
     stat = text.stat()
     first = load_corpus(str(text))
-    text.write_text("THE quick brown fox jumps over the lazy dog. " + "the quick brown fox jumps over the lazy dog. " * 199)
+    text.write_text("THE quick brown fox jumps over the lazy dog. "
+                    + "the quick brown fox jumps over the lazy dog. " * 199)
     os.utime(text, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # what `cp -p` and `rsync -a` keep
     assert text.stat().st_size == stat.st_size
     assert load_corpus(str(text)).sha256 != first.sha256

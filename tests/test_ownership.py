@@ -134,7 +134,8 @@ def test_a_corpus_folder_with_a_txt_that_is_not_a_regular_file_is_refused(tmp_pa
     (texts / "a.txt").write_text("plain words " * 400)
     make = {"fifo": os.mkfifo, "symlink": lambda p: p.symlink_to(texts / "a.txt"), "folder": Path.mkdir}[entry]
     make(texts / "x.txt")
-    line = refused_in_one_line(capsys, ["train", "--preset", "tiny", "--corpus", texts, "--steps", "1", "--no-progress"])
+    line = refused_in_one_line(capsys,
+                               ["train", "--preset", "tiny", "--corpus", texts, "--steps", "1", "--no-progress"])
     assert "x.txt" in line and "not regular files" in line
 
 

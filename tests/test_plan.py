@@ -74,7 +74,8 @@ def test_plan_refuses_what_cannot_fit_and_its_suggestions_do_fit():
     t4 = parse_devices("T4")
     with pytest.raises(PlanError) as refused:
         study_plan(comparison_variants("paper-128m"), train_config, t4)
-    micro, accum = map(int, re.search(r"micro-batch (\d+) with gradient accumulation (\d+)", str(refused.value)).groups())
+    micro, accum = map(int,
+                       re.search(r"micro-batch (\d+) with gradient accumulation (\d+)", str(refused.value)).groups())
     assert micro * accum == 32
     assert study_plan(comparison_variants("paper-128m"), train_config, t4, grad_accum=accum).micro_batch == micro
     with pytest.raises(PlanError):  # the largest micro-batch that fits was suggested
@@ -137,7 +138,8 @@ def test_a_plan_of_this_cpu_times_steps_counts_evaluations_and_every_model_held_
     assert evaluations(config, 50) == 3  # steps 20, 40 and the last
     assert one.wall_s == pytest.approx(50 * 0.1 + 3 * config.eval_batches * 0.03)
     assert plans[2].total_wall_s == pytest.approx(3 * one.wall_s / 2)
-    assert one.mfu == pytest.approx(model_flops_utilization(variants[0], config.batch_size * variants[0].seq_len / 0.1, 1e11))
+    assert one.mfu == pytest.approx(model_flops_utilization(variants[0], config.batch_size * variants[0].seq_len / 0.1,
+                                                            1e11))
     assert plans[1].fits and not plans[2].fits
     assert "ms/step" in format_plan(plans[1]) and "2 models in memory" in format_plan(plans[2])
     measured = measure_step(variants[0], config, threads=1, repeats=2)
@@ -274,8 +276,10 @@ def test_a_step_whose_unsharded_model_does_not_fit_the_gpu_is_not_timed(monkeypa
     monkeypatch.setenv("WORLD_SIZE", "8"), monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=80 * GiB))
-    monkeypatch.setattr(study_module, "measure_step", lambda *args, **kwargs: pytest.fail("timed a step that cannot fit"))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: types.SimpleNamespace(total_memory=80 * GiB))
+    monkeypatch.setattr(study_module, "measure_step",
+                        lambda *args, **kwargs: pytest.fail("timed a step that cannot fit"))
     study = study_module.Study("paper-6.3b", 10, tmp_path / "study", only=("mha",),
                                train_overrides={"parallel": "fsdp", "optimizer": "adamw"})
     notice = study.training_notice()

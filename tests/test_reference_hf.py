@@ -255,7 +255,8 @@ def _pair(family: str, case: str, impl: str):
 
 
 CASES = [("gqa", case) for case in GQA_CASES] + [("mla", case) for case in MLA_CASES]
-CACHES = [(family, case, absorb) for family, case in CASES for absorb in ((None,) if family == "gqa" else (True, False))]
+CACHES = [(family, case, absorb) for family, case in CASES
+          for absorb in ((None,) if family == "gqa" else (True, False))]
 
 
 @pytest.mark.parametrize("impl, backend", IMPL_BACKENDS)

@@ -108,7 +108,8 @@ def test_2_a_run_cut_short_inside_its_first_checkpoint_resumes_from_step_0(tmp_p
     import headlab.training.runs
 
     with monkeypatch.context() as patch:
-        patch.setattr(headlab.training.runs, "serialize_safetensors", _full_disk)  # state.pt may be written, the weights never
+        # state.pt may be written, the weights never
+        patch.setattr(headlab.training.runs, "serialize_safetensors", _full_disk)
         with pytest.raises(Exception, match="No space left on device"):
             train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
     train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
@@ -134,7 +135,9 @@ def test_3_resume_without_a_checkpoint_checks_the_saved_config(tmp_path, corpus,
         with pytest.raises(_Interrupt):
             train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
     saved = (tmp_path / "run" / "config.json").read_text()
-    with pytest.raises(ValueError, match=r"differ from the saved run: .*model.n_kv_head: saved 2, given 1.*train.lr: saved 0.003, given 0.01"):
+    with pytest.raises(ValueError,
+                       match=r"differ from the saved run: .*model.n_kv_head: saved 2, given 1"
+                             r".*train.lr: saved 0.003, given 0.01"):
         train(preset("tiny", "gqa", n_kv_head=1), TINY.replace(lr=0.01), corpus, out=tmp_path / "run", resume=True,
               progress=False)
     assert (tmp_path / "run" / "config.json").read_text() == saved
@@ -279,7 +282,8 @@ def _gpt2_folder(folder: Path, n_layer: int, n_head: int, layers_on_disk: int = 
         tensors[f"h.{i}.attn.c_attn.weight"] = torch.randn(d, 3 * d, generator=generator)
         tensors[f"h.{i}.attn.c_proj.weight"] = torch.randn(d, d, generator=generator)
     save_file(tensors, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": n_layer, "n_head": n_head, "n_embd": d}))
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": n_layer, "n_head": n_head,
+                                                    "n_embd": d}))
     return folder
 
 
@@ -381,7 +385,8 @@ def test_cli_user_mistakes_give_one_line_and_status_2(tmp_path, capsys, isolated
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     assert "not a readable safetensors file" in _cli_error(capsys, "analyze", str(broken), "--out", str(tmp_path / "a"))
     sharded = _gpt2_folder(tmp_path / "sharded", 2, 2)
-    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"h.0.attn.c_attn.weight": "gone.safetensors"}}))
+    (sharded / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"h.0.attn.c_attn.weight": "gone.safetensors"}}))
     assert "gone.safetensors is missing" in _cli_error(capsys, "analyze", str(sharded), "--out", str(tmp_path / "a"))
     one_d = tmp_path / "one-d"
     _gpt2_folder(one_d, 1, 2, layers_on_disk=1)
@@ -390,7 +395,8 @@ def test_cli_user_mistakes_give_one_line_and_status_2(tmp_path, capsys, isolated
     assert "shapes of a gpt2 layer" in _cli_error(capsys, "analyze", str(one_d), "--out", str(tmp_path / "a"))
     missing_tensor = _gpt2_folder(tmp_path / "missing-tensor", 1, 2, layers_on_disk=1)
     save_file({"h.0.attn.c_attn.weight": torch.ones(16, 48)}, str(missing_tensor / "model.safetensors"))
-    assert "h.0.attn.c_proj.weight' not found" in _cli_error(capsys, "analyze", str(missing_tensor), "--out", str(tmp_path / "a"))
+    assert "h.0.attn.c_proj.weight' not found" in _cli_error(capsys, "analyze", str(missing_tensor), "--out",
+                                                             str(tmp_path / "a"))
     assert "No such file" in _cli_error(capsys, "info", "--config", str(tmp_path / "none.json"))
     (tmp_path / "list.json").write_text("[1, 2]")
     assert "JSON object" in _cli_error(capsys, "info", "--config", str(tmp_path / "list.json"))
@@ -418,7 +424,8 @@ def test_cli_help_describes_every_command_and_flag(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "{adamw,muon}" in text and "{float32,bfloat16}" in text and f"cpu-small: {train_preset('cpu-small').steps}" in text
+    assert "{adamw,muon}" in text and "{float32,bfloat16}" in text
+    assert f"cpu-small: {train_preset('cpu-small').steps}" in text
 
 
 def test_info_defaults_to_the_same_preset_as_train_and_reproduce(capsys):
@@ -459,8 +466,8 @@ def test_random_kills_at_any_instant_resume_to_identical_weights(tmp_path, corpu
         if not (folder / "manifest.json").exists() or (checkpoint := current_checkpoint(folder)) is None:
             return False
         current = checkpoint.name
-        return any(p.name.startswith(".") and p.name != ".lock" or p.name.startswith("checkpoint-") and p.name != current
-                   for p in folder.iterdir())
+        return any(p.name.startswith(".") and p.name != ".lock"
+                   or p.name.startswith("checkpoint-") and p.name != current for p in folder.iterdir())
 
     kills = leftovers = 0
     for attempt in range(200):
@@ -533,12 +540,14 @@ def test_a_full_disk_at_each_write_of_a_checkpoint_leaves_a_resumable_run(tmp_pa
     assert fail_at > 4  # state.pt, model.safetensors, the folder, and the manifest (before and after)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"), reason="mounting a tmpfs needs root on Linux")
+@pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
+                    reason="mounting a tmpfs needs root on Linux")
 @pytest.mark.parametrize("kib", [450, 700, 950])
 def test_a_real_full_tmpfs_stops_the_run_cleanly_and_it_resumes_elsewhere(tmp_path, corpus, reference, kib):
     mount = tmp_path / "small-disk"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(mount)], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(mount)],
+                      capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
         with pytest.raises(Exception) as failure:

@@ -70,8 +70,8 @@ def test_report_quotes_this_runs_numbers_as_mean_and_sd(study):
         assert loss_row[1] == f"{losses.mean():.3f} ± {losses.std(ddof=1):.3f}"
         assert loss_row[3] == "2"
         name = config.label + (", RoPE part included" if role == "mla" else "")
-        rows = summary[(summary["model"] == config.label) & (summary["mla_rope"] == "included") & (summary["circuit"] == "qk")
-                       & (summary["kind"] == "uncentered")]
+        rows = summary[(summary["model"] == config.label) & (summary["mla_rope"] == "included")
+                       & (summary["circuit"] == "qk") & (summary["kind"] == "uncentered")]
         by_seed = rows.groupby("seed")["effective_rank_pct_of_heads"].mean()
         by_layer = rows.groupby("layer")["effective_rank_pct_of_heads"].mean()
         expected = f"{by_seed.mean():.1f} ± {by_seed.std(ddof=1):.1f} [{by_layer.min():.1f}–{by_layer.max():.1f}]"
@@ -267,7 +267,8 @@ def test_each_claim_says_whether_it_has_settled_since_half_way():
 
     end = synthetic_metrics(seeds=3, loss_gap=0.1, loss_noise=0.002, rank_gap=4.0)
     half = synthetic_metrics(seeds=3, loss_gap=0.15, loss_noise=0.002, rank_gap=4.0)
-    half.loc[half["role"] == "gqa", "uncentered"] += np.tile([0.3, 0.3, -0.3, -0.3, 0.1, 0.1], 1)[:(half["role"] == "gqa").sum()]
+    gqa = half["role"] == "gqa"
+    half.loc[gqa, "uncentered"] += np.tile([0.3, 0.3, -0.3, -0.3, 0.1, 0.1], 1)[:gqa.sum()]
     sentences = claims(end, Halfway(half, rank_step=50, loss_step=40))
     mqa_loss = next(s for s in sentences if s.startswith("MQA: validation loss"))
     assert mqa_loss.endswith("[still moving: changed by -0.050 ± 0.000 since step 40].")

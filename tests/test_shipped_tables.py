@@ -49,7 +49,8 @@ def test_ship_copies_the_tables_not_the_runs_and_says_what_made_them(finished, s
     assert {p.name for p in shipped.iterdir()} == {f"{name}.csv" for name in source.tables} | {"study.json", ".lock"}
     assert all(tables[name].equals(table) for name, table in source.tables.items())  # no runs, report or figures
     provenance = tables.meta["shipped"]
-    commits = {json.loads((run / "config.json").read_text())["git_commit"] for run in (finished.folder / "runs").iterdir()}
+    commits = {json.loads((run / "config.json").read_text())["git_commit"]
+               for run in (finished.folder / "runs").iterdir()}
     assert provenance["settings_key"] == settings_key(SMALL.preset, SMALL.steps) == SMALL.folder.name
     assert set(provenance["commits"]) == commits and all(commit[:12] in provenance["note"] for commit in commits)
     assert sum(p.stat().st_size for p in shipped.iterdir()) < ship_demo_tables.LIMIT_BYTES
@@ -64,7 +65,8 @@ def test_ship_refuses_runs_trained_with_other_settings_than_the_checkouts(finish
 
 def test_shipped_tables_are_read_only_where_nothing_of_the_study_is_on_disk(finished, shipped, tmp_path, monkeypatch):
     monkeypatch.setattr(tables_module, "SHIPPED", shipped)
-    monkeypatch.setattr(Study, "train", lambda *args, **kwargs: pytest.fail("trained instead of reading shipped tables"))
+    monkeypatch.setattr(Study, "train",
+                        lambda *args, **kwargs: pytest.fail("trained instead of reading shipped tables"))
     said = []
     fresh = Study(SMALL.preset, SMALL.steps, tmp_path / "fresh")
     tables = study_tables(fresh, 1, log=said.append)
@@ -112,7 +114,8 @@ def test_notebook_03_installed_outside_the_repository_shows_the_shipped_tables_u
     monkeypatch.delenv("HEADLAB_STUDY", raising=False)
     notebook = nbformat.read(ROOT / "notebooks" / "03_compare_layers.ipynb", as_version=4)
     notebook.cells.append(nbformat.v4.new_code_cell("import headlab\nprint(headlab.__file__)"))
-    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(elsewhere)}}).execute()
+    NotebookClient(notebook, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(elsewhere)}}).execute()
     printed = "".join(o.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs)
     assert f"{site / 'headlab' / '__init__.py'}\n" in printed
     assert "reading the demo study's tables shipped with headlab" in printed

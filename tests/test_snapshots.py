@@ -64,7 +64,8 @@ def test_a_killed_run_resumes_to_snapshots_identical_to_an_uninterrupted_run(tmp
     def write_then_die(run_dir, model, step, every, write=True):
         path = original(run_dir, model, step, every, write)
         if step == 5:
-            (path.parent / ".step-00000005.safetensors.0123abcd.tmp").write_bytes(b"torn")  # named as headlab names them
+            # named as headlab names them
+            (path.parent / ".step-00000005.safetensors.0123abcd.tmp").write_bytes(b"torn")
             raise _Killed
         return path
 
@@ -113,8 +114,8 @@ def test_the_explorer_offers_the_training_step_and_the_measure_as_choices(refere
     explorer.choices["step"].value = RUN.steps
     assert explorer.figures and "step: 12" in explorer.figures[0].get_suptitle()
     both = concat([analyze(reference), analyze(reference, measure="data", inputs=_moments(reference))])
-    assert list(Explorer({n: getattr(both, n) for n in ("similarity", "spectra", "summary")}).choices["measure"].options) \
-        == ["frobenius", "data"]
+    explorer = Explorer({n: getattr(both, n) for n in ("similarity", "spectra", "summary")})
+    assert list(explorer.choices["measure"].options) == ["frobenius", "data"]
 
 
 def _moments(run_dir):
@@ -147,8 +148,10 @@ def test_two_fsdp_processes_gather_whole_snapshots_equal_to_one_process(tmp_path
     script = tmp_path / "run.py"
     script.write_text(FSDP_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, str(script), str(tmp_path / "one"), "ddp"], env=env, capture_output=True, text=True)
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+    one = subprocess.run([sys.executable, str(script), str(tmp_path / "one"), "ddp"], env=env, capture_output=True,
+                         text=True)
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(script),
                           str(tmp_path / "two"), "fsdp"], env=env, capture_output=True, text=True)
     assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
     assert [tmp_path.joinpath(f"two.rank{rank}.left-group").read_text() for rank in (0, 1)] == ["True", "True"]

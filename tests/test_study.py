@@ -75,7 +75,8 @@ def test_a_study_begun_by_training_one_variant_into_its_run_folder_is_taken_up(t
     is headlab's, so the study adopts it (and reuses the run) instead of refusing its own folder."""
     study = Study("tiny", STEPS, tmp_path / "study", only=("mha", "mqa"))
     mha = study.roles["mha"]
-    first = headlab.train(mha, study.train_config(0), data=study.load_corpus(), out=study.run_folder(mha), progress=False)
+    first = headlab.train(mha, study.train_config(0), data=study.load_corpus(), out=study.run_folder(mha),
+                          progress=False)
     assert not (study.folder / MANIFEST).exists()
     runs = study.train(progress=False, log=lambda line: None)
     assert (study.folder / MANIFEST).is_file() and [r.role for r in runs] == ["mha", "mqa"]
@@ -100,7 +101,8 @@ def test_parallel_jobs_train_the_same_runs_in_worker_processes(tmp_path):
     logged = []
     runs = study.train(seeds=1, progress=False, log=logged.append, jobs=2)
     assert [r.role for r in runs] == list(comparison_roles("tiny"))
-    assert logged[0].startswith("training 6 of 6 runs") and len(logged) == 1 + len(runs)  # the notice, then a line a run
+    # the notice, then a line a run
+    assert logged[0].startswith("training 6 of 6 runs") and len(logged) == 1 + len(runs)
     assert all(r.run.step == STEPS and r.folder.parent == tmp_path / "runs" for r in runs)
     # a worker's run is the run a single process trains, up to the last bits of a thread count
     alone = Study("tiny", STEPS, tmp_path / "alone").train(seeds=1, progress=False, log=lambda message: None)

@@ -45,7 +45,8 @@ def test_run_folder_holds_the_documented_files_and_loads_back(tmp_path, syntheti
     run = train(preset("tiny", "lrkv"), TINY_TRAIN, synthetic, out=tmp_path / "run", progress=False)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
         ".lock", "checkpoint-00000040", "config.json", "manifest.json", "metrics.jsonl", "starts.jsonl"]
-    assert sorted(p.name for p in (tmp_path / "run" / "checkpoint-00000040").iterdir()) == ["model.safetensors", "state.pt"]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoint-00000040").iterdir()) == ["model.safetensors",
+                                                                                            "state.pt"]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["model"]["attention"] == "lrkv" and config["headlab_version"] == headlab.__version__
     assert config["train"]["steps"] == TINY_TRAIN.steps and config["data"]["name"] == "synthetic"
@@ -159,7 +160,8 @@ def test_foreign_pickles_are_never_unpickled(finished_run, synthetic):
     torch.save({"step": 5, "optimizers": [], "generator": Payload()}, checkpoint.manifest.file(checkpoint.state))
     forge_manifest_entry(finished_run, checkpoint.state)
     with pytest.raises(ValueError, match=r"state\.pt is not a readable headlab training state.*Unpickl"):
-        train(preset("tiny", "mla"), TINY_TRAIN.replace(steps=5), synthetic, out=finished_run, resume=True, progress=False)
+        train(preset("tiny", "mla"), TINY_TRAIN.replace(steps=5), synthetic, out=finished_run, resume=True,
+              progress=False)
 
 
 def test_foreign_safetensors_and_configs_are_refused(finished_run, tmp_path):
@@ -181,7 +183,8 @@ def test_foreign_safetensors_and_configs_are_refused(finished_run, tmp_path):
 
 def test_resuming_with_a_different_config_is_refused(finished_run, synthetic):
     with pytest.raises(ValueError, match="1 setting.* differ from the saved run: train.lr: saved 0.003, given 0.01"):
-        train(preset("tiny", "mla"), TINY_TRAIN.replace(steps=5, lr=1e-2), synthetic, out=finished_run, resume=True, progress=False)
+        train(preset("tiny", "mla"), TINY_TRAIN.replace(steps=5, lr=1e-2), synthetic, out=finished_run, resume=True,
+              progress=False)
 
 
 @pytest.mark.parametrize("field,value,allowed", [
@@ -189,7 +192,8 @@ def test_resuming_with_a_different_config_is_refused(finished_run, synthetic):
     ("lr", -1.0, "positive"), ("min_lr_ratio", 2.0, "[0, 1]"), ("parallel", "zero3", "ddp, fsdp"),
     ("grad_accum", 0, "positive")])
 def test_bad_train_config_values_name_the_field(field, value, allowed):
-    with pytest.raises(ValueError, match=rf"TrainConfig\.{field} = .* is invalid: .*{allowed.replace('[', '.').replace(']', '.')}"):
+    with pytest.raises(ValueError,
+                       match=rf"TrainConfig\.{field} = .* is invalid: .*{allowed.replace('[', '.').replace(']', '.')}"):
         TrainConfig(**{field: value})
 
 
@@ -232,7 +236,8 @@ def test_every_parameter_group_follows_its_configured_learning_rate_through_the_
         muon_ids = {ids[n] for n, p in run.model.named_parameters() if n.startswith("blocks.") and p.dim() == 2}
         others = set(ids.values()) - muon_ids - {ids["wte.weight"], ids["lm_head.weight"]}
         groups = {"Muon": [(config.matrix_lr, muon_ids)],
-                  "AdamW": [(config.embedding_lr, {ids["wte.weight"]}), (config.unembedding_lr, {ids["lm_head.weight"]}),
+                  "AdamW": [(config.embedding_lr, {ids["wte.weight"]}),
+                            (config.unembedding_lr, {ids["lm_head.weight"]}),
                             (config.lr, others)]}
         assert any(run.model.get_parameter(n).dim() == 3 for n in ids if id(run.model.get_parameter(n)) in others)
     else:
@@ -267,10 +272,12 @@ def test_two_process_gloo_run_with_accumulation_follows_the_single_process_curve
     args = ["-m", "headlab", "train", "--preset", "tiny", "--attention", "gqa", "--corpus", "synthetic",
             "--steps", "12", "--log-every", "1", "--eval-every", "6", "--device", "cpu", "--no-progress"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    single = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], env=env, capture_output=True, text=True)
+    single = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], env=env, capture_output=True,
+                            text=True)
     assert single.returncode == 0, single.stderr
     double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             *args, "--grad-accum", "2", "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True)
+                             *args, "--grad-accum", "2", "--out", str(tmp_path / "two")], env=env, capture_output=True,
+                            text=True)
     assert double.returncode == 0, double.stderr[-3000:]
     one, two = load_run(tmp_path / "one").metrics, load_run(tmp_path / "two").metrics
     assert [r["step"] for r in one] == [r["step"] for r in two]
@@ -335,7 +342,8 @@ def single_process_run(tmp_path_factory):
 
 
 def test_two_process_fsdp_with_accumulation_equals_single_process_training(tmp_path, single_process_run):
-    result = _headlab(tmp_path, [*FSDP_ARGS, "--parallel", "fsdp", "--grad-accum", "2", "--out", str(tmp_path / "fsdp")],
+    result = _headlab(tmp_path,
+                      [*FSDP_ARGS, "--parallel", "fsdp", "--grad-accum", "2", "--out", str(tmp_path / "fsdp")],
                       processes=2)
     assert result.returncode == 0, result.stderr[-3000:]
     assert _max_difference(load_run(tmp_path / "fsdp"), single_process_run) < 1e-5
@@ -362,7 +370,8 @@ def test_a_run_on_a_trained_bpe_keeps_its_tokenizer_and_analysis_reads_it(tmp_pa
 
     monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
     corpus = load_corpus("synthetic", tokenizer="bpe:300")
-    train(preset("tiny", "mqa", vocab_size=300), TINY_TRAIN.replace(steps=2), corpus, out=tmp_path / "run", progress=False)
+    train(preset("tiny", "mqa", vocab_size=300), TINY_TRAIN.replace(steps=2), corpus, out=tmp_path / "run",
+          progress=False)
     assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (corpus.folder / "tokenizer.json").read_bytes()
     text = "the run's own tokenizer reads this sentence " * 20
     expected = corpus.tokenizer.encode(text)

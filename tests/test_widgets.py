@@ -172,7 +172,8 @@ def test_every_analysis_choice_column_gets_a_control_that_filters(tables):
     assert choice_columns(rich["summary"]) == {"measure": ["frobenius", "data"], "mla_rope": ["included", "excluded"]}
     explorer = explore(rich)
     assert set(explorer.choices) == {"circuit", "measure", "mla_rope"}
-    assert [explorer.choices[c].description for c in ("circuit", "measure", "mla_rope")] == ["Circuit", "Measure", "MLA RoPE"]
+    assert [explorer.choices[c].description for c in ("circuit", "measure", "mla_rope")] == ["Circuit", "Measure",
+                                                                                             "MLA RoPE"]
     assert explorer.choices["measure"] in explorer.children and explorer.choices["mla_rope"] in explorer.children
     assert explorer.circuit not in explorer.children  # one circuit: nothing to choose
 
