@@ -42,13 +42,6 @@ def temporary_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
 
 
-def default_file_mode() -> int:
-    """0666 less the process's umask: the permissions `open()` gives a new file."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def fsync_path(path: Path) -> None:
     """Flush a file's (or a folder's entries') data to disk."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -126,21 +119,6 @@ def write_file(path: Path, write: Callable[[HashingFile], None]) -> dict:
     tmp, entry = stage_file(path, write)
     commit_file(tmp, path)
     return entry
-
-
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call `write(tmp_path)` (for writers that want a path) and atomically move the result to `path`."""
-    path = Path(path)
-    tmp = temporary_path(path)
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))  # umask applies
-    try:
-        write(tmp)
-        fsync_path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_path(path.parent)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> dict:

@@ -158,8 +158,5 @@ class KVCache:
     def tensors(self) -> list[torch.Tensor]:
         return [t for layer in self.layers for t in layer.buffers.values()]
 
-    def numel(self) -> int:
-        return sum(t.numel() for t in self.tensors())
-
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
