@@ -24,7 +24,7 @@ from scale_study import study_runs
 
 from headlab.data.corpus import load_corpus
 from headlab.io import atomic_write_text
-from headlab.report.writer import markdown_table, write_report
+from headlab.report.writer import factor_rows, markdown_table, rank_bound_rows, write_report
 from headlab.study.claims import METRICS, difference_to_mha, per_seed_metrics, values, variant_name, variant_rows
 from headlab.study.stats import paired_difference, spread
 from headlab.study.tables import tabulate_study
@@ -58,25 +58,10 @@ def recipe_page(studies: dict[str, tuple[pd.DataFrame, object]]) -> str:
             if role != "mha":
                 differences.append(row)
             effects.append(effect)
-    factor_rows, bound_rows = [], []
-    for recipe in names:
-        tables = studies[recipe][1]
-        factors = tables["lrkv_factors"]
-        for (model, projection), group in factors.groupby(["model", "projection"], sort=False):
-            per_seed = group.groupby("seed")[["norm_ratio", "angle_mean"]].mean()
-            factor_rows.append({"recipe": recipe, "variant": model, "projection": projection,
-                                "norm ratio": spread(per_seed["norm_ratio"].to_numpy()).format(3),
-                                "mean principal angle (°)": spread(per_seed["angle_mean"].to_numpy()).format(1),
-                                "random subspace (°)": f"{group['angle_random'].iloc[0]:.1f}"})
-        bound = tables["rank_bound"]
-        for rank, group in bound.groupby("rank"):
-            per_seed = group.groupby(["seed", "kind"])[["key_energy_kept", "effective_rank_pct_of_heads"]].mean()
-            rebuilt = per_seed["effective_rank_pct_of_heads"].unstack("kind")
-            kept = per_seed["key_energy_kept"].unstack("kind")["uncentered"]
-            bound_rows.append({"recipe": recipe, "rank r": rank,
-                               "key deviation energy kept (%)": spread(100 * kept.to_numpy()).format(1),
-                               **{f"MHA rebuilt, {kind} (% of H)": spread(rebuilt[kind].to_numpy()).format(1)
-                                  for kind in ("uncentered", "centered")}})
+    factor_tables = [factor_rows(studies[recipe][1]).assign(recipe=recipe) for recipe in names]
+    bound_tables = [rank_bound_rows(studies[recipe][1]).assign(recipe=recipe) for recipe in names]
+    factor_table = pd.concat(factor_tables, ignore_index=True)
+    bound_table = pd.concat(bound_tables, ignore_index=True)
     return "\n".join([
         "### Paired difference to Standard MHA under each recipe",
         "",
@@ -89,11 +74,11 @@ def recipe_page(studies: dict[str, tuple[pd.DataFrame, object]]) -> str:
         "",
         "### LRKV's factors under each recipe",
         "",
-        markdown_table(pd.DataFrame(factor_rows), 3),
+        markdown_table(factor_table[["recipe", *factor_tables[0].columns[:-1]]], 3),
         "",
         "### The best a rank-r residual could do for MHA, under each recipe",
         "",
-        markdown_table(pd.DataFrame(bound_rows), 1),
+        markdown_table(bound_table[["recipe", *bound_tables[0].columns[:-1]]], 1),
         "",
     ])
 

@@ -485,7 +485,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
 
-REPRODUCE_EXAMPLE = """example (what `make demo` runs: about 10 minutes on two CPU cores):
+REPRODUCE_EXAMPLE = """example (what `make demo` runs; the README gives its measured time):
   headlab reproduce --out runs/reproduce --jobs 2
 
 results land in the study folder (--out):

@@ -70,7 +70,7 @@ if IN_COLAB and importlib.util.find_spec("headlab") is None:
 # `SMALL = True` is the smoke-test size that CI runs: the `tiny` preset (2 layers, 4 heads) for a
 # few dozen steps, seconds in all; its numbers only show that everything runs. `SMALL = False`
 # trains the `cpu-small` preset (4 layers, 6 heads) for the preset's own number of steps: the runs
-# `make demo` trains, about 17 minutes for all six and three seeds on two CPU cores. `RUNS` is the folder the runs
+# `make demo` trains (the README gives its measured time on two CPU cores). `RUNS` is the folder the runs
 # go to, shared by notebooks 01–05. `None` means: with `SMALL = False`, `make demo`'s study
 # (`runs/reproduce` in the project folder), so runs it has finished are reused rather than trained
 # again; with `SMALL = True`, `runs/notebooks/small/<key>`, the key naming the settings, so runs
@@ -79,7 +79,7 @@ if IN_COLAB and importlib.util.find_spec("headlab") is None:
 
 # %% tags=["parameters"]
 # In a saved notebook, the line printed below names the mode its outputs were made in.
-SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study, ~17 minutes on 2 CPUs
+SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study (make demo's runs)
 SEEDS = None  # runs per variant (seeds 0, 1, ...); None: 1 in small mode, make demo's 3 in full mode
 RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
 

@@ -69,7 +69,7 @@ if IN_COLAB and importlib.util.find_spec("headlab") is None:
 # ## Parameters
 # The same switch as notebook 01, whose runs this notebook reuses (with `SMALL = False`, those of
 # `make demo`): when they are there, nothing is trained here; otherwise the six variants are
-# trained first (seconds with `SMALL = True`, about 17 minutes on two CPU cores with `SMALL = False`).
+# trained first (seconds with `SMALL = True`; with `SMALL = False`, the time `make demo` takes: see the README).
 
 # %% tags=["parameters"]
 # In a saved notebook, the line printed below names the mode its outputs were made in.

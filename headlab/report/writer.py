@@ -227,16 +227,11 @@ def training_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     ]
 
 
-def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
-    """"LRKV's factors": the residual-to-shared norm ratio (at the end and through training), the
-    principal angles between the shared and residual subspaces, and MHA's rank-r bound; nothing
-    for a study without LRKV (or with tables older than these diagnostics)."""
-    if "lrkv_factors" not in tables.tables or tables["lrkv_factors"].empty:
-        return []
-    factors, through, bound = tables["lrkv_factors"], tables["factor_training"], tables["rank_bound"]
-    colours = plots.palette(tables["summary"]["model"].unique())
-    figure = plots.save_figure(plots.factor_norm_figure(through, palette=colours), manifest,
-                               f"{FIGURES_FOLDER}/lrkv_norm_ratio_through_training")
+def factor_rows(tables: StudyTables) -> pd.DataFrame:
+    """Per LRKV variant and projection: the final norm ratio and mean principal angle (mean ± sd
+    over seeds of the layer and head mean), the random-subspace reference, and for keys the norm
+    ratio at the snapshot step nearest half-way."""
+    factors, through = tables["lrkv_factors"], tables["factor_training"]
     halfway_step = min(through["step"].unique(), key=lambda step: abs(step - through["step"].max() / 2))
     at_halfway = through[through["step"] == halfway_step].groupby(["model", "seed"])["norm_ratio"].mean()
     rows = []
@@ -248,28 +243,17 @@ def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
                      "norm ratio, final": spread(per_seed["norm_ratio"].to_numpy()).format(3),
                      "mean principal angle (°)": spread(per_seed["angle_mean"].to_numpy()).format(1),
                      "random subspace (°)": f"{group['angle_random'].iloc[0]:.1f}"})
-    lines = [
-        "## LRKV's factors",
-        "",
-        "Each LRKV head's key (value) projection is W_shared + U_h B_hᵀ. Norm ratio: ‖U_h B_hᵀ‖_F / ‖W_shared‖_F, "
-        "mean over layers and heads (the paper's Fig. 8 shows these norms; it gives no ratio). Principal angles: "
-        "between the column spaces of W_shared and U_h B_hᵀ in the residual stream, mean over the r angles, layers "
-        "and heads; 0° means a residual only re-weights what the shared projection reads, and 'random subspace' is "
-        "the mean angle of a random subspace of the same shape (the paper says it computed these angles and "
-        "reports none). Mean ± sd over seeds (`headlab.analysis.lrkv`).",
-        "",
-        markdown_table(pd.DataFrame(rows), 3),
-        "",
-        f"![lrkv norm ratio](figures/{figure.name})",
-        "",
-    ]
-    if bound.empty:
-        return lines
+    return pd.DataFrame(rows)
+
+
+def rank_bound_rows(tables: StudyTables) -> pd.DataFrame:
+    """Per LRKV rank r: the key deviation energy of MHA that a rank-r residual keeps, MHA rebuilt
+    from it (both kinds), and the trained LRKV of that rank against the rebuilt MHA (paired by seed)."""
+    factors, bound = tables["lrkv_factors"], tables["rank_bound"]
     metrics = per_seed_metrics(tables["summary"], tables["training"])
     flagship = metrics[metrics["mla_rope"] == tables.meta["flagship_mla_rope"]]
-    mha = flagship[flagship["role"] == "mha"].set_index("seed")
     lrkv_by_rank = dict(zip(factors["rank"], factors["role"]))
-    bound_rows = []
+    rows = []
     for rank, group in bound.groupby("rank"):
         per_seed = group.groupby(["seed", "kind"])[["key_energy_kept", "effective_rank_pct_of_heads"]].mean()
         rebuilt = per_seed["effective_rank_pct_of_heads"].unstack("kind")
@@ -283,18 +267,48 @@ def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
             trained = flagship[flagship["role"] == role].set_index("seed").loc[rebuilt.index, "uncentered"]
             d = paired_difference(trained.to_numpy(), rebuilt["uncentered"].to_numpy())
             row["trained LRKV − MHA rebuilt, uncentered"] = d.format(1) if d.decided else f"noise, {d.format(1)}"
-        bound_rows.append(row)
-    mha_rank = spread(mha["uncentered"].to_numpy()).format(1)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
+    """"LRKV's factors": the residual-to-shared norm ratio (at the end and through training), the
+    principal angles between the shared and residual subspaces, and MHA's rank-r bound; nothing
+    for a study without LRKV (or with tables older than these diagnostics)."""
+    if "lrkv_factors" not in tables.tables or tables["lrkv_factors"].empty:
+        return []
+    colours = plots.palette(tables["summary"]["model"].unique())
+    figure = plots.save_figure(plots.factor_norm_figure(tables["factor_training"], palette=colours), manifest,
+                               f"{FIGURES_FOLDER}/lrkv_norm_ratio_through_training")
+    lines = [
+        "## LRKV's factors",
+        "",
+        "Each LRKV head's key (value) projection is W_shared + U_h B_hᵀ. Norm ratio: ‖U_h B_hᵀ‖_F / ‖W_shared‖_F, "
+        "mean over layers and heads (the paper's Fig. 8 shows these norms; it gives no ratio). Principal angles: "
+        "between the column spaces of W_shared and U_h B_hᵀ in the residual stream, mean over the r angles, layers "
+        "and heads; 0° means a residual only re-weights what the shared projection reads, and 'random subspace' is "
+        "the mean angle of a random subspace of the same shape (the paper says it computed these angles and "
+        "reports none). Mean ± sd over seeds (`headlab.analysis.lrkv`).",
+        "",
+        markdown_table(factor_rows(tables), 3),
+        "",
+        f"![lrkv norm ratio](figures/{figure.name})",
+        "",
+    ]
+    if tables["rank_bound"].empty:
+        return lines
+    metrics = per_seed_metrics(tables["summary"], tables["training"])
+    mha = metrics[(metrics["mla_rope"] == tables.meta["flagship_mla_rope"]) & (metrics["role"] == "mha")]
     return lines + [
         "### The best a rank-r residual could do",
         "",
         "Standard MHA's key and value projections W_h, with their mean W̄ over heads: the truncated SVD of "
         "W_h − W̄ is the best rank-r residual (Eckart–Young), so MHA rebuilt as W̄ + [W_h − W̄]_r is what an LRKV "
-        f"of rank r sharing W_shared = W̄ could at best express of these MHA heads. MHA itself: {mha_rank} % of H "
-        "(uncentered); 'trained LRKV − MHA rebuilt': the paired difference ± 95% half-width (points), within seed "
-        "noise unless marked.",
+        "of rank r sharing W_shared = W̄ could at best express of these MHA heads. MHA itself: "
+        f"{spread(mha['uncentered'].to_numpy()).format(1)} % of H (uncentered); 'trained LRKV − MHA rebuilt': the "
+        "paired difference ± 95% half-width (points), within seed noise unless marked.",
         "",
-        markdown_table(pd.DataFrame(bound_rows), 1),
+        markdown_table(rank_bound_rows(tables), 1),
         "",
     ]
 
