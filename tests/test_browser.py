@@ -158,12 +158,14 @@ def test_notebook_03_runs_and_every_explorer_control_redraws(lab, tmp_path):
         # (the one its slow click drew above), with the pending line shown while the clicks settle.
         slow = {}
         for name in ("heatmaps", "spectra"):
-            changes(f"view {name} (reference)", lambda name=name: view.get_by_role("button", name=name, exact=True).click())
+            changes(f"view {name} (reference)",
+                    lambda name=name: view.get_by_role("button", name=name, exact=True).click())
             slow[name] = shown["hash"]
         for name in ("heatmaps", "effective rank", "cumulative variance", "loss curves", "heatmaps"):
             view.get_by_role("button", name=name, exact=True).click()
         explorer.get_by_text("redrawing for the controls' new state").wait_for(timeout=5_000)
-        explorer.get_by_text("redrawing for the controls' new state").wait_for(state="hidden", timeout=REDRAW_TIMEOUT_S * 1000)
+        pending = explorer.get_by_text("redrawing for the controls' new state")
+        pending.wait_for(state="hidden", timeout=REDRAW_TIMEOUT_S * 1000)
         time.sleep(1.0)
         assert _figure_hash(explorer) == slow["heatmaps"], "after fast clicks the figure is not the controls' state"
         page.screenshot(path=str(SCREENSHOTS / "04_after_fast_clicks.png"), full_page=True)
