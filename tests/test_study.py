@@ -216,3 +216,11 @@ def test_a_study_keeps_no_trained_model_after_its_run_and_reads_each_back_from_i
     assert first.model is not again.model and first.step == 2 and runs[0].device == "cpu"
     assert all(torch.equal(p, q) for p, q in zip(first.model.parameters(), again.model.parameters()))
     assert next(first.model.parameters()).device == torch.device("cpu")
+
+
+def test_an_imported_kernel_module_is_not_a_person_watching():
+    """A test runner that executed notebooks has ipykernel loaded; only a running kernel draws bars."""
+    import ipykernel.ipkernel  # noqa: F401
+
+    from headlab.study.study import watched
+    assert not watched()

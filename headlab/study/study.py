@@ -325,8 +325,14 @@ def _prepare_worker(threads: int) -> None:
 
 def watched() -> bool:
     """Whether a person watches this process's output: a terminal, or a notebook's kernel (where
-    tqdm.auto draws a widget); never a pipe or a log file, where a bar is only noise."""
-    return sys.stderr.isatty() or "ipykernel" in sys.modules
+    tqdm.auto draws a widget); never a pipe or a log file, where a bar is only noise. A kernel is
+    one that runs this process's code, not merely an imported ipykernel module (a test runner that
+    executed notebooks has one loaded)."""
+    if sys.stderr.isatty():
+        return True
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def _train_one(study: Study, seed: int, config: ModelConfig) -> float:
