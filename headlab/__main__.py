@@ -1,17 +1,26 @@
 """`python -m headlab` and the `headlab` command. The command line is imported here, under a
 guard (torch and pandas take seconds to load), so a Ctrl-C while it loads ends like every other
-interruption: one line and status 130, not a traceback."""
+interruption: one line and status 130, not a traceback.
+
+The guard records the signal instead of raising: a KeyboardInterrupt raised inside an import can
+land in one of importlib's internal callbacks, where Python prints "Exception ignored" and goes on,
+so the interruption would be lost and the command would run anyway."""
 
 import importlib
+import signal
 import sys
 
 EXIT_INTERRUPTED = 130
 
 
 def run() -> int:
+    interrupted = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     try:
         cli = importlib.import_module("headlab.cli")
-    except KeyboardInterrupt:
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted:
         print("headlab: error: interrupted while starting; nothing was done", file=sys.stderr)
         return EXIT_INTERRUPTED
     return cli.main()
