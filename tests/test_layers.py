@@ -1,5 +1,5 @@
-"""The package's layers: data flows one way, model → data → training → analysis → study → report →
-cli, and every import of a headlab module is a visible, module-level arrow.
+"""The package's layers: data flows one way, model → data → runs → training → analysis → study →
+report → cli, and every import of a headlab module is a visible, module-level arrow.
 
 Read from the source (ast), so the check sees every import, including ones inside functions:
 no module imports a higher layer, no two modules import each other through any path (a
@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "headlab"
-LAYERS = ("package", "io", "model", "data", "training", "analysis", "study", "report", "cli", "__main__", "__init__")
-PACKAGES = ("model", "data", "training", "analysis", "study", "report")
+LAYERS = ("package", "io", "model", "data", "runs", "training", "analysis", "study", "report", "cli", "__main__",
+          "__init__")
+PACKAGES = ("model", "data", "runs", "training", "analysis", "study", "report")
 
 
 def module_name(path: Path) -> str:

@@ -9,7 +9,7 @@ trained, reused or resumed in one way, for `headlab reproduce` and the notebooks
     Study("paper-128m", None, Path("runs/paper"), corpus="hf:HuggingFaceFW/fineweb-edu:sample-10BT",
           tokenizer="gpt2", tokens=2_000_000_000)
 
-Layout: <folder>/runs/<variant slug>-seed<k>/ (a run folder: see `headlab.training.runs`). A
+Layout: <folder>/runs/<variant slug>-seed<k>/ (a run folder: see `headlab.runs.folder`). A
 finished run is loaded, an interrupted one resumed; a seed's data order and initial weights depend
 on the seed alone, so the runs of one seed form a paired comparison.
 
@@ -40,13 +40,14 @@ from headlab.data.shards import Corpus
 from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
 from headlab.io import LOCK, Manifest, being_written
 from headlab.model.config import ModelConfig, preset
+from headlab.runs.checkpoints import checkpoint_step, has_checkpoint
+from headlab.runs.layout import MANIFEST as RUN_MANIFEST
+from headlab.runs.snapshots import study_snapshot_every
 from headlab.study.roles import comparison_roles
 from headlab.training.config import MAX_STEPS, TrainConfig, train_preset
 from headlab.training.distributed import launched_processes, training_device
 from headlab.training.plan import RUN_THREADS, load_note, measure_step, run_seconds, step_fits
-from headlab.training.runs import MANIFEST as RUN_MANIFEST
-from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
-from headlab.training.snapshots import study_snapshot_every
+from headlab.training.runs import Run, load_run
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
 
 MANIFEST = "study.json"  # the study folder's manifest: its tables (`headlab.study.tables`)
@@ -163,7 +164,7 @@ class Study:
     def train_config(self, seed: int = 0) -> TrainConfig:
         """The preset's training settings for `seed` with `train_overrides`; `steps`, or the step
         count of the `tokens` budget, replaces the preset's. Runs keep analysis snapshots
-        (`headlab.training.snapshots.study_snapshot_every`) unless `train_overrides` say otherwise."""
+        (`headlab.runs.snapshots.study_snapshot_every`) unless `train_overrides` say otherwise."""
         config = train_preset(self.preset, seed=seed, **self.train_overrides)
         if self.tokens is not None:
             steps = math.ceil(self.tokens / (config.batch_size * self.variants[0].seq_len))
