@@ -5,7 +5,8 @@ Read from the source (ast), so the check sees every import, including ones insid
 no module imports a higher layer, no two modules import each other through any path (a
 circle), no function-level import of a headlab module, and no private name crosses modules.
 And in a fresh interpreter, as Python runs: a package's __init__ loads none of its modules, so a
-module loads only what its own imports reach (the spectrum math no trainer, headlab.io no torch)."""
+module loads only what its own imports reach (no analysis module any training module, the spectrum
+math no torch, headlab.io no torch)."""
 
 from __future__ import annotations
 
@@ -113,6 +114,7 @@ def upward(edges: dict[str, dict[str, list]]) -> list[str]:
 
 
 EDGES = graph()
+ANALYSIS_MODULES = sorted(module_name(path) for path in (PACKAGE / "analysis").glob("*.py"))
 
 
 def test_every_headlab_module_has_a_layer():
@@ -165,10 +167,18 @@ def test_importing_a_package_loads_none_of_its_modules(package):
     assert headlab_modules(loaded_modules(f"headlab.{package}")) == {"headlab", "headlab.package", f"headlab.{package}"}
 
 
-def test_the_spectrum_math_loads_no_training_module_and_no_torch():
-    loaded = loaded_modules("headlab.analysis.spectrum")
-    assert sorted(name for name in headlab_modules(loaded) if name.startswith("headlab.training")) == []
-    assert "torch" not in loaded
+def training_modules(modules: set[str]) -> list[str]:
+    return sorted(name for name in headlab_modules(modules) if name.split(".")[:2] == ["headlab", "training"])
+
+
+@pytest.mark.parametrize("module", ANALYSIS_MODULES)
+def test_no_analysis_module_loads_a_training_module(module):
+    """Analysis reads run folders through `headlab.runs`: the trainer, its configs and FSDP stay unloaded."""
+    assert training_modules(loaded_modules(module)) == []
+
+
+def test_the_spectrum_math_loads_no_torch():
+    assert "torch" not in loaded_modules("headlab.analysis.spectrum")
 
 
 def test_headlab_io_loads_no_torch_importing_module():
