@@ -11,6 +11,7 @@ math no torch, headlab.io no torch)."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,6 +140,14 @@ def test_no_private_name_crosses_modules():
     private = [f"{source} imports {name} from {target}" for source, targets in EDGES.items()
                for target, uses in targets.items() for _, _, names in uses for name in names if name.startswith("_")]
     assert private == []
+
+
+def test_only_the_distributed_module_reads_torchruns_environment():
+    """One function says which rank a process is (`headlab.training.distributed`); a second reading
+    of RANK or WORLD_SIZE elsewhere could disagree with it."""
+    environment = re.compile(r"""["'](RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE)["']""")
+    readers = sorted(module_name(path) for path in PACKAGE.rglob("*.py") if environment.search(path.read_text("utf-8")))
+    assert readers == ["headlab.training.distributed"]
 
 
 @pytest.mark.parametrize("arrow,problem", [

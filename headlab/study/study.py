@@ -45,7 +45,7 @@ from headlab.runs.layout import MANIFEST as RUN_MANIFEST
 from headlab.runs.snapshots import study_snapshot_every
 from headlab.study.roles import comparison_roles
 from headlab.training.config import MAX_STEPS, TrainConfig, train_preset
-from headlab.training.distributed import launched_processes, training_device
+from headlab.training.distributed import is_main_process, launched_processes, training_device
 from headlab.training.plan import RUN_THREADS, load_note, measure_step, run_seconds, step_fits
 from headlab.training.runs import Run, load_run
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
@@ -202,7 +202,7 @@ class Study:
         Under torchrun only rank 0 times the step (one rank's share of it, on its own device) and
         the other ranks get None: every rank timing at once would crowd the node's memory."""
         left = {key: steps for key, steps in self.steps_left(seeds).items() if steps}
-        if not left or launched_processes().rank != 0:
+        if not left or not is_main_process():
             return None
         config = self.train_config(0)
         what = (f"training {len(left)} of {seeds * len(self.roles)} runs ({len(self.roles)} {self.preset} variants x "
@@ -221,7 +221,7 @@ class Study:
         every run trains on `RUN_THREADS`; 1 under torchrun or on a GPU, where each run has the device."""
         on_gpu = self.train_config(0).device.startswith("cuda") or (self.train_config(0).device == "auto"
                                                                     and torch.cuda.is_available())
-        if on_gpu or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if on_gpu or launched_processes().world_size > 1:
             return 1
         return max(1, min(os.cpu_count() or 1, seeds * len(self.roles)))
 
@@ -239,9 +239,9 @@ class Study:
             raise ValueError(f"seeds = {seeds!r} is invalid: must be a positive integer")
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise ValueError(f"jobs = {jobs!r} is invalid: must be a positive integer")
-        if jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if jobs > 1 and launched_processes().world_size > 1:
             raise ValueError(f"jobs = {jobs} is invalid under torchrun: every rank trains each run, so jobs must be 1")
-        if int(os.environ.get("RANK", "0")) == 0:
+        if is_main_process():
             claim_study_folder(self.folder)  # a folder headlab did not write is refused
         keep_freed_cpu_memory()  # small CPU models train ~10% faster; a study opts in for its processes
         corpus = prepared_corpus(self.load_corpus, self.train_config(0).device)
