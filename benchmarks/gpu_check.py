@@ -58,6 +58,7 @@ from headlab.analysis import inputs
 from headlab.analysis import similarity as analysis
 from headlab.data.corpus import load_corpus
 from headlab.model import decoding
+from headlab.runs.checkpoints import checkpoint_step, has_checkpoint
 from headlab.study.roles import comparison_variants
 from headlab.study.study import slug
 from headlab.training.config import train_preset
@@ -69,7 +70,7 @@ from headlab.training.plan import (
     micro_batch_size,
     model_flops_utilization,
 )
-from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
+from headlab.training.runs import Run, load_run
 from headlab.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]

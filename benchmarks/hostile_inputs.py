@@ -42,7 +42,9 @@ from headlab.analysis.similarity import Analysis, analyze
 from headlab.cli import main
 from headlab.io import HashingFile
 from headlab.model.gpt import GPT
-from headlab.training.runs import MANIFEST, current_checkpoint, read_metrics, run_manifest
+from headlab.runs.checkpoints import current_checkpoint
+from headlab.runs.layout import MANIFEST, run_manifest
+from headlab.runs.metrics import read_metrics
 
 TINY = train_preset("tiny", steps=8, batch_size=4, eval_every=4, checkpoint_every=2, log_every=1)
 TINY_FLAGS = ["--steps", "8", "--batch-size", "4", "--eval-every", "4", "--checkpoint-every", "2", "--log-every", "1"]
@@ -499,8 +501,8 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
                 break
         record(f"SIGKILL x{attempt} then resume (trial {trial})", same_run(folder, reference_every))
 
-    import headlab.training.runs
-    real_save_file = headlab.training.runs.serialize_safetensors
+    import headlab.runs.checkpoints
+    real_save_file = headlab.runs.checkpoints.serialize_safetensors
     for nth in range(1, 5):  # a full disk while writing the nth checkpoint's weights
         calls = {"n": 0}
 
@@ -511,9 +513,9 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
             return real_save_file(*args, **kwargs)
 
         folder = root / f"enospc-{nth}"
-        headlab.training.runs.serialize_safetensors = full_disk
+        headlab.runs.checkpoints.serialize_safetensors = full_disk
         outcome = api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=folder, progress=False))
-        headlab.training.runs.serialize_safetensors = real_save_file
+        headlab.runs.checkpoints.serialize_safetensors = real_save_file
         if outcome[0] == "clear":
             train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True, progress=False)
             outcome = same_run(folder, reference)

@@ -1,4 +1,4 @@
-"""Cost of analysis snapshots (`headlab.training.snapshots`) on `cpu-small` training.
+"""Cost of analysis snapshots (`headlab.runs.snapshots`) on `cpu-small` training.
 
 Timed in one process, interleaved round-robin (common.interleaved): a training step
 (forward + backward + AdamW step on a fixed batch) alone, and the same step followed by the
@@ -26,10 +26,10 @@ except ImportError:  # run as a script: benchmarks/ itself is on sys.path
 import torch
 
 from headlab.model.gpt import GPT
+from headlab.runs.snapshots import snapshot_steps, write_snapshot
 from headlab.study.roles import comparison_roles
 from headlab.study.study import Study
 from headlab.training.config import train_preset
-from headlab.training.snapshots import snapshot_steps, write_snapshot
 
 TARGET = 0.03
 

@@ -4,7 +4,8 @@ The package is layered, and data flows one way (a lower layer never imports a hi
 
     model      configs, ops, the five attention families, GPT, decoding caches
     data       tokenizers, text sources, token shards, corpora
-    training   trainer, run folders, snapshot writer, plan
+    runs       run folders: config, metrics, atomic checkpoints, snapshots; written and read
+    training   trainer, processes under torchrun, plan
     analysis   heads -> spectrum math -> tidy tables (headlab runs and pretrained checkpoints)
     study      variants by role x seeds, statistics, claims, the study's tables on disk
     report     plots, widgets and report.md, drawn from tables only

@@ -49,6 +49,7 @@ from headlab.training.distributed import (
     FailedOnAnotherRank,
     abandon,
     in_process_group,
+    is_main_process,
     launched_processes,
     leave_process_group,
 )
@@ -219,11 +220,11 @@ def cmd_train(args) -> int:
                              train_config.device)
     keep_freed_cpu_memory()  # a command's process is its own: CPU training steps fault far less
     model_config = _train_model_config(args, corpus.vocab_size)
-    if int(os.environ.get("RANK", "0")) == 0 and (note := repetition_note(train_config, model_config.seq_len, corpus)):
+    if is_main_process() and (note := repetition_note(train_config, model_config.seq_len, corpus)):
         print(note)
     run = train(model_config, train_config, corpus, out=args.out, resume=args.resume, progress=not args.no_progress)
 
-    if int(os.environ.get("RANK", "0")) == 0:
+    if is_main_process():
         print(f"{model_config.label}: {run.step} steps, final validation loss "
               f"{run.final_val_loss:.4f} nats/token" + (f", run folder {args.out}" if args.out else ""))
     return 0
@@ -361,7 +362,7 @@ def cmd_reproduce(args) -> int:
             raise ValueError("the study does not fit as planned (the table above says what would): change the "
                              "preset, batch or devices")
         return 0
-    main_rank = int(os.environ.get("RANK", "0")) == 0
+    main_rank = is_main_process()
     say = print if main_rank else (lambda message: None)
     say(f"training {len(study.roles)} variants x {args.seeds} seed(s) on preset {args.preset} "
         f"into {study.folder / 'runs'}")

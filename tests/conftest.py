@@ -8,7 +8,9 @@ from hypothesis import settings
 
 from headlab import GPT, preset
 from headlab.io import Manifest, file_digest
-from headlab.training.runs import MANIFEST, RUN, MetricsLog, run_manifest, save_checkpoint
+from headlab.runs.checkpoints import save_checkpoint
+from headlab.runs.layout import MANIFEST, RUN, run_manifest
+from headlab.runs.metrics import MetricsLog
 
 # Property tests draw a fixed sequence of examples when the CI environment variable is set, so a CI run
 # is reproducible and a red one is red on every rerun; locally each run draws new ones and explores.

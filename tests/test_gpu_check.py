@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from headlab.data import sources
 from headlab.model.config import preset
 from headlab.model.gpt import GPT
-from headlab.training.runs import has_checkpoint
+from headlab.runs.checkpoints import has_checkpoint
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 

@@ -1,15 +1,17 @@
-"""The package's layers: data flows one way, model → data → training → analysis → study → report →
-cli, and every import of a headlab module is a visible, module-level arrow.
+"""The package's layers: data flows one way, model → data → runs → training → analysis → study →
+report → cli, and every import of a headlab module is a visible, module-level arrow.
 
 Read from the source (ast), so the check sees every import, including ones inside functions:
 no module imports a higher layer, no two modules import each other through any path (a
 circle), no function-level import of a headlab module, and no private name crosses modules.
 And in a fresh interpreter, as Python runs: a package's __init__ loads none of its modules, so a
-module loads only what its own imports reach (the spectrum math no trainer, headlab.io no torch)."""
+module loads only what its own imports reach (no analysis module any training module, the spectrum
+math no torch, headlab.io no torch)."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +19,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "headlab"
-LAYERS = ("package", "io", "model", "data", "training", "analysis", "study", "report", "cli", "__main__", "__init__")
-PACKAGES = ("model", "data", "training", "analysis", "study", "report")
+LAYERS = ("package", "io", "model", "data", "runs", "training", "analysis", "study", "report", "cli", "__main__",
+          "__init__")
+PACKAGES = ("model", "data", "runs", "training", "analysis", "study", "report")
 
 
 def module_name(path: Path) -> str:
@@ -112,6 +115,7 @@ def upward(edges: dict[str, dict[str, list]]) -> list[str]:
 
 
 EDGES = graph()
+ANALYSIS_MODULES = sorted(module_name(path) for path in (PACKAGE / "analysis").glob("*.py"))
 
 
 def test_every_headlab_module_has_a_layer():
@@ -136,6 +140,14 @@ def test_no_private_name_crosses_modules():
     private = [f"{source} imports {name} from {target}" for source, targets in EDGES.items()
                for target, uses in targets.items() for _, _, names in uses for name in names if name.startswith("_")]
     assert private == []
+
+
+def test_only_the_distributed_module_reads_torchruns_environment():
+    """One function says which rank a process is (`headlab.training.distributed`); a second reading
+    of RANK or WORLD_SIZE elsewhere could disagree with it."""
+    environment = re.compile(r"""["'](RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE)["']""")
+    readers = sorted(module_name(path) for path in PACKAGE.rglob("*.py") if environment.search(path.read_text("utf-8")))
+    assert readers == ["headlab.training.distributed"]
 
 
 @pytest.mark.parametrize("arrow,problem", [
@@ -164,10 +176,18 @@ def test_importing_a_package_loads_none_of_its_modules(package):
     assert headlab_modules(loaded_modules(f"headlab.{package}")) == {"headlab", "headlab.package", f"headlab.{package}"}
 
 
-def test_the_spectrum_math_loads_no_training_module_and_no_torch():
-    loaded = loaded_modules("headlab.analysis.spectrum")
-    assert sorted(name for name in headlab_modules(loaded) if name.startswith("headlab.training")) == []
-    assert "torch" not in loaded
+def training_modules(modules: set[str]) -> list[str]:
+    return sorted(name for name in headlab_modules(modules) if name.split(".")[:2] == ["headlab", "training"])
+
+
+@pytest.mark.parametrize("module", ANALYSIS_MODULES)
+def test_no_analysis_module_loads_a_training_module(module):
+    """Analysis reads run folders through `headlab.runs`: the trainer, its configs and FSDP stay unloaded."""
+    assert training_modules(loaded_modules(module)) == []
+
+
+def test_the_spectrum_math_loads_no_torch():
+    assert "torch" not in loaded_modules("headlab.analysis.spectrum")
 
 
 def test_headlab_io_loads_no_torch_importing_module():

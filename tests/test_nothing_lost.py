@@ -16,10 +16,12 @@ from headlab import load_corpus, preset, train, train_preset
 from headlab.analysis.similarity import Analysis
 from headlab.cli import main
 from headlab.data import sources
+from headlab.runs.checkpoints import current_checkpoint
+from headlab.runs.layout import MANIFEST
 from headlab.study.study import MANIFEST as STUDY_MANIFEST
 from headlab.study.study import Study
 from headlab.study.tables import tabulate_study
-from headlab.training.runs import MANIFEST, current_checkpoint, load_run
+from headlab.training.runs import load_run
 
 TINY = train_preset("tiny", steps=4, batch_size=4, eval_every=2, eval_batches=1, checkpoint_every=2, log_every=1)
 RESUME = ["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "4", "--batch-size", "4",

@@ -19,9 +19,10 @@ from headlab.cli import main
 from headlab.data import sources
 from headlab.data.bpe import TOKENIZER_FILE
 from headlab.io import Manifest
+from headlab.runs.checkpoints import current_checkpoint
+from headlab.runs.layout import MANIFEST
 from headlab.study.study import MANIFEST as STUDY_MANIFEST
 from headlab.study.study import STUDY, Study
-from headlab.training.runs import MANIFEST, current_checkpoint
 
 TINY = train_preset("tiny", steps=4, batch_size=4, eval_every=2, eval_batches=1, checkpoint_every=2, log_every=1)
 TRAIN = ["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "2", "--no-progress"]

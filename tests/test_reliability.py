@@ -23,13 +23,14 @@ import torch
 from safetensors.torch import save_file
 
 import headlab
-import headlab.training.runs
+import headlab.runs.checkpoints
 from conftest import write_run
 from headlab import ModelConfig, TrainConfig, TrainingDiverged, load_corpus, load_run, preset, train, train_preset
 from headlab.analysis.similarity import Analysis, analyze
 from headlab.cli import main
 from headlab.model.gpt import GPT
-from headlab.training.runs import current_checkpoint, read_metrics
+from headlab.runs.checkpoints import current_checkpoint
+from headlab.runs.metrics import read_metrics
 
 TINY = train_preset("tiny", steps=12, batch_size=4, eval_every=4, eval_batches=1, checkpoint_every=4, log_every=1)
 VOLATILE = ("tokens_per_s", "elapsed_s")  # wall-clock fields of a metrics record
@@ -84,9 +85,9 @@ def _full_disk(*_, **__):
 # ---- 1. a checkpoint is one unit --------------------------------------------------------------
 
 def test_1_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp_path, corpus, reference, monkeypatch):
-    import headlab.training.runs
+    import headlab.runs.checkpoints
 
-    real, calls = headlab.training.runs.serialize_safetensors, {"n": 0}
+    real, calls = headlab.runs.checkpoints.serialize_safetensors, {"n": 0}
 
     def weights_fail_second_time(*args, **kwargs):  # state.pt of step 8 is written, its weights are not
         calls["n"] += 1
@@ -95,7 +96,7 @@ def test_1_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp
         return real(*args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(headlab.training.runs, "serialize_safetensors", weights_fail_second_time)
+        patch.setattr(headlab.runs.checkpoints, "serialize_safetensors", weights_fail_second_time)
         with pytest.raises(Exception, match="No space left on device"):
             train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
     train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
@@ -105,11 +106,11 @@ def test_1_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp
 # ---- 2. killed before the first checkpoint ------------------------------------------------------
 
 def test_2_a_run_cut_short_inside_its_first_checkpoint_resumes_from_step_0(tmp_path, corpus, reference, monkeypatch):
-    import headlab.training.runs
+    import headlab.runs.checkpoints
 
     with monkeypatch.context() as patch:
         # state.pt may be written, the weights never
-        patch.setattr(headlab.training.runs, "serialize_safetensors", _full_disk)
+        patch.setattr(headlab.runs.checkpoints, "serialize_safetensors", _full_disk)
         with pytest.raises(Exception, match="No space left on device"):
             train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
     train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
@@ -450,7 +451,7 @@ EVERY_STEP = TINY.replace(checkpoint_every=1)
 def test_random_kills_at_any_instant_resume_to_identical_weights(tmp_path, corpus):
     """SIGKILL a checkpoint-every-step run at random instants, checkpoint writes slowed so most
     kills land inside one, and resume each time: the result equals an uninterrupted run."""
-    import headlab.training.runs
+    import headlab.runs.checkpoints
 
     reference = train(preset("tiny", "gqa"), EVERY_STEP, corpus, out=tmp_path / "ref", progress=False)
     folder, rng = tmp_path / "run", random.Random(0)
@@ -459,7 +460,8 @@ def test_random_kills_at_any_instant_resume_to_identical_weights(tmp_path, corpu
     real_fsync = headlab.io.fsync_path
 
     def slow_trainer():  # every fsync of a checkpoint write (files, folders, manifest.json) takes 10 ms more
-        headlab.training.runs.fsync_path = headlab.io.fsync_path = lambda path: (time.sleep(0.01), real_fsync(path))[1]
+        slow_fsync = lambda path: (time.sleep(0.01), real_fsync(path))[1]
+        headlab.runs.checkpoints.fsync_path = headlab.io.fsync_path = slow_fsync
         train(preset("tiny", "gqa"), EVERY_STEP, corpus, out=folder, resume=True, progress=False)
 
     def has_leftovers() -> bool:
@@ -518,14 +520,14 @@ def test_a_full_disk_at_each_write_of_a_checkpoint_leaves_a_resumable_run(tmp_pa
     while True:
         folder = tmp_path / f"fail-{fail_at}"
         counter = {"n": -10_000}  # counting starts once the first checkpoint is complete
-        real_save_checkpoint = headlab.training.runs.save_checkpoint
+        real_save_checkpoint = headlab.runs.checkpoints.save_checkpoint
 
         def count_from_second(*args, **kwargs):
             real_save_checkpoint(*args, **kwargs)
             counter["n"] = max(counter["n"], 0)
 
         with monkeypatch.context() as patch:
-            patch.setattr(sys.modules["headlab.training.trainer"], "save_checkpoint", count_from_second)
+            patch.setattr(sys.modules["headlab.runs.folder"], "save_checkpoint", count_from_second)
             patch.setattr(os, "write", failing(os.write, counter, fail_at, half_written=True))
             patch.setattr(os, "replace", failing(os.replace, counter, fail_at))
             patch.setattr(os, "mkdir", failing(os.mkdir, counter, fail_at))

@@ -20,11 +20,11 @@ from headlab import GPT
 from headlab.cli import main
 from headlab.report import plots
 from headlab.report.writer import write_report
+from headlab.runs.checkpoints import has_checkpoint
 from headlab.study.roles import comparison_roles
 from headlab.study.study import Study
 from headlab.study.tables import FLAGSHIP_MLA_ROPE, tabulate_study
 from headlab.training.config import train_preset
-from headlab.training.runs import has_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,9 +11,9 @@ from headlab import TrainConfig, load_corpus, preset, train, train_preset
 from headlab.analysis.similarity import analyze
 from headlab.analysis.snapshots import analyze_snapshots
 from headlab.cli import main
-from headlab.training.snapshots import snapshot_files, snapshot_steps
+from headlab.runs.snapshots import snapshot_files, snapshot_steps
 
-TRAINER = importlib.import_module("headlab.training.trainer")
+RUN_FOLDER = importlib.import_module("headlab.runs.folder")
 RUN = train_preset("tiny", steps=12, batch_size=4, eval_every=6, eval_batches=1, checkpoint_every=4, log_every=4,
                    snapshot_every=5)
 
@@ -59,7 +59,7 @@ def test_a_killed_run_resumes_to_snapshots_identical_to_an_uninterrupted_run(tmp
     """Killed right after writing the snapshot of step 5 (after the checkpoint of step 4), with a torn
     temporary left beside it: the resumed run rewrites step 5 identically and no temporary survives."""
     folder = tmp_path / "run"
-    original = TRAINER.write_snapshot
+    original = RUN_FOLDER.write_snapshot
 
     def write_then_die(run_dir, model, step, every, write=True):
         path = original(run_dir, model, step, every, write)
@@ -70,7 +70,7 @@ def test_a_killed_run_resumes_to_snapshots_identical_to_an_uninterrupted_run(tmp
         return path
 
     with monkeypatch.context() as patch:
-        patch.setattr(TRAINER, "write_snapshot", write_then_die)
+        patch.setattr(RUN_FOLDER, "write_snapshot", write_then_die)
         with pytest.raises(_Killed):
             train(preset("tiny", "lrkv"), RUN, corpus, out=folder, progress=False)
     assert list(snapshot_files(folder)) == [0, 1, 2, 4, 5]

@@ -15,10 +15,10 @@ import torch.distributed as dist
 
 from headlab import GPT, preset
 from headlab.io import FolderLock, Manifest
+from headlab.runs.layout import STARTS
 from headlab.training import distributed
 from headlab.training.config import train_preset
 from headlab.training.distributed import join_process_group, training_device
-from headlab.training.runs import STARTS
 from headlab.training.trainer import train
 
 ROOT = Path(__file__).resolve().parent.parent

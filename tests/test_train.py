@@ -22,8 +22,9 @@ from headlab import (
     train_preset,
 )
 from headlab.model.gpt import GPT
+from headlab.runs.checkpoints import current_checkpoint
+from headlab.runs.metrics import read_metrics
 from headlab.training.optimizers import make_optimizers
-from headlab.training.runs import current_checkpoint, read_metrics
 
 TINY_TRAIN = train_preset("tiny")
 

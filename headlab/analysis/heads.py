@@ -54,7 +54,7 @@ from headlab.analysis.spectrum import Factors
 from headlab.io import below, read_regular
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
-from headlab.training.runs import parse_weights, read_config, read_current
+from headlab.runs.folder import load_weights
 
 CIRCUITS = ("qk", "ov")
 MLA_ROPE = ("included", "excluded")  # whether MLA's decoupled RoPE query/key parts enter A_h
@@ -538,12 +538,8 @@ def load_heads(source, label: str | None = None) -> ModelHeads:
     if not isinstance(cfg, dict):
         raise ValueError(f"{config_path} holds a JSON {type(cfg).__name__}, not a model config object")
     if files is None and cfg.get("format") == "headlab":  # a run folder: read as its manifest verifies it
-        config = ModelConfig.from_dict(read_config(folder)["model"])
-        current = read_current(folder, ("model.safetensors",))
-        if current is None:
-            raise ValueError(f"{folder} is a headlab run with no checkpoint yet: train or resume it first")
-        checkpoint, data = current
-        return from_state_dict(config, parse_weights(data["model.safetensors"], checkpoint.folder)[0], label)
+        weights = load_weights(folder)
+        return from_state_dict(weights.model_config, weights.tensors, label)
     tensors = TensorStore.from_safetensors(files or _safetensors_files(folder))
     if "model_type" in cfg:
         packaged = MINILM if folder.parent.name == MINILM_PACKAGE else None  # its config names the base model

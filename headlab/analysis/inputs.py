@@ -41,7 +41,8 @@ import torch
 from headlab.data.tokenizers import get_tokenizer
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import eval_mode
-from headlab.training.runs import load_run
+from headlab.runs.folder import load_weights
+from headlab.runs.layout import read_config
 
 HF_TYPES = ("bert", "roberta")  # checkpoints whose forward pass headlab can run (with transformers)
 HF_WINDOW = 128  # tokens per BERT window, [CLS] and [SEP] included (MiniLM was tuned on ≤ 256)
@@ -116,8 +117,7 @@ def _forward_model(source) -> tuple[torch.nn.Module, str]:
     folder = folder.parent if folder.is_file() else folder
     cfg = _config_json(folder)
     if "model_type" not in cfg:
-
-        return load_run(folder).model, "headlab"
+        return load_weights(folder).model(), "headlab"
     if cfg["model_type"] not in HF_TYPES:
         raise ValueError(f"input moments of model_type = {cfg['model_type']!r} are not supported: headlab runs "
                          f"the forward pass of headlab models and of model_type {', '.join(HF_TYPES)}")
@@ -197,6 +197,7 @@ def encode_text(source, text: str, tokenizer: str | None = None, max_tokens: int
     folder = folder.parent if folder.is_file() else folder
     cfg = _config_json(folder)
     if "model_type" not in cfg:
+        cfg = read_config(folder)  # a headlab run's, as its manifest verifies it
         name = tokenizer or cfg.get("data", {}).get("tokenizer")
         if name is None:
             raise ValueError(f"{folder / 'config.json'} names no tokenizer (data.tokenizer): pass tokenizer = "

@@ -1,4 +1,4 @@
-"""The head analysis of every snapshot of a run (`headlab.training.snapshots`), step by step.
+"""The head analysis of every snapshot of a run (`headlab.runs.snapshots`), step by step.
 
     analyze_snapshots("runs/x")             # an Analysis whose tables carry a `step` column
 """
@@ -10,8 +10,10 @@ from pathlib import Path
 from headlab.analysis.heads import TensorStore, from_state_dict
 from headlab.analysis.similarity import COLUMNS, Analysis, analyze, stack_tables
 from headlab.model.config import ModelConfig
-from headlab.training.runs import parse_weights, read_config, read_current
-from headlab.training.snapshots import snapshot_files
+from headlab.runs.checkpoints import has_checkpoint
+from headlab.runs.folder import load_weights
+from headlab.runs.layout import read_config
+from headlab.runs.snapshots import snapshot_files
 
 
 def analyze_snapshots(run_dir: str | Path, label: str | None = None, **options) -> Analysis:
@@ -24,10 +26,9 @@ def analyze_snapshots(run_dir: str | Path, label: str | None = None, **options) 
     run_dir = Path(run_dir)
     config = ModelConfig.from_dict(read_config(run_dir)["model"])
     files = snapshot_files(run_dir)
-    current = read_current(run_dir, ("model.safetensors",))
-    if current is not None:
-        checkpoint, data = current
-        files.setdefault(checkpoint.step, parse_weights(data["model.safetensors"], checkpoint.folder)[0])
+    if has_checkpoint(run_dir):
+        weights = load_weights(run_dir)
+        files.setdefault(weights.step, weights.tensors)
     if not files:
         raise ValueError(f"{run_dir} has no snapshots and no checkpoint: train it with snapshot_every > 0")
     label = label or config.label

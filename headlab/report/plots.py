@@ -513,7 +513,7 @@ def rank_through_training_figure(summary: pd.DataFrame, kind: str = "centered", 
     """Effective rank against training step (symmetric-log axis: the early snapshots are
     log-spaced), a line per method, one panel per layer (early, middle and late by default).
 
-    summary: model, step, layer, circuit, kind, effective_rank [, seed] (`headlab.training.snapshots`).
+    summary: model, step, layer, circuit, kind, effective_rank [, seed] (`headlab.runs.snapshots`).
     """
     data = _checked(summary, "summary", ["model", "step", "layer", "circuit", "kind", "effective_rank"], circuit, kind)
     fig = _layer_panel_figure(data, "summary", layers, "step", "effective_rank", "Training step",

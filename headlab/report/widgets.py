@@ -63,7 +63,7 @@ def choice_columns(summary: pd.DataFrame) -> dict[str, list[str]]:
     """The analysis choices a summary table varies over: each text column besides `model` and
     `kind` with more than one value, and its values in order of appearance. Rows without a value
     (a choice that applies to some models only) are drawn whatever the choice. The training
-    `step` of per-step tables (`headlab.training.snapshots`) is a choice too, though it is a number."""
+    `step` of per-step tables (`headlab.runs.snapshots`) is a choice too, though it is a number."""
     text = [c for c in summary.columns
             if c == "step" or c not in NOT_CHOICES and not pd.api.types.is_numeric_dtype(summary[c])]
     values = {c: list(dict.fromkeys(summary[c].dropna())) for c in text}

@@ -9,7 +9,7 @@ trained, reused or resumed in one way, for `headlab reproduce` and the notebooks
     Study("paper-128m", None, Path("runs/paper"), corpus="hf:HuggingFaceFW/fineweb-edu:sample-10BT",
           tokenizer="gpt2", tokens=2_000_000_000)
 
-Layout: <folder>/runs/<variant slug>-seed<k>/ (a run folder: see `headlab.training.runs`). A
+Layout: <folder>/runs/<variant slug>-seed<k>/ (a run folder: see `headlab.runs.folder`). A
 finished run is loaded, an interrupted one resumed; a seed's data order and initial weights depend
 on the seed alone, so the runs of one seed form a paired comparison.
 
@@ -40,13 +40,14 @@ from headlab.data.shards import Corpus
 from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
 from headlab.io import LOCK, Manifest, being_written
 from headlab.model.config import ModelConfig, preset
+from headlab.runs.checkpoints import checkpoint_step, has_checkpoint
+from headlab.runs.layout import MANIFEST as RUN_MANIFEST
+from headlab.runs.snapshots import study_snapshot_every
 from headlab.study.roles import comparison_roles
 from headlab.training.config import MAX_STEPS, TrainConfig, train_preset
-from headlab.training.distributed import launched_processes, training_device
+from headlab.training.distributed import is_main_process, launched_processes, training_device
 from headlab.training.plan import RUN_THREADS, load_note, measure_step, run_seconds, step_fits
-from headlab.training.runs import MANIFEST as RUN_MANIFEST
-from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
-from headlab.training.snapshots import study_snapshot_every
+from headlab.training.runs import Run, load_run
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
 
 MANIFEST = "study.json"  # the study folder's manifest: its tables (`headlab.study.tables`)
@@ -163,7 +164,7 @@ class Study:
     def train_config(self, seed: int = 0) -> TrainConfig:
         """The preset's training settings for `seed` with `train_overrides`; `steps`, or the step
         count of the `tokens` budget, replaces the preset's. Runs keep analysis snapshots
-        (`headlab.training.snapshots.study_snapshot_every`) unless `train_overrides` say otherwise."""
+        (`headlab.runs.snapshots.study_snapshot_every`) unless `train_overrides` say otherwise."""
         config = train_preset(self.preset, seed=seed, **self.train_overrides)
         if self.tokens is not None:
             steps = math.ceil(self.tokens / (config.batch_size * self.variants[0].seq_len))
@@ -201,7 +202,7 @@ class Study:
         Under torchrun only rank 0 times the step (one rank's share of it, on its own device) and
         the other ranks get None: every rank timing at once would crowd the node's memory."""
         left = {key: steps for key, steps in self.steps_left(seeds).items() if steps}
-        if not left or launched_processes().rank != 0:
+        if not left or not is_main_process():
             return None
         config = self.train_config(0)
         what = (f"training {len(left)} of {seeds * len(self.roles)} runs ({len(self.roles)} {self.preset} variants x "
@@ -220,7 +221,7 @@ class Study:
         every run trains on `RUN_THREADS`; 1 under torchrun or on a GPU, where each run has the device."""
         on_gpu = self.train_config(0).device.startswith("cuda") or (self.train_config(0).device == "auto"
                                                                     and torch.cuda.is_available())
-        if on_gpu or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if on_gpu or launched_processes().world_size > 1:
             return 1
         return max(1, min(os.cpu_count() or 1, seeds * len(self.roles)))
 
@@ -238,9 +239,9 @@ class Study:
             raise ValueError(f"seeds = {seeds!r} is invalid: must be a positive integer")
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise ValueError(f"jobs = {jobs!r} is invalid: must be a positive integer")
-        if jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if jobs > 1 and launched_processes().world_size > 1:
             raise ValueError(f"jobs = {jobs} is invalid under torchrun: every rank trains each run, so jobs must be 1")
-        if int(os.environ.get("RANK", "0")) == 0:
+        if is_main_process():
             claim_study_folder(self.folder)  # a folder headlab did not write is refused
         keep_freed_cpu_memory()  # small CPU models train ~10% faster; a study opts in for its processes
         corpus = prepared_corpus(self.load_corpus, self.train_config(0).device)

@@ -44,10 +44,10 @@ from headlab.analysis.similarity import analyze, concat, measure_agreement, norm
 from headlab.analysis.snapshots import analyze_snapshots
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.shards import Corpus, random_windows
+from headlab.runs.layout import EXECUTION_FIELDS, resume_differences, run_identity
 from headlab.study.roles import comparison_roles
 from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit, settings_key
 from headlab.training.config import train_preset
-from headlab.training.runs import EXECUTION_FIELDS, resume_differences, run_manifest
 
 # The figures and claims use the whole pre-softmax score of MLA, as for every other family (see
 # `headlab.analysis.similarity`); the paper's latent-only definition is in the tables beside it.
@@ -330,11 +330,6 @@ def tabulated_from(tables: StudyTables, study: Study, seeds: int) -> bool:
     corpus = study.load_corpus()
     return not any(resume_differences(folder, config, train_config, corpus)
                    for folder, (config, train_config) in folders.items())
-
-
-def run_identity(folder: Path) -> str:
-    """The SHA-256 of a run's config.json as its manifest lists it: what it was trained as."""
-    return run_manifest(folder).entry("config.json")["sha256"]
 
 
 def study_tables(study: Study, seeds: int, log=print) -> StudyTables:

@@ -1,4 +1,4 @@
-"""The training layer: training settings, the trainer, run folders, analysis snapshots and the plan."""
+"""The training layer: training settings, the trainer and the `Run` it returns, processes under torchrun, the plan."""
 
 from headlab.package import lazy_exports
 

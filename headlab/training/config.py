@@ -50,7 +50,7 @@ class TrainConfig:
     # weight decay on LRKV's U_h, B_h where the recipe decays (headlab.training.optimizers)
     lrkv_factor_decay: bool = True
     lrkv_b_optimizer: str = "adamw"  # with optimizer "muon": "muon" orthogonalises each head's B_h too
-    # analysis snapshots every K steps and at 0, 1, 2, 4, … < K (headlab.training.snapshots); 0: off
+    # analysis snapshots every K steps and at 0, 1, 2, 4, … < K (headlab.runs.snapshots); 0: off
     snapshot_every: int = 0
 
     def __post_init__(self):

@@ -51,6 +51,13 @@ def launched_processes() -> Processes:
     return Processes(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")))
 
 
+def is_main_process() -> bool:
+    """Whether this process is rank 0 of its job (the only process outside torchrun): the one that
+    writes run and study folders and speaks to the user. Read from torchrun's environment, so the
+    answer is the same before the process group is joined and after it is left."""
+    return launched_processes().is_main
+
+
 def training_device(requested: str, local_rank: int) -> torch.device:
     """The device a rank trains on: `auto` is CUDA when there is one, else the CPU; a CUDA device
     without an index is the rank's own GPU, cuda:LOCAL_RANK (torchrun starts one process per GPU),

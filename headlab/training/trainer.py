@@ -2,7 +2,7 @@
 
 AdamW (decay on matrices only), or the paper's Muon + AdamW split (`headlab.training.optimizers`);
 linear warmup then cosine decay; gradient clipping; bf16 autocast and optional torch.compile on GPU; periodic validation
-in nats/token and bits per byte; runs that never lose work (see `headlab.training.runs`); and under
+in nats/token and bits per byte; runs that never lose work (see `headlab.runs.folder`); and under
 `torchrun` (NCCL on GPUs, gloo on CPU) DistributedDataParallel or, for models that do not fit
 one device, FSDP2 (`fully_shard` per block). One global batch is split across ranks and then
 into `grad_accum` micro-batches, so every setting follows the single-process loss curve.
@@ -14,7 +14,7 @@ import ctypes
 import math
 import sys
 import time
-from contextlib import ExitStack, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -26,9 +26,10 @@ from tqdm.auto import tqdm
 
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus, random_windows
-from headlab.io import FolderLock, refuse_foreign
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, eval_mode
+from headlab.runs.checkpoints import gather_training_state
+from headlab.runs.folder import RunFolder
 from headlab.training.config import TrainConfig
 from headlab.training.distributed import (
     Processes,
@@ -40,18 +41,7 @@ from headlab.training.distributed import (
     training_device,
 )
 from headlab.training.optimizers import make_optimizers
-from headlab.training.runs import (
-    EXECUTION_FIELDS,
-    MANIFEST,
-    MetricsLog,
-    Run,
-    gather_training_state,
-    load_checkpoint,
-    open_run,
-    record_start,
-    save_checkpoint,
-)
-from headlab.training.snapshots import is_snapshot_step, write_snapshot
+from headlab.training.runs import Run
 
 
 class TrainingDiverged(RuntimeError):
@@ -144,7 +134,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
     """Train a GPT and return the `Run` (model, configs, metrics).
 
     With `out`, the run folder receives config.json, metrics.jsonl as it goes, and a checkpoint
-    every `checkpoint_every` steps and at the end (see `headlab.training.runs`); the folder is locked
+    every `checkpoint_every` steps and at the end (see `headlab.runs.folder`); the folder is locked
     against a second trainer while this one runs. `resume=True` continues from the folder's
     last checkpoint (or from step 0 if it has none) after checking that the model, training and
     data settings match the saved run; on CPU the resumed loss curve equals the uninterrupted one
@@ -167,21 +157,9 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
                          f"processes x TrainConfig.grad_accum = {launched.world_size} x {train_config.grad_accum}")
     device = training_device(train_config.device, launched.local_rank)
     ddp = join_process_group(device)
-    run_dir = Path(out) if out is not None else None
-    with failing_alone(), ExitStack() as held:
-        with together(ddp):  # rank 0 alone owns the folder; if it cannot, no rank trains
-            if run_dir is not None and ddp.is_main:
-                refuse_foreign(run_dir, MANIFEST)
-                _make_run_folder(run_dir)
-                held.enter_context(FolderLock(run_dir, "trainer"))
-        return _train(model_config, train_config, corpus, device, ddp, run_dir, resume, progress)
-
-
-def _make_run_folder(run_dir: Path) -> None:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ValueError(f"run folder {run_dir} cannot be created: a file is in the way") from None
+    with failing_alone(), RunFolder.open(out, model_config, train_config, corpus, resume, owner=ddp.is_main,
+                                         together=lambda: together(ddp)) as folder:
+        return _train(model_config, train_config, corpus, device, ddp, folder, progress)
 
 
 def shard_per_block(model: GPT, train_config: TrainConfig) -> None:
@@ -199,7 +177,7 @@ def shard_per_block(model: GPT, train_config: TrainConfig) -> None:
 
 
 def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus, device: torch.device,
-           ddp: Processes, run_dir: Path | None, resume: bool, progress: bool) -> Run:
+           ddp: Processes, folder: RunFolder, progress: bool) -> Run:
     torch.manual_seed(train_config.seed)
     model = GPT(model_config).to(device)  # the same weights on every rank, whatever their number
     sharded = ddp.world_size > 1 and train_config.parallel == "fsdp"
@@ -207,26 +185,7 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
         shard_per_block(model, train_config)
     optimizers = make_optimizers(model, train_config)
     generator = torch.Generator().manual_seed(train_config.seed)
-    start_step = 0
-    # every rank holds the metrics (a finished run's included); rank 0 alone writes them
-    metrics = MetricsLog(run_dir / "metrics.jsonl" if run_dir is not None else None, write=ddp.is_main)
-    if run_dir is not None:
-        with together(ddp):  # the main rank claims and cleans the folder before the others read it
-            checkpoint = (open_run(run_dir, model_config, train_config, corpus, resume, write=True) if ddp.is_main
-                          else None)
-        with together(ddp):
-            if not ddp.is_main:
-                checkpoint = open_run(run_dir, model_config, train_config, corpus, resume, write=False)
-            if checkpoint is not None:
-                start_step = load_checkpoint(checkpoint, model, optimizers, generator)
-                metrics.truncate_after(start_step)
-            else:
-                metrics.reset()
-            if ddp.is_main:
-                record_start(run_dir, start_step, {"processes": ddp.world_size, "threads": torch.get_num_threads(),
-                                                   "device": str(device), **{k: getattr(train_config, k) for k in
-                                                                            EXECUTION_FIELDS if k != "device"}})
-    last_checkpoint = start_step if start_step else None
+    start_step = folder.start(model, optimizers, generator, ddp.world_size, device)
 
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if train_config.dtype == "bfloat16"
                 else nullcontext())
@@ -257,15 +216,12 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     def stop_if_diverged() -> None:
         bad_step, bad_loss = divergence.tolist()
         if not math.isnan(bad_step):
-            kept = ("" if run_dir is None else f"; the run folder keeps the checkpoint of step {last_checkpoint}"
-                    if last_checkpoint is not None else "; no checkpoint was written before it")
-            raise TrainingDiverged(f"loss is {bad_loss} at step {int(bad_step)}{kept}")
+            raise TrainingDiverged(f"loss is {bad_loss} at step {int(bad_step)}{folder.kept()}")
 
     for step in bar:
-        if run_dir is not None:  # every rank: an FSDP model's shards are gathered collectively
-            if is_snapshot_step(step, train_config.snapshot_every):
-                stop_if_diverged()
-            write_snapshot(run_dir, model, step, train_config.snapshot_every, write=ddp.is_main)
+        if folder.snapshot_due(step):
+            stop_if_diverged()
+        folder.snapshot(model, step)
         _set_learning_rates(optimizers, learning_rate_factor(step, train_config))
         x, y = random_windows(corpus.train, train_config.batch_size, model_config.seq_len, generator)
         rows = slice(ddp.rank * local_batch, (ddp.rank + 1) * local_batch)
@@ -287,37 +243,32 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
             optimizer.step()
         done = step + 1
         if (done % train_config.log_every == 0 or done % train_config.eval_every == 0 or done == train_config.steps
-                or run_dir is not None and done % train_config.checkpoint_every == 0):
+                or folder.checkpoint_due(done)):
             stop_if_diverged()
         if done % train_config.log_every == 0 or done == train_config.steps:
             loss_value = loss.item()
             now = time.perf_counter()
             tokens_per_s = tokens_per_step * min(train_config.log_every, done - start_step) / (now - last_log)
             last_log = now
-            metrics.append({"step": done, "tokens": done * tokens_per_step, "train_loss": loss_value,
-                            "lr_factor": learning_rate_factor(step, train_config), "tokens_per_s": tokens_per_s,
-                            "elapsed_s": now - started})
+            folder.log({"step": done, "tokens": done * tokens_per_step, "train_loss": loss_value,
+                        "lr_factor": learning_rate_factor(step, train_config), "tokens_per_s": tokens_per_s,
+                        "elapsed_s": now - started})
             bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{tokens_per_s:,.0f}")
         if done % train_config.eval_every == 0 or done == train_config.steps:
             val_loss = evaluate(model, corpus.val, train_config.batch_size, model_config.seq_len,
                                 train_config.eval_batches, device, autocast, rows)
             val_loss = _global_mean(torch.tensor(val_loss, device=device), ddp).item()
-            metrics.append({"step": done, "tokens": done * tokens_per_step, "val_loss": val_loss,
-                            "val_bpb": val_loss / math.log(2) / corpus.bytes_per_token})
-        if run_dir is not None and (done % train_config.checkpoint_every == 0 or done == train_config.steps):
-            if sharded or ddp.is_main:  # every rank joins the gather of FSDP shards
-                weights, optimizer_states = gather_training_state(model, optimizers)
-            with together(ddp):  # a failed write on rank 0 ends every rank
-                if ddp.is_main:
-                    save_checkpoint(run_dir, weights, optimizer_states, generator, done, metrics)
-            last_checkpoint = done
+            folder.log({"step": done, "tokens": done * tokens_per_step, "val_loss": val_loss,
+                        "val_bpb": val_loss / math.log(2) / corpus.bytes_per_token})
+        if folder.checkpoint_due(done):
+            folder.checkpoint(model, optimizers, generator, done)
     bar.close()
     if ddp.world_size > 1:
         dist.barrier()
     if sharded:
         model = _whole_model_on_main(model, model_config, ddp, device)
     return Run(model=model.eval() if model is not None else None, model_config=model_config,
-               train_config=train_config, step=train_config.steps, metrics=metrics.records, path=run_dir)
+               train_config=train_config, step=train_config.steps, metrics=folder.records, path=folder.path)
 
 
 class _HiddenBar:

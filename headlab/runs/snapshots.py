@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save as serialize_safetensors
 
-from headlab.training.runs import run_manifest
+from headlab.runs.layout import run_manifest
 
 FOLDER = "snapshots"
 FORMAT = "headlab"

@@ -1,0 +1,260 @@
+"""Checkpoints: the weights and training state of one step, written as one unit.
+
+    checkpoint-00000040/          the current checkpoint, one unit:
+        model.safetensors         weights (plain tensors; metadata: format=headlab, step)
+        state.pt                  optimizer states (keyed by parameter name), data-generator and
+                                  torch RNG state, step
+
+A checkpoint's folder is first listed in the manifest as one to discard, then written (each file
+hashed as it is written), and made current by atomically replacing the manifest, which then
+lists the superseded folder to discard. A kill or a full disk at any instant therefore leaves a
+manifest naming a complete checkpoint (or none: the run starts from step 0), and the next start
+removes exactly the leftovers the manifest names (`headlab.io.Manifest`).
+
+Every file is verified against its SHA-256 when read. `state.pt` is read with
+`torch.load(weights_only=True)`, so nothing beyond tensors and plain containers is unpickled.
+Weights and optimizer states are whole (gathered from FSDP shards) and keyed by parameter name,
+so any number of processes, sharded or not, can resume a checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as parse_safetensors
+from safetensors.torch import save as serialize_safetensors
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from headlab.io import Manifest, fsync_path
+from headlab.runs.layout import CHECKPOINT_PREFIX, FORMAT, MANIFEST, METRICS, run_manifest
+from headlab.runs.metrics import MetricsLog
+
+
+class CheckpointWriteFailed(RuntimeError):
+    """A checkpoint could not be written (full disk, permissions); the previous one is intact."""
+
+
+READ_ATTEMPTS = 5  # reads of a checkpoint that a live trainer superseded meanwhile, before "busy"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint: the folder holding model.safetensors and state.pt, as the run's
+    manifest lists them."""
+
+    manifest: Manifest
+    name: str  # the folder's name
+    step: int
+
+    def __post_init__(self):
+        self.manifest.file(self.name)  # read from a file: refused unless it stays inside the run
+
+    @property
+    def folder(self) -> Path:
+        return self.manifest.file(self.name)
+
+    @property
+    def weights(self) -> str:
+        return f"{self.name}/model.safetensors"
+
+    @property
+    def state(self) -> str:
+        return f"{self.name}/state.pt"
+
+    def read(self, name: str) -> bytes:
+        return self.manifest.read_bytes(name)
+
+
+def current_checkpoint(run_dir: str | Path) -> Checkpoint | None:
+    """The checkpoint the run's manifest names (its files are verified when read); None if the
+    run has none yet."""
+    return checkpoint_of(run_manifest(run_dir))
+
+
+def checkpoint_of(manifest: Manifest) -> Checkpoint | None:
+    current = manifest.meta.get("checkpoint")
+    if current is None:
+        return None
+    try:
+        return Checkpoint(manifest, current["folder"], int(current["step"]))
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{manifest.path} names no readable checkpoint ({error}): write the run again") from None
+
+
+def has_checkpoint(run_dir: str | Path) -> bool:
+    """Whether `run_dir` is a run holding trained weights (a finished run, or one to resume)."""
+    path = Path(run_dir) / MANIFEST
+    return path.is_file() and run_manifest(run_dir).meta.get("checkpoint") is not None
+
+
+def read_current(run_dir: str | Path, names: tuple[str, ...]) -> tuple[Checkpoint, dict[str, bytes]] | None:
+    """The current checkpoint and the verified content of its files `names` ("model.safetensors",
+    "state.pt"), all of one checkpoint even while a live trainer replaces it: a read that the
+    next checkpoint overtook is repeated. None if the run has no checkpoint yet."""
+    for _ in range(READ_ATTEMPTS):
+        manifest = run_manifest(run_dir)
+        try:
+            checkpoint = checkpoint_of(manifest)
+            if checkpoint is None:
+                return None
+            return checkpoint, {name: checkpoint.read(f"{checkpoint.name}/{name}") for name in names}
+        except ValueError:
+            if run_manifest(run_dir).meta == manifest.meta:
+                raise  # no newer checkpoint: the files were damaged
+    raise RuntimeError(f"{run_dir} is busy: its trainer replaced the checkpoint {READ_ATTEMPTS} times while it was "
+                       "being read; retry")
+
+
+def checkpoint_step(run_dir: str | Path) -> int:
+    """The step of the run's current checkpoint (0 when it has none), from its manifest alone."""
+    checkpoint = current_checkpoint(run_dir) if (Path(run_dir) / MANIFEST).exists() else None
+    return checkpoint.step if checkpoint is not None else 0
+
+
+def _whole(cpu_offload: bool = False):
+    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
+
+
+def gather_training_state(model: torch.nn.Module, optimizers) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """The whole weights and optimizer states (keyed by parameter name) on the CPU. With an
+    FSDP-sharded model every rank must call it (it all-gathers the shards) and only rank 0
+    receives the tensors; otherwise it is a copy of the local state."""
+
+    weights = get_model_state_dict(model, options=_whole(cpu_offload=True))
+    return ({k: v.detach().contiguous().cpu() for k, v in weights.items()},
+            [get_optimizer_state_dict(model, o, options=_whole(cpu_offload=True)) for o in optimizers])
+
+
+def save_checkpoint(run_dir: Path, weights: dict[str, torch.Tensor], optimizer_states: list[dict],
+                    generator: torch.Generator, step: int, metrics: MetricsLog) -> None:
+    """Write model.safetensors and state.pt (both recording `step`; the states as from
+    `gather_training_state`) as one new step folder and make it current by replacing the
+    manifest (with `metrics` hashed up to here); then delete the checkpoint it supersedes.
+    Raises `CheckpointWriteFailed` (the previous checkpoint intact) if the disk refuses a write."""
+    state = {"step": step, "optimizers": optimizer_states,
+             "generator": generator.get_state(), "torch_rng": torch.get_rng_state()}
+    manifest = run_manifest(run_dir)
+    checkpoint = Checkpoint(manifest, f"{CHECKPOINT_PREFIX}{step:08d}", step)
+    previous = checkpoint_of(manifest)
+    committed = False
+    try:
+        if checkpoint.name not in manifest.discard:
+            manifest.discard.append(checkpoint.name)  # ours from its first byte: a kill leaves it to remove
+            manifest.save()
+        for name, write in ((checkpoint.state, lambda file: torch.save(state, file)),
+                            (checkpoint.weights, lambda file: file.write(serialize_safetensors(
+                                weights, metadata={"format": FORMAT, "step": str(step)})))):
+            manifest.write(name, write)
+            manifest.retire(name)  # not the run's state until the manifest names the checkpoint: a kill removes it
+            manifest.save()
+        fsync_path(run_dir)
+        for name in (checkpoint.state, checkpoint.weights):
+            manifest.files[name] = manifest.retired.pop(name)
+        manifest.files[METRICS] = metrics.entry
+        manifest.meta["checkpoint"] = {"step": step, "folder": checkpoint.name}
+        manifest.discard = [previous.name] if previous is not None else []
+        for name in [n for n in manifest.files if n.startswith(previous.name + "/")] if previous is not None else []:
+            manifest.retire(name)
+        manifest.save()
+        committed = True
+    except (OSError, SafetensorError, RuntimeError) as error:  # torch.save reports a full disk as RuntimeError
+        needed = sum(t.numel() * t.element_size() for t in weights.values())
+        raise CheckpointWriteFailed(
+            f"could not write the step-{step} checkpoint in {run_dir} "
+            f"({_describe_write_error(error, run_dir, needed)}); "
+            "the previous checkpoint is intact: free space or fix permissions, then resume (--resume)") from error
+    finally:
+        if not committed:
+            with contextlib.suppress(OSError):  # a full disk: the next start removes what is listed
+                manifest.remove_leftovers()
+    manifest.remove_leftovers()
+
+
+def _describe_write_error(error: BaseException, folder: Path, needed: int) -> str:
+    """What went wrong, in words: torch and safetensors report a full disk in their own terms."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return os.strerror(error.errno) + (f": {error.filename}" if error.filename else "")
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        return f"No space left on device: {free:,} bytes free, the weights alone take {needed:,}"
+    return f"{type(error).__name__}: {str(error)[:300]}"
+
+
+def parse_weights(data: bytes, where: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Tensors and metadata of a headlab safetensors file's (verified) content."""
+    try:
+        weights = parse_safetensors(data)
+        header_size = int.from_bytes(data[:8], "little")
+        metadata = json.loads(data[8:8 + header_size]).get("__metadata__") or {}
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ValueError(f"{where} is not a readable safetensors file (truncated or corrupt?): {error}") from error
+    if metadata.get("format") != FORMAT:
+        raise ValueError(f"{where} was not written by headlab (metadata format={metadata.get('format')!r})")
+    return weights, metadata
+
+
+def _parse_state(data: bytes, where: Path) -> dict:
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated zip, foreign pickle (refused by weights_only), ...
+        raise ValueError(f"{where} is not a readable headlab training state (truncated, corrupt or foreign): "
+                         f"{type(error).__name__}: {str(error)[:300]}") from error
+    if not isinstance(state, dict) or not {"step", "optimizers", "generator"} <= set(state):
+        keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{where} is not a headlab training state (keys: {keys})")
+    return state
+
+
+def set_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: Path) -> None:
+    """Load whole weights into `model` (plain, or FSDP-sharded: each rank keeps its shard),
+    refused unless they are this model configuration's and finite."""
+    expected = model.state_dict()
+    if set(weights) != set(expected) or any(weights[k].shape != expected[k].shape for k in expected):
+        raise ValueError(f"{where} does not hold weights for this model configuration")
+    bad = [k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise ValueError(f"{where} holds non-finite (NaN or inf) values in {', '.join(bad[:5])}")
+    # In the model's order: safetensors parses into a hash-ordered dict that differs between
+    # processes, and FSDP scatters the tensors one by one in the order given, on every rank.
+    set_model_state_dict(model, {k: weights[k] for k in expected}, options=_whole())
+
+
+def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module, optimizers, generator: torch.Generator) -> int:
+    """Restore weights, optimizer and RNG state from `checkpoint` into a plain or FSDP-sharded
+    model (every rank reads the whole files, each verified); returns the step reached."""
+
+    state_path = checkpoint.manifest.file(checkpoint.state)
+    try:
+        state = _parse_state(checkpoint.read(checkpoint.state), state_path)
+    except ValueError as error:
+        raise ValueError(f"{error}. Without it the weights beside it cannot be resumed exactly (no optimizer or "
+                         "data-order state); load them with load_run, or train into a new folder") from None
+    weights_path = checkpoint.manifest.file(checkpoint.weights)
+    weights, metadata = parse_weights(checkpoint.read(checkpoint.weights), weights_path)
+    set_weights(model, weights, weights_path)
+    step = int(metadata.get("step", 0))
+    if step != state["step"] or step != checkpoint.step:
+        raise ValueError(f"{checkpoint.folder}: model.safetensors is at step {step}, state.pt at step {state['step']}, "
+                         f"the manifest says {checkpoint.step}")
+    if len(state["optimizers"]) != len(optimizers):
+        raise ValueError(f"{state_path} holds {len(state['optimizers'])} optimizer states, expected {len(optimizers)}")
+    for optimizer, optimizer_state in zip(optimizers, state["optimizers"]):
+        set_optimizer_state_dict(model, optimizer, optimizer_state, options=_whole())
+    generator.set_state(state["generator"])
+    torch.set_rng_state(state["torch_rng"])
+    return step
+
