@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from os.path import relpath
 from pathlib import Path
 
 import nbformat
@@ -71,7 +72,7 @@ def test_shipped_tables_are_read_only_where_nothing_of_the_study_is_on_disk(fini
     fresh = Study(SMALL.preset, SMALL.steps, tmp_path / "fresh")
     tables = study_tables(fresh, 1, log=said.append)
     assert tables["summary"].equals(read_study_tables(finished.folder)["summary"])
-    assert said == [f"no study in {fresh.folder}: reading the demo study's tables shipped with headlab "
+    assert said == [f"no study in {relpath(fresh.folder)}: reading the demo study's tables shipped with headlab "
                     f"({tables.meta['shipped']['note']}); nothing is trained"]
     assert not fresh.folder.exists()  # reading wrote nothing
     for other in (Study(SMALL.preset, SMALL.steps + 1, tmp_path), Study("cpu-small", SMALL.steps, tmp_path),
@@ -86,6 +87,25 @@ def test_shipped_tables_are_read_only_where_nothing_of_the_study_is_on_disk(fini
     (begun.folder / "runs").mkdir(parents=True)  # a study of one's own under way: it is trained, not replaced
     with pytest.raises(pytest.fail.Exception, match="trained instead"):
         study_tables(begun, 1, log=said.append)
+
+
+def test_study_tables_that_may_not_train_read_the_shipped_ones_beside_a_study_under_way(finished, shipped, tmp_path,
+                                                                                         monkeypatch):
+    """Notebooks 02 and 03 in full mode (train=False) show results and never train: beside a study
+    of one's own under way (runs, no tables yet) they read the shipped tables and say why; with
+    none shipped for the settings they stop with what to run."""
+    monkeypatch.setattr(tables_module, "SHIPPED", shipped)
+    monkeypatch.setattr(Study, "train", lambda *args, **kwargs: pytest.fail("trained although train=False"))
+    begun = Study(SMALL.preset, SMALL.steps, tmp_path / "begun")
+    (begun.folder / "runs").mkdir(parents=True)
+    said = []
+    tables = study_tables(begun, 1, log=said.append, train=False)
+    assert tables["summary"].equals(read_study_tables(finished.folder)["summary"])
+    assert said == [f"no finished study in {relpath(begun.folder)}: reading the demo study's tables shipped with "
+                    f"headlab ({tables.meta['shipped']['note']}); nothing is trained"]
+    assert [p.name for p in begun.folder.iterdir()] == ["runs"]  # reading wrote nothing
+    with pytest.raises(ValueError, match="train them first .notebook 01 with SMALL = False, or make demo"):
+        study_tables(begun, 2, log=said.append, train=False)  # two seeds: none shipped
 
 
 @pytest.mark.slow

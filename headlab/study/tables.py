@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from os.path import relpath
 from pathlib import Path
 
 import numpy as np
@@ -337,20 +338,28 @@ def run_identity(folder: Path) -> str:
     return run_manifest(folder).entry("config.json")["sha256"]
 
 
-def study_tables(study: Study, seeds: int, log=print) -> StudyTables:
+def study_tables(study: Study, seeds: int, log=print, train: bool = True) -> StudyTables:
     """The tables of `study` for seeds 0 … seeds − 1: read from its folder when `headlab reproduce`
     (or an earlier call) left them for exactly these runs, else, where nothing of the study is
     on disk yet, the ones shipped with headlab for the same settings (`shipped_tables`), else
-    trained (finished runs reused) and tabulated into the folder. What the notebooks start from."""
+    trained (finished runs reused) and tabulated into the folder. What the notebooks start from.
+
+    train False: never train; without finished tables in the folder (a study under way, or none),
+    the shipped ones, else a ValueError saying how to make them. Notebooks 02 and 03 in full mode,
+    which show results and leave training to notebook 01 and `make demo`."""
     try:
         tables = read_study_tables(study.folder)
         if tabulated_from(tables, study, seeds):
             return tables
     except ValueError:
         pass  # no tables yet (or incomplete ones): make them
-    if not (study.folder / "runs").exists() and (tables := shipped_tables(study, seeds)):
-        log(f"no study in {study.folder}: reading the demo study's tables shipped with headlab "
-            f"({tables.meta['shipped']['note']}); nothing is trained")
+    begun = (study.folder / "runs").exists()
+    if (not begun or not train) and (tables := shipped_tables(study, seeds)):
+        log(f"{'no finished study' if begun else 'no study'} in {relpath(study.folder)}: reading the demo study's "
+            f"tables shipped with headlab ({tables.meta['shipped']['note']}); nothing is trained")
         return tables
+    if not train:
+        raise ValueError(f"no tables of {seeds} seed(s) of the {study.preset} study in {study.folder} and none shipped "
+                         "with headlab for its settings: train them first (notebook 01 with SMALL = False, or make demo)")
     runs = study.train(seeds, progress=False, log=log)
     return tabulate_study(runs, study.load_corpus(), study.preset, study.folder)
