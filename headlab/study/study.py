@@ -205,7 +205,7 @@ class Study:
             return None
         config = self.train_config(0)
         what = (f"training {len(left)} of {seeds * len(self.roles)} runs ({len(self.roles)} {self.preset} variants x "
-                f"{seeds} seed(s), {sum(left.values()):,} steps) into {self.folder / 'runs'}")
+                f"{seeds} seed(s), {sum(left.values()):,} steps) into {os.path.relpath(self.folder / 'runs')}")
         device = training_device(config.device, launched_processes().local_rank)
         if not all(step_fits(variant, config, device) for variant in self.roles.values()):
             return (f"{what}: not timed here (an unsharded step of the largest variant does not fit {device}; "
@@ -249,7 +249,7 @@ class Study:
         work = [(seed, role, config) for seed in range(seeds) for role, config in self.roles.items()]
         reused = {key for key, steps in self.steps_left(seeds).items() if not steps}
         if reused:
-            log(f"  {len(reused)} finished run(s) in {self.folder / 'runs'} reused")
+            log(f"  {len(reused)} finished run(s) in {os.path.relpath(self.folder / 'runs')} reused")
         notice = self.training_notice(seeds, jobs)
         if notice:
             log(notice)
