@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from os.path import relpath
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +45,7 @@ from headlab.analysis.snapshots import analyze_snapshots
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.shards import Corpus, random_windows
 from headlab.study.roles import comparison_roles
-from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit, settings_key
+from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit, settings_key, shown_path
 from headlab.training.config import train_preset
 from headlab.training.runs import EXECUTION_FIELDS, resume_differences, run_manifest
 
@@ -355,11 +354,12 @@ def study_tables(study: Study, seeds: int, log=print, train: bool = True) -> Stu
         pass  # no tables yet (or incomplete ones): make them
     begun = (study.folder / "runs").exists()
     if (not begun or not train) and (tables := shipped_tables(study, seeds)):
-        log(f"{'no finished study' if begun else 'no study'} in {relpath(study.folder)}: reading the demo study's "
+        log(f"{'no finished study' if begun else 'no study'} in {shown_path(study.folder)}: reading the demo study's "
             f"tables shipped with headlab ({tables.meta['shipped']['note']}); nothing is trained")
         return tables
     if not train:
-        raise ValueError(f"no tables of {seeds} seed(s) of the {study.preset} study in {study.folder} and none shipped "
-                         "with headlab for its settings: train them first (notebook 01 with SMALL = False, or make demo)")
+        raise ValueError(f"no tables of {seeds} seed(s) of the {study.preset} study in {study.folder} and none "
+                         "shipped with headlab for its settings: train them first (notebook 01 with SMALL = False, "
+                         "or make demo)")
     runs = study.train(seeds, progress=False, log=log)
     return tabulate_study(runs, study.load_corpus(), study.preset, study.folder)
