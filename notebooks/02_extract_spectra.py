@@ -98,6 +98,7 @@ import pandas as pd
 import torch
 
 from headlab.report import plots
+from headlab.report.writer import recipe_text
 from headlab.analysis.similarity import Analysis, analyze
 from headlab.analysis.heads import load_heads, minilm_checkpoint
 from headlab.study.study import NotebookStudy
@@ -162,8 +163,9 @@ tables = study_tables(STUDY, SEEDS, train=SMALL)
 flagship = {name: tables[name][tables[name]["mla_rope"] == FLAGSHIP_MLA_ROPE] for name in ("summary", "similarity")}
 colours = plots.palette(tables["summary"]["model"])  # the colours of every figure of notebooks 02 and 03
 qk = flagship["summary"].query("circuit == 'qk'")
-print(f"{tables['summary']['seed'].nunique()} seed(s) per variant, {STUDY.preset}")
-qk.pivot_table(index="model", columns=["kind", "layer"], values="effective_rank_pct_of_heads", sort=False).round(1)
+print(f"{STUDY.preset}, {tables['summary']['seed'].nunique()} seed(s) per variant. {recipe_text(tables.meta)}")
+qk.pivot_table(index="model", columns=["kind", "layer"], values="effective_rank_pct_of_heads", sort=False).reindex(
+    columns=["uncentered", "centered"], level="kind").round(1)
 
 # %% [markdown]
 # The OV circuit (values and outputs) under the same measure. MQA and GQA share values as well

@@ -81,7 +81,7 @@ import torch
 
 from headlab.report import plots
 from headlab.report.widgets import explore
-from headlab.report.writer import rank_table
+from headlab.report.writer import rank_table, recipe_text
 from headlab.study.claims import measure_claims, per_seed_metrics, per_seed_ranks, per_step_metrics, training_claims
 from headlab.study.study import NotebookStudy
 from headlab.study.tables import FLAGSHIP_MLA_ROPE, study_tables
@@ -105,6 +105,7 @@ VARIANTS = STUDY.variants
 
 # %%
 tables = study_tables(STUDY, SEEDS, train=SMALL)  # both settings of mla_rope: MLA's RoPE parts in A_h or not
+print(recipe_text(tables.meta))
 training = tables["training"]
 flagship = {name: tables[name][tables[name]["mla_rope"] == FLAGSHIP_MLA_ROPE] for name in ("spectra", "summary", "similarity")}
 colours = plots.palette(tables["summary"]["model"])  # one colour per method, in every figure
