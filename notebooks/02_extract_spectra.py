@@ -75,8 +75,8 @@ if IN_COLAB and importlib.util.find_spec("headlab") is None:
 #   notebook 01 has not left them (barely trained: its numbers only show that everything runs). With
 #   `SMALL = False` nothing is trained: the pretrained **all-MiniLM-L6-v2** (6 layers × 12 heads, a
 #   real checkpoint installed with the `notebooks` and `colab` extras, read from disk; notebook 05
-#   studies it in full). `SOURCE` takes any run folder (e.g. `runs/reproduce/runs/mha-seed0`) or
-#   Hugging Face checkpoint folder instead.
+#   studies it in full). `SOURCE` takes any run folder instead (after `make demo`, e.g.
+#   `"../runs/reproduce/runs/standard-mha-seed0"`), or a Hugging Face checkpoint folder.
 # * **The six variants, from the study's tables**: what `analyze` gives for every run of the
 #   study, read from its tables. With `SMALL = True` those of the six tiny runs (one seed, made
 #   here); with `SMALL = False` the 3-seed `cpu-small` study of `make demo`: its tables in
