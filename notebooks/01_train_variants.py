@@ -93,7 +93,7 @@ import torch
 import headlab
 from headlab.cli import describe
 from headlab.report import plots
-from headlab.report.writer import loss_table
+from headlab.report.writer import loss_table, recipe_text
 from headlab.study.claims import final_losses, per_seed_metrics
 from headlab.study.study import NotebookStudy
 from headlab.study.tables import FLAGSHIP_MLA_ROPE, study_tables
@@ -148,6 +148,7 @@ run.metrics_frame().dropna(subset=["val_loss"])[["step", "tokens", "val_loss", "
 # %%
 runs = STUDY.train(SEEDS, progress=False)  # a line per run it trains, one for the finished runs it reuses
 tables = study_tables(STUDY, SEEDS)  # the study's tidy tables (analysed once, then read from disk)
+print(recipe_text(tables.meta))
 training = tables["training"]
 training.head()
 

@@ -21,8 +21,9 @@
 #
 # **You will learn** how a layer's heads become an H × H similarity matrix, what its centered and
 # uncentered eigen-spectra and the effective rank measure, how to run `headlab.analysis.analyze` on
-# one model or all six, what its tidy tables hold, how the weight-space similarity compares with
-# the similarity of the heads' actual attention maps, and how to save the tables for later.
+# a model's weights, what its tidy tables hold, what those tables say for the six variants of the
+# study, how the weight-space similarity compares with the similarity of the heads' actual attention
+# maps, and how to save the tables for later.
 #
 # The recipe, per layer and head h (headlab never forms the d × d matrices; it works with the
 # narrow factors):
@@ -67,62 +68,73 @@ if IN_COLAB and importlib.util.find_spec("headlab") is None:
 
 # %% [markdown]
 # ## Parameters
-# The same switch as notebook 01, whose runs this notebook reuses (with `SMALL = False`, those of
-# `make demo`): when they are there, nothing is trained here; otherwise the six variants are
-# trained first (seconds with `SMALL = True`; with `SMALL = False`, the time `make demo` takes: see the README).
+# The notebook has two parts, and each mode says where their numbers come from:
+#
+# * **From weights, by hand** (`SOURCE`): the extraction itself, on one model's weights. With
+#   `SMALL = True` the Standard MHA of notebook 01's six `tiny` variants, trained here in seconds if
+#   notebook 01 has not left them (barely trained: its numbers only show that everything runs). With
+#   `SMALL = False` nothing is trained: the pretrained **all-MiniLM-L6-v2** (6 layers × 12 heads, a
+#   real checkpoint installed with the `notebooks` and `colab` extras, read from disk; notebook 05
+#   studies it in full). `SOURCE` takes any run folder instead (after `make demo`, e.g.
+#   `"../runs/reproduce/runs/standard-mha-seed0"`), or a Hugging Face checkpoint folder.
+# * **The six variants, from the study's tables**: what `analyze` gives for every run of the
+#   study, read from its tables. With `SMALL = True` those of the six tiny runs (one seed, made
+#   here); with `SMALL = False` the 3-seed `cpu-small` study of `make demo`: its tables in
+#   `runs/reproduce` if it has finished, else the copy shipped inside headlab (the line printed says
+#   which, and the commit that trained them). Full mode never trains: it takes seconds.
 
 # %% tags=["parameters"]
 # In a saved notebook, the line printed below names the mode its outputs were made in.
-SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study
+SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study's tables and MiniLM's weights, no training
+SEEDS = None  # runs per variant (seeds 0, 1, ...); None: 1 in small mode, make demo's 3 in full mode
 RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
+SOURCE = None  # the weights taken apart by hand; None: the tiny Standard MHA (small) or all-MiniLM-L6-v2 (full)
 
 # %%
 # %matplotlib inline
+from os.path import relpath
+
 import pandas as pd
 import torch
 
 from headlab.report import plots
-from headlab.analysis.similarity import Analysis, analyze, attention_similarity, concat
-from headlab.data.corpus import load_corpus
-from headlab.data.shards import random_windows
-from headlab.analysis.heads import load_heads
+from headlab.report.writer import recipe_text
+from headlab.analysis.similarity import Analysis, analyze
+from headlab.analysis.heads import load_heads, minilm_checkpoint
 from headlab.study.study import NotebookStudy
+from headlab.study.tables import FLAGSHIP_MLA_ROPE, study_tables
 from headlab.analysis.spectrum import cosine_similarity, frobenius_gram, similarity_spectrum
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead
 STUDY = NotebookStudy.choose(SMALL, RUNS)
-
-# %% [markdown]
-# ## The trained models
-# `STUDY.train` with the settings of notebook 01 finds its runs and loads them (training only
-# what is missing). Each entry is a `StudyRun` (role, config, seed, folder, run).
-
-# %%
-runs = STUDY.train(progress=False)
-models = {r.label: r.run.model for r in runs}
-list(models)
+SEEDS = SEEDS or (1 if SMALL else 3)
+if SOURCE is None and SMALL:  # notebook 01's tiny runs: trained here in seconds where it has not left them
+    runs = STUDY.train(SEEDS, progress=False)
+    SOURCE = next(run.folder for run in runs if run.role == "mha" and run.seed == 0)
+SOURCE = SOURCE or minilm_checkpoint()  # full mode: pretrained weights, nothing to train
 
 # %% [markdown]
 # ## One layer by hand
-# `load_heads` reads any supported model as per-layer factors; `factors("qk")` gives every head's
-# (W_Q,h, W_K,h). Four calls then give the layer's similarity matrix and spectra: this is all
-# `analyze` does, for every layer.
+# `load_heads` reads any supported model (a headlab model or run folder, a Hugging Face checkpoint
+# folder) as per-layer factors; `factors("qk")` gives every head's (W_Q,h, W_K,h). Four calls then
+# give the layer's similarity matrix and spectra: this is all `analyze` does, for every layer.
 
 # %%
-heads = load_heads(models["Standard MHA"])
+heads = load_heads(SOURCE)
 queries, keys = heads.layer(0).factors("qk")
 G = cosine_similarity(frobenius_gram(queries, keys))
-print(f"{heads.label}: {heads.n_layers} layers x {heads.n_heads} heads; layer 0 similarity:\n{G.round(2)}")
+print(f"{heads.label}: {heads.n_layers} layers x {heads.n_heads} heads")
 for kind in ("uncentered", "centered"):
     spectrum = similarity_spectrum(G, kind)
-    print(f"{kind:>10}: eigenvalues {spectrum.eigenvalues.round(3)}, effective rank "
+    print(f"{kind:>10}: eigenvalues {spectrum.eigenvalues.round(2)}, effective rank "
           f"{spectrum.effective_rank:.2f} of at most {spectrum.ceiling}")
+pd.DataFrame(G).round(2)  # layer 0's similarity matrix: head i (rows) against head j
 
 # %% [markdown]
 # ## `analyze`: every layer, as tidy tables
-# `analyze(source, label=..., circuit=...)` accepts a headlab model, a run folder or a Hugging Face
-# checkpoint (notebook 05). It returns an `Analysis` whose tables have one row per observation:
+# `analyze(source, label=..., circuit=...)` takes the same sources. It returns an `Analysis` whose
+# tables have one row per observation:
 #
 # * `similarity`: model, layer, circuit, head_i, head_j, value
 # * `spectra`: model, layer, circuit, kind, index (from 1), eigenvalue, variance_ratio, cumulative
@@ -132,68 +144,74 @@ for kind in ("uncentered", "centered"):
 #   up with the shared projection
 
 # %%
-mha = analyze(models["Standard MHA"], circuit="both")
-mha.summary
+one = analyze(SOURCE, circuit="both")
+one.summary
 
 # %%
-mha.spectra.query("layer == 0 and circuit == 'qk'")
+one.spectra.query("layer == 0 and circuit == 'qk'")
 
 # %% [markdown]
-# ## All six variants
-# `concat` stacks analyses; the model label keeps them apart. Below, the QK effective rank per
-# layer as a percentage of H (the measure of the paper's Table 3), uncentered and centered.
+# ## The six variants, from the study's tables
+# `study_tables` reads the study's tables: `analyze` of every run (with `seed` and `role` columns),
+# at both of MLA's RoPE settings (`mla_rope`; this notebook shows the flagship's, `FLAGSHIP_MLA_ROPE`),
+# and the other measures of the study. `train=SMALL`: in full mode it never trains. Below, the QK
+# effective rank per layer as a percentage of H (the measure of the paper's Table 3), uncentered and
+# centered, the mean over seeds.
 
 # %%
-analysis = concat(analyze(model, label=label, circuit="both") for label, model in models.items())
-qk = analysis.summary.query("circuit == 'qk'")
-qk.pivot_table(index="model", columns=["kind", "layer"], values="effective_rank_pct_of_heads", sort=False).round(1)
+tables = study_tables(STUDY, SEEDS, train=SMALL)
+flagship = {name: tables[name][tables[name]["mla_rope"] == FLAGSHIP_MLA_ROPE] for name in ("summary", "similarity")}
+colours = plots.palette(tables["summary"]["model"])  # the colours of every figure of notebooks 02 and 03
+qk = flagship["summary"].query("circuit == 'qk'")
+print(f"{STUDY.preset}, {tables['summary']['seed'].nunique()} seed(s) per variant. {recipe_text(tables.meta)}")
+qk.pivot_table(index="model", columns=["kind", "layer"], values="effective_rank_pct_of_heads", sort=False).reindex(
+    columns=["uncentered", "centered"], level="kind").round(1)
 
 # %% [markdown]
 # The OV circuit (values and outputs) under the same measure. MQA and GQA share values as well
 # as keys, LRKV shares a value projection plus residuals, so the OV picture need not match QK's.
 
 # %%
-ov = analysis.summary.query("circuit == 'ov' and kind == 'centered'")
+ov = flagship["summary"].query("circuit == 'ov' and kind == 'centered'")
 ov.pivot_table(index="model", columns="layer", values="effective_rank_pct_of_heads", sort=False).round(1)
 
 # %% [markdown]
-# For LRKV: how large each head's residual is next to the shared projection (`norms`), and the
-# cosine between W_shared and each head's U_h B_hᵀ (`lrkv_cosine`; near 0: the residual adds a
-# new direction rather than rescaling the shared one).
+# For LRKV: how large each head's residual U_h B_hᵀ is next to the shared projection (`norm_ratio`
+# = ‖U_h B_hᵀ‖_F / ‖W_shared‖_F), and the mean principal angle between their column spaces beside
+# that of random subspaces of the same shapes (`angle_random`; near it: the residual adds new
+# directions rather than rescaling the shared one). Means over heads and seeds, per layer.
 
 # %%
-analysis.norms.query("model.str.startswith('LRKV')").pivot_table(
-    index=["model", "circuit", "part"], columns="layer", values="frobenius_norm").round(3)
-
-# %%
-analysis.lrkv_cosine.groupby(["model", "circuit", "layer"])["cosine"].describe()[["mean", "min", "max"]].round(3)
+tables["lrkv_factors"].groupby(["model", "projection", "layer"])[["norm_ratio", "angle_mean", "angle_random"]].mean(
+    ).round(2)
 
 # %% [markdown]
 # ## Weights against behaviour
-# The similarity above is of weights. `attention_similarity` measures what the heads do on real
-# text: 1 − the mean Jensen–Shannon distance between two heads' attention maps (1: identical maps).
-# Heads can have dissimilar forms yet attend alike, since RoPE and the softmax sit between the two.
+# The similarity above is of weights. `attention_similarity(model, tokens)` measures what the heads
+# do on real text: 1 − the mean Jensen–Shannon distance between two heads' attention maps (1:
+# identical maps); the study's `measures` table holds it for every run, on validation windows.
+# Heads can have dissimilar forms yet attend alike, since RoPE and the softmax sit between the two:
+# the mean off-diagonal similarity of each layer, in weight space (`frobenius`) and in behaviour
+# (`jensen_shannon`), the mean over seeds:
 
 # %%
-corpus = load_corpus("shakespeare")
-tokens, _ = random_windows(corpus.val, 8, runs[0].config.seq_len, torch.Generator().manual_seed(0))
-patterns = pd.concat([attention_similarity(model, tokens, label=label) for label, model in models.items()])
-plots.similarity_heatmaps(patterns, layer=0, circuit="pattern")
+views = tables["measures"].query("kind == 'uncentered' and measure in ['frobenius', 'jensen_shannon']")
+views.pivot_table(index="model", columns=["measure", "layer"], values="mean_offdiag_similarity", sort=False).round(2)
 
 # %% [markdown]
-# The same layer in weight space: the QK similarity G of each variant, on the same −1…1 colour
-# scale. Weight-space cosines near 0 mean the heads' forms point in different directions; a high
-# behaviour similarity next to them means the heads attend alike anyway.
+# The weight-space similarity matrices G of the first layer (seed 0) of each variant, on the −1…1
+# colour scale. Cells near 0 mean the heads' forms point in different directions; next to a high
+# behaviour similarity above, the heads attend alike anyway.
 
 # %%
-plots.similarity_heatmaps(analysis.similarity, layer=0)
+plots.similarity_heatmaps(flagship["similarity"].query("seed == 0").drop(columns="seed"), layer=0, palette=colours)
 
 # %% [markdown]
 # ## Save the tables
-# `Analysis.save` writes one CSV per table; `Analysis.load` reads them back, e.g. for notebook 03
-# or a pandas session of your own. They go to `STUDY.outputs`, beside (never into) the study's runs.
+# `Analysis.save` writes one CSV per table; `Analysis.load` reads them back, e.g. for a pandas
+# session of your own. They go to `STUDY.outputs`, beside (never into) the study's runs.
 
 # %%
-saved = analysis.save(STUDY.outputs / "analysis")
-print(sorted(path.name for path in saved.iterdir()))
-Analysis.load(saved).summary.equals(analysis.summary)
+saved = one.save(STUDY.outputs / "analysis")
+print(f"{relpath(saved)}: {sorted(path.name for path in saved.iterdir())}")
+Analysis.load(saved).summary.equals(one.summary)

@@ -61,12 +61,15 @@ if IN_COLAB:
 
 # %% [markdown]
 # ## Parameters
-# The same switch as notebook 01, whose runs this notebook reuses (with `SMALL = False`, those of
-# `make demo`; it trains them first if they are missing). `SEEDS > 1` draws the mean over seeds with a min–max band.
+# The same switch as notebook 01, whose study this notebook reads. `SMALL = True`: the six `tiny`
+# variants, trained here in seconds if notebook 01 has not left them. `SMALL = False`: the 3-seed
+# `cpu-small` study of `make demo`, from its tables only: those in `runs/reproduce` if it has
+# finished, else the copy shipped inside headlab; nothing is trained, so it takes seconds.
+# `SEEDS > 1` draws the mean over seeds with a min–max band.
 
 # %% tags=["parameters"]
 # In a saved notebook, the line printed below names the mode its outputs were made in.
-SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study
+SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study's tables, no training
 SEEDS = None  # runs per variant (seeds 0, 1, ...); None: 1 in small mode, make demo's 3 in full mode
 RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
 
@@ -78,7 +81,7 @@ import torch
 
 from headlab.report import plots
 from headlab.report.widgets import explore
-from headlab.report.writer import rank_table
+from headlab.report.writer import rank_table, recipe_text
 from headlab.study.claims import measure_claims, per_seed_metrics, per_seed_ranks, per_step_metrics, training_claims
 from headlab.study.study import NotebookStudy
 from headlab.study.tables import FLAGSHIP_MLA_ROPE, study_tables
@@ -92,16 +95,17 @@ VARIANTS = STUDY.variants
 # %% [markdown]
 # ## The runs and their tables
 # `study_tables` reads the study's tidy tables (with `seed` and `role` columns), the ones `headlab
-# reproduce` writes beside its runs. Where nothing of the study is on disk (headlab installed
-# without the repository, as on Colab) it reads `make demo`'s tables shipped inside the package, if
-# they are of the same settings, and says so; else it trains the runs (or reuses the finished
-# ones) and analyses them once. Every section below only reads these tables. MLA is
-# analysed twice, recorded in the `mla_rope` column: with its decoupled RoPE query/key parts inside A_h ("included") and with the paper's
+# reproduce` writes beside its runs. Where the study has no finished tables (headlab installed
+# without the repository, as on Colab, or no `make demo` yet) it reads `make demo`'s tables shipped
+# inside the package, if they are of the same settings, and says so; else, in small mode only
+# (`train=SMALL`), it trains the runs (or reuses the finished ones) and analyses them once. Every
+# section below only reads these tables. MLA is analysed twice, recorded in the `mla_rope` column: with its decoupled RoPE query/key parts inside A_h ("included") and with the paper's
 # latent-only W_K,h = W_down W_up,h ("excluded"). The figures below use the setting of the report's
 # flagship (`FLAGSHIP_MLA_ROPE`); the explorer at the end switches between the two.
 
 # %%
-tables = study_tables(STUDY, SEEDS)  # both settings of mla_rope: MLA's RoPE parts in A_h or not
+tables = study_tables(STUDY, SEEDS, train=SMALL)  # both settings of mla_rope: MLA's RoPE parts in A_h or not
+print(recipe_text(tables.meta))
 training = tables["training"]
 flagship = {name: tables[name][tables[name]["mla_rope"] == FLAGSHIP_MLA_ROPE] for name in ("spectra", "summary", "similarity")}
 colours = plots.palette(tables["summary"]["model"])  # one colour per method, in every figure

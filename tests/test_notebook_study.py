@@ -28,3 +28,17 @@ def test_small_mode_folder_is_keyed_by_every_setting_of_its_runs(monkeypatch):
     config = small.variants[0]
     monkeypatch.setattr(study, "comparison_roles", lambda preset: {"mha": config.replace(d_model=config.d_model * 2)})
     assert study.settings_key("tiny", 60) != small.folder.name  # a model setting
+
+
+def test_log_lines_name_folders_of_the_project_relative_to_the_working_directory(tmp_path, monkeypatch):
+    """A notebook runs in notebooks/: the study's lines in its saved output name no machine's
+    folders; a folder outside the project is named as it is."""
+    project = tmp_path / "clone"
+    (project / "notebooks").mkdir(parents=True)
+    (project / "pyproject.toml").write_bytes((ROOT / "pyproject.toml").read_bytes())
+    monkeypatch.chdir(project / "notebooks")
+    assert study.shown_path(project / "runs" / "reproduce" / "runs") == "../runs/reproduce/runs"
+    assert study.shown_path(tmp_path / "elsewhere") == str(tmp_path / "elsewhere")
+    said = []
+    study.Study("tiny", 2, project / "runs" / "reproduce", only=("mha",)).train(progress=False, log=said.append)
+    assert any(line.startswith("training 1 of 1 runs") and "into ../runs/reproduce/runs" in line for line in said)

@@ -74,3 +74,26 @@ def test_a_saved_notebook_says_which_mode_made_its_outputs(tmp_path, monkeypatch
     assert [cell.source for cell in notebook.cells] == source and notebook.metadata["headlab"] == {"mode": "small"}
     assert [o["text"] for o in parameters.outputs] == [
         "small mode: these outputs were made with SMALL = True (scripts/execute_notebooks.py small)\n"]
+
+
+@pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS[1:3]], ids=lambda name: name[:2])
+def test_notebooks_02_and_03_in_full_mode_read_shipped_tables_and_train_nothing(tmp_path, monkeypatch, name):
+    """Full mode in a fresh clone beside a `make demo` under way (its runs/ begun, no tables yet):
+    02 and 03 show the 3-seed cpu-small study from the tables shipped inside headlab, 02 takes
+    apart the pretrained MiniLM's weights, and neither trains a run nor writes into the study."""
+    monkeypatch.delenv("HEADLAB_STUDY", raising=False)
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from execute_notebooks import execute as execute_in_mode
+
+    clone = fresh_clone(tmp_path)
+    (clone / "runs" / "reproduce" / "runs").mkdir(parents=True)
+    path = clone / "notebooks" / name
+    execute_in_mode(path, "full")
+    printed = "".join(o.get("text", "") for cell in nbformat.read(path, as_version=4).cells
+                      if cell.cell_type == "code" for o in cell.outputs)
+    assert "no finished study in ../runs/reproduce: reading the demo study's tables shipped with headlab" in printed
+    assert not list(clone.rglob("config.json"))  # no run trained, begun or loaded into a folder
+    assert [p.name for p in (clone / "runs" / "reproduce").iterdir()] == ["runs"]  # the study's folder untouched
+    if name.startswith("02"):
+        assert "all-MiniLM-L6-v2: 6 layers x 12 heads" in printed
+        assert "cpu-small, 3 seed(s) per variant. Trained with the paper's split: Muon" in printed

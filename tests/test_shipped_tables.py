@@ -88,6 +88,25 @@ def test_shipped_tables_are_read_only_where_nothing_of_the_study_is_on_disk(fini
         study_tables(begun, 1, log=said.append)
 
 
+def test_study_tables_that_may_not_train_read_the_shipped_ones_beside_a_study_under_way(finished, shipped, tmp_path,
+                                                                                         monkeypatch):
+    """Notebooks 02 and 03 in full mode (train=False) show results and never train: beside a study
+    of one's own under way (runs, no tables yet) they read the shipped tables and say why; with
+    none shipped for the settings they stop with what to run."""
+    monkeypatch.setattr(tables_module, "SHIPPED", shipped)
+    monkeypatch.setattr(Study, "train", lambda *args, **kwargs: pytest.fail("trained although train=False"))
+    begun = Study(SMALL.preset, SMALL.steps, tmp_path / "begun")
+    (begun.folder / "runs").mkdir(parents=True)
+    said = []
+    tables = study_tables(begun, 1, log=said.append, train=False)
+    assert tables["summary"].equals(read_study_tables(finished.folder)["summary"])
+    assert said == [f"no finished study in {begun.folder}: reading the demo study's tables shipped with "
+                    f"headlab ({tables.meta['shipped']['note']}); nothing is trained"]
+    assert [p.name for p in begun.folder.iterdir()] == ["runs"]  # reading wrote nothing
+    with pytest.raises(ValueError, match="train them first .notebook 01 with SMALL = False, or make demo"):
+        study_tables(begun, 2, log=said.append, train=False)  # two seeds: none shipped
+
+
 @pytest.mark.slow
 def test_notebook_03_installed_outside_the_repository_shows_the_shipped_tables_untrained(finished, shipped, tmp_path,
                                                                                           monkeypatch):

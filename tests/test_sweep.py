@@ -8,7 +8,10 @@ import pytest
 
 from headlab.analysis.tables import load_tables
 from headlab.cli import main
+from headlab.report import plots
+from headlab.report.writer import write_sweep_report
 from headlab.study.claims import difference_to_mha, per_seed_metrics
+from headlab.study.roles import comparison_roles
 from headlab.study.study import loss_unit
 from headlab.study.sweep import GridPoint, grid, sweep_sentences, verdict
 from headlab.study.tables import analysis_tables, training_table
@@ -39,6 +42,21 @@ def test_every_grid_point_is_a_reusable_study_and_the_table_holds_its_paired_sta
     text = (out / "sweep.md").read_text()
     assert all(f"- {s}" in text for s in sweep_sentences(table))
     assert (out / "figures" / "sweep.png").stat().st_size > 1000
+
+
+def test_the_sweep_figure_draws_every_variant_in_its_flagship_colour(swept, tmp_path, monkeypatch):
+    """The sweep draws only differences to Standard MHA, yet each variant keeps the colour the
+    flagship and every other figure give it (a palette of the six), MLA's two settings MLA's."""
+    _, table = swept
+    roles = comparison_roles("tiny")
+    flagship = plots.palette(config.label for config in roles.values())
+    figures, draw = [], plots.sweep_figure
+    monkeypatch.setattr(plots, "sweep_figure", lambda *args, **kw: figures.append(draw(*args, **kw)) or figures[-1])
+    write_sweep_report(table, tmp_path / "report")
+    (legend,) = figures[0].legends
+    drawn = {text.get_text(): handle.get_color() for handle, text in zip(legend.legend_handles, legend.get_texts())}
+    assert drawn == {name: flagship[roles[role].label] for role, name in zip(table["role"], table["comparison"])}
+    assert drawn[next(name for name in drawn if "excluded" in name)] == flagship[roles["mla"].label]
 
 
 def _rows(means, decided, lengths=(1, 4, 10)):

@@ -43,7 +43,7 @@ from headlab.study.paper import PAPER
 from headlab.study.stats import paired_difference, spread
 from headlab.study.study import MANIFEST, STUDY, loss_unit
 from headlab.study.sweep import grid_axes, sweep_sentences
-from headlab.study.tables import StudyTables
+from headlab.study.tables import FLAGSHIP_MLA_ROPE, StudyTables
 
 FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "effective_rank_uncentered",
            "effective_rank_centered", "similarity_heatmaps", "loss_curves", "loss_vs_cache")
@@ -480,8 +480,20 @@ def write_sweep_report(table: pd.DataFrame, out: str | Path) -> Path:
     return Path(out) / "sweep.md"
 
 
+def sweep_palette(table: pd.DataFrame) -> dict[str, str]:
+    """The colours of the flagship figure for a sweep's comparisons: `plots.palette` of the six
+    variants (Standard MHA too, which a sweep only subtracts), each comparison in its role's
+    colour, so that MLA's two RoPE settings share MLA's."""
+    flagship = table[table["mla_rope"] == FLAGSHIP_MLA_ROPE].drop_duplicates("role")
+    role_of = {"Standard MHA": "mha", **dict(zip(table["comparison"], table["role"]))}
+    colours = plots.palette(["Standard MHA", *flagship["comparison"]])
+    by_role = {role_of[name]: colour for name, colour in colours.items()}
+    return {name: by_role[role_of[name]] for name in plots.method_order(role_of)}
+
+
 def sweep_lines(table: pd.DataFrame, manifest: Manifest) -> list[str]:
-    figure = plots.save_figure(plots.sweep_figure(table, axes=grid_axes(table)), manifest, f"{FIGURES_FOLDER}/sweep")
+    figure = plots.save_figure(plots.sweep_figure(table, palette=sweep_palette(table), axes=grid_axes(table)),
+                               manifest, f"{FIGURES_FOLDER}/sweep")
     shown = table.assign(difference=[f"{m:+.3f} ± {h:.3f}" if s > 1 else f"{m:+.3f}"
                                      for m, h, s in zip(table["mean"], table["half_width"], table["seeds"])])
     wide = shown.pivot_table(index=["comparison", "metric"], columns="point", values="difference", aggfunc="first",

@@ -77,6 +77,12 @@ def project_root(start: str | Path | None = None) -> Path:
     return start
 
 
+def shown_path(path: str | Path) -> str:
+    """`path` as a log line names it: inside the project relative to the working directory (so a
+    notebook's saved output names no machine's folders), elsewhere as it is."""
+    return os.path.relpath(path) if Path(path).resolve().is_relative_to(project_root()) else str(path)
+
+
 def default_study_folder() -> Path:
     """Where `make demo` leaves its study: $HEADLAB_STUDY if set, else <project root>/runs/reproduce."""
     return Path(os.environ.get("HEADLAB_STUDY") or project_root() / "runs" / "reproduce")
@@ -206,7 +212,7 @@ class Study:
             return None
         config = self.train_config(0)
         what = (f"training {len(left)} of {seeds * len(self.roles)} runs ({len(self.roles)} {self.preset} variants x "
-                f"{seeds} seed(s), {sum(left.values()):,} steps) into {self.folder / 'runs'}")
+                f"{seeds} seed(s), {sum(left.values()):,} steps) into {shown_path(self.folder / 'runs')}")
         device = training_device(config.device, launched_processes().local_rank)
         if not all(step_fits(variant, config, device) for variant in self.roles.values()):
             return (f"{what}: not timed here (an unsharded step of the largest variant does not fit {device}; "
@@ -250,7 +256,7 @@ class Study:
         work = [(seed, role, config) for seed in range(seeds) for role, config in self.roles.items()]
         reused = {key for key, steps in self.steps_left(seeds).items() if not steps}
         if reused:
-            log(f"  {len(reused)} finished run(s) in {self.folder / 'runs'} reused")
+            log(f"  {len(reused)} finished run(s) in {shown_path(self.folder / 'runs')} reused")
         notice = self.training_notice(seeds, jobs)
         if notice:
             log(notice)

@@ -46,7 +46,7 @@ from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.shards import Corpus, random_windows
 from headlab.runs.layout import EXECUTION_FIELDS, resume_differences, run_identity
 from headlab.study.roles import comparison_roles
-from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit, settings_key
+from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit, settings_key, shown_path
 from headlab.training.config import train_preset
 
 # The figures and claims use the whole pre-softmax score of MLA, as for every other family (see
@@ -332,20 +332,29 @@ def tabulated_from(tables: StudyTables, study: Study, seeds: int) -> bool:
                    for folder, (config, train_config) in folders.items())
 
 
-def study_tables(study: Study, seeds: int, log=print) -> StudyTables:
+def study_tables(study: Study, seeds: int, log=print, train: bool = True) -> StudyTables:
     """The tables of `study` for seeds 0 … seeds − 1: read from its folder when `headlab reproduce`
     (or an earlier call) left them for exactly these runs, else, where nothing of the study is
     on disk yet, the ones shipped with headlab for the same settings (`shipped_tables`), else
-    trained (finished runs reused) and tabulated into the folder. What the notebooks start from."""
+    trained (finished runs reused) and tabulated into the folder. What the notebooks start from.
+
+    train False: never train; without finished tables in the folder (a study under way, or none),
+    the shipped ones, else a ValueError saying how to make them. Notebooks 02 and 03 in full mode,
+    which show results and leave training to notebook 01 and `make demo`."""
     try:
         tables = read_study_tables(study.folder)
         if tabulated_from(tables, study, seeds):
             return tables
     except ValueError:
         pass  # no tables yet (or incomplete ones): make them
-    if not (study.folder / "runs").exists() and (tables := shipped_tables(study, seeds)):
-        log(f"no study in {study.folder}: reading the demo study's tables shipped with headlab "
-            f"({tables.meta['shipped']['note']}); nothing is trained")
+    begun = (study.folder / "runs").exists()
+    if (not begun or not train) and (tables := shipped_tables(study, seeds)):
+        log(f"{'no finished study' if begun else 'no study'} in {shown_path(study.folder)}: reading the demo study's "
+            f"tables shipped with headlab ({tables.meta['shipped']['note']}); nothing is trained")
         return tables
+    if not train:
+        raise ValueError(f"no tables of {seeds} seed(s) of the {study.preset} study in {study.folder} and none "
+                         "shipped with headlab for its settings: train them first (notebook 01 with SMALL = False, "
+                         "or make demo)")
     runs = study.train(seeds, progress=False, log=log)
     return tabulate_study(runs, study.load_corpus(), study.preset, study.folder)
