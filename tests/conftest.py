@@ -1,5 +1,8 @@
+import gc
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,11 +23,36 @@ settings.register_profile("ci", derandomize=True, max_examples=20, stateful_step
 settings.register_profile("explore", max_examples=60, stateful_step_count=12, deadline=None, database=None)
 settings.load_profile("ci" if os.environ.get("CI") else "explore")
 
+ROOT = Path(__file__).resolve().parent.parent
+
 # torch's own thread count on this machine, read before the suite pins one thread.
 DEFAULT_THREADS = torch.get_num_threads()
 
 # Every decode path, including MLA's two caches.
 DECODE_CASES = [("mha", True), ("mqa", True), ("gqa", True), ("lrkv", True), ("mla", True), ("mla", False)]
+
+
+def torchrun_headlab(cwd: Path, args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node=2 -m headlab ARGS` as a user starts it, in `cwd`:
+    two gloo processes on the CPU, one OpenMP thread each, the corpus cache in cwd/cache."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HEADLAB_CACHE": str(cwd / "cache")}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "headlab", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+# The study that torchrun_study trains (into --out study): the tiny preset's six variants, one seed, four steps.
+TORCHRUN_STUDY = ["reproduce", "--preset", "tiny", "--seeds", "1", "--steps", "4", "--corpus", "synthetic"]
+
+
+@pytest.fixture(scope="session")
+def torchrun_study(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The folder where `torchrun ... -m headlab TORCHRUN_STUDY --out study` ran once
+    and what that launch printed. Launches cost seconds of imports per rank, so the tests that read
+    this study share it; they are in xdist group "torchrun_study" (one worker trains it)."""
+    cwd = tmp_path_factory.mktemp("torchrun-study")
+    return cwd, torchrun_headlab(cwd, [*TORCHRUN_STUDY, "--out", "study"])
 
 
 def write_run(folder: Path, model: GPT, dtype: torch.dtype | None = None, **config_changes) -> Path:
@@ -83,6 +111,15 @@ def threads(request):
     torch.set_num_threads(1)
 
 
+def pytest_collection_finish(session):
+    """Every test module is imported now: freeze what is alive (torch, pandas and the rest, a few
+    hundred thousand objects) out of the cyclic collector's reach, so the gc.collect that each
+    timed step makes (a study's training notice, --plan) scans only what the tests create since,
+    not the whole interpreter again, a second each time."""
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_collection_modifyitems(items):
     """Under `pytest -n 2 --dist loadgroup` (make test), the notebooks and the browser test, which
     train and read the same small-mode runs under runs/notebooks/small/, run on one worker, one
@@ -90,3 +127,5 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.suffix == ".ipynb" or item.path.name == "test_browser.py":
             item.add_marker(pytest.mark.xdist_group("notebooks"))
+        elif "torchrun_study" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("torchrun_study"))

@@ -508,26 +508,30 @@ def test_a_full_disk_at_each_write_of_a_checkpoint_leaves_a_resumable_run(tmp_pa
     after half the bytes: every time the run resumes to the uninterrupted result."""
     def failing(real, counter, fail_at, half_written=False):
         def call(*args, **kwargs):
-            counter["n"] += 1
-            if counter["n"] == fail_at:
-                if half_written:  # os.write(fd, data): write half, then run out of space
-                    real(args[0], args[1][:len(args[1]) // 2])
-                _full_disk()
+            if counter["saving"] and counter["saves"] == 2:  # only the second checkpoint's writes count
+                counter["n"] += 1
+                if counter["n"] == fail_at:
+                    if half_written:  # os.write(fd, data): write half, then run out of space
+                        real(args[0], args[1][:len(args[1]) // 2])
+                    _full_disk()
             return real(*args, **kwargs)
         return call
 
     fail_at = 1
     while True:
         folder = tmp_path / f"fail-{fail_at}"
-        counter = {"n": -10_000}  # counting starts once the first checkpoint is complete
+        counter = {"n": 0, "saves": 0, "saving": False}
         real_save_checkpoint = headlab.runs.checkpoints.save_checkpoint
 
-        def count_from_second(*args, **kwargs):
-            real_save_checkpoint(*args, **kwargs)
-            counter["n"] = max(counter["n"], 0)
+        def counting_the_second(*args, **kwargs):
+            counter["saves"], counter["saving"] = counter["saves"] + 1, True
+            try:
+                return real_save_checkpoint(*args, **kwargs)
+            finally:
+                counter["saving"] = False
 
         with monkeypatch.context() as patch:
-            patch.setattr(sys.modules["headlab.runs.folder"], "save_checkpoint", count_from_second)
+            patch.setattr(sys.modules["headlab.runs.folder"], "save_checkpoint", counting_the_second)
             patch.setattr(os, "write", failing(os.write, counter, fail_at, half_written=True))
             patch.setattr(os, "replace", failing(os.replace, counter, fail_at))
             patch.setattr(os, "mkdir", failing(os.mkdir, counter, fail_at))

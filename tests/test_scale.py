@@ -4,18 +4,16 @@ torchrun against the single-process study; and the --plan's FLOPs against 6·N·
 
 import json
 import math
-import os
 import random
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
+from conftest import TORCHRUN_STUDY
 from headlab import GPT
 from headlab.cli import main
 from headlab.report import plots
@@ -25,8 +23,6 @@ from headlab.study.roles import comparison_roles
 from headlab.study.study import Study
 from headlab.study.tables import FLAGSHIP_MLA_ROPE, tabulate_study
 from headlab.training.config import train_preset
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -86,33 +82,27 @@ def test_the_paper_128m_shape_runs_end_to_end_on_a_cpu(tmp_path, isolated_cache)
         shutil.rmtree(study.folder, ignore_errors=True)  # ~1 GB of checkpoints per variant
 
 
-def _reproduce_command(out: Path) -> list[str]:
-    return ["reproduce", "--preset", "tiny", "--steps", "4", "--seeds", "1", "--corpus", "synthetic",
-            "--out", str(out)]
-
-
 @pytest.mark.slow
-def test_reproduce_under_torchrun_trains_on_both_ranks_and_reports_once(tmp_path, isolated_cache, capsys):
+def test_reproduce_under_torchrun_trains_on_both_ranks_and_reports_once(tmp_path, isolated_cache, capsys,
+                                                                         torchrun_study):
     """2 gloo processes: one report, one run folder per variant, and the numbers of the
     single-process study (the global batch is split across ranks, so the loss curve is the same)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HEADLAB_CACHE": str(isolated_cache)}
-    env.pop("RANK", None), env.pop("WORLD_SIZE", None)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "headlab", *_reproduce_command(tmp_path / "ddp")],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    cwd, done = torchrun_study
+    ddp = cwd / "study"
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("report written:") == 1 and done.stdout.count("training 6 variants") == 1
-    runs = sorted(p.name for p in (tmp_path / "ddp" / "runs").iterdir())
+    runs = sorted(p.name for p in (ddp / "runs").iterdir())
     assert len(runs) == 6 and all(name.endswith("-seed0") for name in runs)
-    assert all(has_checkpoint(tmp_path / "ddp" / "runs" / name) for name in runs)
+    assert all(has_checkpoint(ddp / "runs" / name) for name in runs)
 
-    assert main(_reproduce_command(tmp_path / "single")) == 0
+    assert main([*TORCHRUN_STUDY, "--out", str(tmp_path / "single")]) == 0
     capsys.readouterr()
+    folders = {"ddp": ddp, "single": tmp_path / "single"}
     for table in ("training", "summary", "spectra"):
-        ddp, single = (pd.read_csv(tmp_path / kind / f"{table}.csv") for kind in ("ddp", "single"))
-        numbers = ddp.select_dtypes("float").columns
-        assert ddp.drop(columns=numbers).equals(single.drop(columns=numbers)), table
-        assert ddp[numbers].to_numpy() == pytest.approx(single[numbers].to_numpy(), rel=1e-4, abs=1e-5), table
+        ddp_table, single = (pd.read_csv(folders[kind] / f"{table}.csv") for kind in ("ddp", "single"))
+        numbers = ddp_table.select_dtypes("float").columns
+        assert ddp_table.drop(columns=numbers).equals(single.drop(columns=numbers)), table
+        assert ddp_table[numbers].to_numpy() == pytest.approx(single[numbers].to_numpy(), rel=1e-4, abs=1e-5), table
 
 
 def test_plan_flops_are_six_n_d_plus_attention(capsys):

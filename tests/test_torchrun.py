@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from conftest import TORCHRUN_STUDY, torchrun_headlab
 from headlab import GPT, preset
 from headlab.io import FolderLock, Manifest
 from headlab.runs.layout import STARTS
@@ -22,16 +23,6 @@ from headlab.training.distributed import join_process_group, training_device
 from headlab.training.trainer import train
 
 ROOT = Path(__file__).resolve().parent.parent
-STUDY = ["reproduce", "--preset", "tiny", "--seeds", "1", "--steps", "4", "--corpus", "synthetic"]
-
-
-def _torchrun(tmp_path, args, timeout=240):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HEADLAB_CACHE": str(tmp_path / "cache")}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(name, None)
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "headlab", *args], env=env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def _saved(runs: Path) -> dict:
@@ -41,12 +32,12 @@ def _saved(runs: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_a_finished_study_rerun_under_torchrun_reuses_every_run(tmp_path):
-    first = _torchrun(tmp_path, [*STUDY, "--out", "study"])
+def test_a_finished_study_rerun_under_torchrun_reuses_every_run(torchrun_study):
+    cwd, first = torchrun_study
     assert first.returncode == 0, first.stderr[-3000:]
-    runs = tmp_path / "study" / "runs"
+    runs = cwd / "study" / "runs"
     saved = _saved(runs)
-    second = _torchrun(tmp_path, [*STUDY, "--out", "study"])
+    second = torchrun_headlab(cwd, [*TORCHRUN_STUDY, "--out", "study"])
     assert second.returncode == 0, second.stderr[-3000:]
     assert second.stdout.count("report written:") == 1
     assert len([line for line in first.stdout.splitlines() if "validation loss" in line]) == 6
@@ -66,7 +57,7 @@ def test_one_rank_failing_ends_every_process_with_one_line(tmp_path):
     folder = tmp_path / "study" / "runs" / "standard-mha-seed0"
     folder.mkdir(parents=True)
     with FolderLock(folder, "trainer"):
-        failed = _torchrun(tmp_path, [*STUDY, "--out", "study"], timeout=60)
+        failed = torchrun_headlab(tmp_path, [*TORCHRUN_STUDY, "--out", "study"], timeout=60)
     assert failed.returncode != 0
     errors = [line for line in failed.stderr.splitlines() if line.startswith("headlab: error")]
     assert len(errors) == 1 and errors[0].startswith(f"headlab: error: {folder.relative_to(tmp_path)} is being "
@@ -135,6 +126,7 @@ def test_a_run_resumes_under_other_execution_settings_and_records_what_changed(t
 # makes rank 1 raise inside its second training forward while rank 0 goes on into the all-reduce.
 API_SCRIPT = """
 import json, os, sys
+from conftest import TORCHRUN_STUDY, torchrun_headlab
 from headlab import GPT, preset
 from headlab.data.corpus import load_corpus
 from headlab.training.config import train_preset
