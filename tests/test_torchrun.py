@@ -126,7 +126,6 @@ def test_a_run_resumes_under_other_execution_settings_and_records_what_changed(t
 # makes rank 1 raise inside its second training forward while rank 0 goes on into the all-reduce.
 API_SCRIPT = """
 import json, os, sys
-from conftest import TORCHRUN_STUDY, torchrun_headlab
 from headlab import GPT, preset
 from headlab.data.corpus import load_corpus
 from headlab.training.config import train_preset
