@@ -12,8 +12,8 @@ Stages (each gives rows of the summary table: check, PASS / FAIL / SKIP, detail)
   with `--resume`, ends bit for bit where the uninterrupted run ends.
 - six variants of paper-128m trained in bf16 with torch.compile on one GPU, and on them: the SDPA
   backend each family runs, the peak memory of training against the plan's figure
-  (headlab.training.plan.memory_per_device), recompilations, tokens/s and MFU against this GPU's
-  measured bf16 matmul peak (headlab.training.plan.model_flops_utilization), decoding at context
+  (headlab.training.memory.memory_per_device), recompilations, tokens/s and MFU against this GPU's
+  measured bf16 matmul peak (headlab.training.flops.model_flops_utilization), decoding at context
   2048 with cache bytes against the formula, the head analysis and the report's forward-pass
   measurements (Σ, attention maps, QK-norm's 1/rms) on the device the models trained on.
 - tokenization throughput (benchmarks/tokenization.py's core on a few MB of generated text; it
@@ -61,14 +61,10 @@ from headlab.model import decoding
 from headlab.study.roles import comparison_variants
 from headlab.study.study import slug
 from headlab.training.config import train_preset
-from headlab.training.plan import (
-    format_bytes,
-    gpu_peak,
-    measure_peak_flops,
-    memory_per_device,
-    micro_batch_size,
-    model_flops_utilization,
-)
+from headlab.training.flops import model_flops_utilization
+from headlab.training.hardware import gpu_peak, measure_peak_flops
+from headlab.training.memory import memory_per_device, micro_batch_size
+from headlab.training.plan import format_bytes
 from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
 from headlab.training.trainer import train
 
@@ -161,7 +157,7 @@ CHILD_TIMEOUT_S = 600  # a hung NCCL rendezvous ends as a FAIL, not a hung check
 RESUMABLE_TRAIN = """
 import os, sys
 import torch
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.model.gpt import GPT
 
 if torch.cuda.is_available():
@@ -428,7 +424,7 @@ def memory_check(label: str, measured: int, planned: float) -> Check:
 
 
 def memory_checks(runs: dict, seen: dict, device: str) -> list[Check]:
-    """Each variant's peak CUDA memory in training against headlab.training.plan.memory_per_device
+    """Each variant's peak CUDA memory in training against headlab.training.memory.memory_per_device
     for its config, micro-batch, one device under DDP, optimizer and dtype."""
     if device != "cuda":
         return [Check("peak memory vs plan", SKIP, "no CUDA device (--smoke)")]

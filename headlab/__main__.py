@@ -10,7 +10,7 @@ EXIT_INTERRUPTED = 130
 
 def run() -> int:
     try:
-        cli = importlib.import_module("headlab.cli")
+        cli = importlib.import_module("headlab.cli.main")
     except KeyboardInterrupt:
         print("headlab: error: interrupted while starting; nothing was done", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -91,7 +91,7 @@ import pandas as pd
 import torch
 
 import headlab
-from headlab.cli import describe
+from headlab.model.gpt import describe
 from headlab.report import plots
 from headlab.report.writer import loss_table
 from headlab.study.claims import final_losses, per_seed_metrics

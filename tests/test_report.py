@@ -14,7 +14,7 @@ import headlab.analysis.similarity
 import headlab.report.writer
 import headlab.study.stats
 import headlab.study.tables
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.report.writer import DOCS_FIGURES, FIGURES, rank_table, write_report
 from headlab.study.claims import claims, per_seed_metrics, rule_text
 from headlab.study.paper import PAPER

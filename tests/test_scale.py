@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from headlab import GPT
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.report import plots
 from headlab.report.writer import write_report
 from headlab.study.roles import comparison_roles

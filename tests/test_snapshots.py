@@ -10,7 +10,7 @@ import headlab.model
 from headlab import TrainConfig, load_corpus, preset, train, train_preset
 from headlab.analysis.similarity import analyze
 from headlab.analysis.snapshots import analyze_snapshots
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.training.snapshots import snapshot_files, snapshot_steps
 
 TRAINER = importlib.import_module("headlab.training.trainer")

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from headlab.analysis.tables import load_tables
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.study.claims import difference_to_mha, per_seed_metrics
 from headlab.study.study import loss_unit
 from headlab.study.sweep import GridPoint, grid, sweep_sentences, verdict

@@ -302,7 +302,7 @@ FSDP_ARGS = ["train", "--preset", "tiny", "--attention", "lrkv", "--corpus", "sy
 # Runs `headlab` but ends the process (as a kill would) on its `HEADLAB_TEST_EXIT_AT`-th training forward.
 EXIT_AT_FORWARD = """
 import os, sys
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.model.gpt import GPT
 original, calls = GPT.forward, [0]
 def forward(self, *args, **kwargs):

@@ -43,7 +43,7 @@ from headlab.model.config import ModelConfig, preset
 from headlab.study.roles import comparison_roles
 from headlab.training.config import MAX_STEPS, TrainConfig, train_preset
 from headlab.training.distributed import launched_processes, training_device
-from headlab.training.plan import RUN_THREADS, load_note, measure_step, run_seconds, step_fits
+from headlab.training.hardware import RUN_THREADS, load_note, measure_step, run_seconds, step_fits
 from headlab.training.runs import MANIFEST as RUN_MANIFEST
 from headlab.training.runs import Run, checkpoint_step, has_checkpoint, load_run
 from headlab.training.snapshots import study_snapshot_every
@@ -197,7 +197,7 @@ class Study:
     def training_notice(self, seeds: int = 1, jobs: int = 1) -> str | None:
         """One line saying what `train(seeds)` will train and about how long it takes on this
         machine (a step of every variant is timed now, on `RUN_THREADS` threads as each run trains,
-        evaluations counted: `headlab.training.plan.run_seconds`); None when every run is finished.
+        evaluations counted: `headlab.training.hardware.run_seconds`); None when every run is finished.
         Under torchrun only rank 0 times the step (one rank's share of it, on its own device) and
         the other ranks get None: every rank timing at once would crowd the node's memory."""
         left = {key: steps for key, steps in self.steps_left(seeds).items() if steps}
