@@ -59,7 +59,6 @@ from headlab.analysis import similarity as analysis
 from headlab.data.corpus import load_corpus
 from headlab.model import decoding
 from headlab.study.roles import comparison_variants
-from headlab.study.study import slug
 from headlab.training.config import train_preset
 from headlab.training.flops import model_flops_utilization
 from headlab.training.hardware import gpu_peak, measure_peak_flops
@@ -363,7 +362,7 @@ def train_variants(preset: str, steps: int, batch_size: int, log_every: int, dev
         started = time.perf_counter()
         torch.compiler.reset()  # so that this model's first compilation is not a recompilation of the last model's
         with RecompileLog() as recompiles, PeakMemory(device) as peak:
-            runs[variant.label] = train(variant, config, corpus, out=runs_dir / slug(variant.label), progress=False)
+            runs[variant.label] = train(variant, config, corpus, out=runs_dir / variant.run_name, progress=False)
         seen[variant.label] = {"peak_bytes": peak.bytes, "recompiles": recompiles.messages}
         print(f"  trained {variant.label} in {time.perf_counter() - started:.0f} s", flush=True)
     return runs, seen

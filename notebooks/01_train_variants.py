@@ -96,7 +96,8 @@ from headlab.report import plots
 from headlab.report.writer import loss_table
 from headlab.study.claims import final_losses, per_seed_metrics
 from headlab.study.study import NotebookStudy
-from headlab.study.tables import FLAGSHIP_MLA_ROPE, study_tables
+from headlab.schema import FLAGSHIP_MLA_ROPE
+from headlab.study.tables import study_tables
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead

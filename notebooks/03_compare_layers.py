@@ -81,7 +81,8 @@ from headlab.report.widgets import explore
 from headlab.report.writer import rank_table
 from headlab.study.claims import measure_claims, per_seed_metrics, per_seed_ranks, per_step_metrics, training_claims
 from headlab.study.study import NotebookStudy
-from headlab.study.tables import FLAGSHIP_MLA_ROPE, study_tables
+from headlab.schema import FLAGSHIP_MLA_ROPE
+from headlab.study.tables import study_tables
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead

@@ -13,7 +13,6 @@ from safetensors.torch import save_file
 
 from conftest import tiny_model, write_run
 from headlab.analysis.similarity import (
-    COLUMNS,
     Analysis,
     analyze,
     attention_similarity,
@@ -23,6 +22,7 @@ from headlab.analysis.similarity import (
     recorded_attention,
 )
 from headlab.cli.main import main as cli_main
+from headlab.schema import COLUMNS
 
 FAMILIES = ["mha", "gqa", "mqa", "lrkv", "mla"]
 

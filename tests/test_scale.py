@@ -20,9 +20,10 @@ from headlab import GPT
 from headlab.cli.main import main
 from headlab.report import plots
 from headlab.report.writer import write_report
+from headlab.schema import FLAGSHIP_MLA_ROPE
 from headlab.study.roles import comparison_roles
 from headlab.study.study import Study
-from headlab.study.tables import FLAGSHIP_MLA_ROPE, tabulate_study
+from headlab.study.tables import tabulate_study
 from headlab.training.config import train_preset
 from headlab.training.runs import has_checkpoint
 

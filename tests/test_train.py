@@ -12,7 +12,7 @@ import torch
 import headlab
 from conftest import forge_manifest_entry
 from headlab import (
-    ATTENTION_FAMILIES,
+    FAMILIES,
     TrainConfig,
     TrainingDiverged,
     load_corpus,
@@ -33,7 +33,7 @@ def synthetic():
     return load_corpus("synthetic")
 
 
-@pytest.mark.parametrize("attention", ATTENTION_FAMILIES)
+@pytest.mark.parametrize("attention", FAMILIES)
 def test_every_family_learns_the_synthetic_corpus(attention, synthetic):
     run = train(preset("tiny", attention), TINY_TRAIN, synthetic, progress=False)
     losses = [r["train_loss"] for r in run.metrics if "train_loss" in r]

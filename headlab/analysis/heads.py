@@ -54,22 +54,17 @@ from headlab.analysis.spectrum import Factors
 from headlab.io import below, read_regular
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
+from headlab.schema import CIRCUITS, MLA_ROPE, check
 from headlab.training.runs import parse_weights, read_config, read_current
-
-CIRCUITS = ("qk", "ov")
-MLA_ROPE = ("included", "excluded")  # whether MLA's decoupled RoPE query/key parts enter A_h
 
 
 def check_circuit(circuit: str) -> str:
-    if circuit not in CIRCUITS:
-        raise ValueError(f"circuit = {circuit!r} is invalid: allowed values are {', '.join(CIRCUITS)}")
-    return circuit
+    return check("circuit", circuit, CIRCUITS)
 
 
 def check_mla_rope(mla_rope: str) -> str:
-    if mla_rope not in MLA_ROPE:
-        raise ValueError(f"mla_rope = {mla_rope!r} is invalid: allowed values are {', '.join(MLA_ROPE)}")
-    return mla_rope
+    """Whether MLA's decoupled RoPE query/key parts enter A_h: one of MLA_ROPE."""
+    return check("mla_rope", mla_rope, MLA_ROPE)
 
 
 def _tile_gain(matrix: np.ndarray, gain: np.ndarray | None) -> np.ndarray:

@@ -27,19 +27,15 @@ import pandas as pd
 import torch
 
 from headlab.analysis.inputs import input_moments
-from headlab.analysis.similarity import BEHAVIOUR, NOT_APPLICABLE, PATTERN, analyze, attention_similarity
-from headlab.analysis.spectrum import KINDS, Spectrum, double_center, mean_offdiagonal
-
-VIEWS = {"frobenius": "weights", "data": "data-aware weights", BEHAVIOUR: "behaviour (attention maps)"}
-SUMMARY = ["model", "layer", "circuit", "measure", "mla_rope", "kind", "n_heads", "effective_rank",
-           "effective_rank_pct_of_heads", "negative_mass", "mean_offdiag_similarity"]
+from headlab.analysis.similarity import analyze, attention_similarity
+from headlab.analysis.spectrum import Spectrum, double_center, mean_offdiagonal
+from headlab.schema import BEHAVIOUR, KINDS, NOT_APPLICABLE, PATTERN, VIEWS_SUMMARY, check
 
 
 def clipped_spectrum(similarity: np.ndarray, kind: str) -> tuple[Spectrum, float]:
     """The `kind` spectrum of a symmetric similarity that may not be PSD, with its negative
     eigenvalues clipped to 0, and the clipped share Σ|λ₋| / Σ|λ| (0 when nothing was clipped)."""
-    if kind not in KINDS:
-        raise ValueError(f"kind = {kind!r} is invalid: allowed values are {', '.join(KINDS)}")
+    check("kind", kind, KINDS)
     s = np.asarray(similarity, dtype=np.float64)
     if s.ndim != 2 or s.shape[0] != s.shape[1] or not np.allclose(s, s.T, atol=1e-9):
         raise ValueError(f"similarity must be a symmetric square matrix; got shape {s.shape}")
@@ -51,7 +47,7 @@ def clipped_spectrum(similarity: np.ndarray, kind: str) -> tuple[Spectrum, float
 
 
 def behaviour_summary(similarity: pd.DataFrame) -> pd.DataFrame:
-    """Summary rows (columns `SUMMARY`) of an `attention_similarity` table, per model and layer,
+    """Summary rows (columns `VIEWS_SUMMARY`) of an `attention_similarity` table, per model and layer,
     by `clipped_spectrum`."""
     rows = []
     for (model, layer), group in similarity.groupby(["model", "layer"], sort=False):
@@ -65,14 +61,14 @@ def behaviour_summary(similarity: pd.DataFrame) -> pd.DataFrame:
                          "effective_rank": spectrum.effective_rank,
                          "effective_rank_pct_of_heads": spectrum.effective_rank_pct_of_heads,
                          "negative_mass": negative, "mean_offdiag_similarity": mean_offdiagonal(matrix)})
-    return pd.DataFrame(rows, columns=SUMMARY)
+    return pd.DataFrame(rows, columns=VIEWS_SUMMARY)
 
 
 def measure_views(model, label: str, moment_tokens: torch.Tensor, behaviour_tokens: torch.Tensor,
                   mla_rope: str = "included", text: str = "") -> tuple[pd.DataFrame, float, int]:
     """One model's QK effective rank under the three views: weights and data-aware weights (at
     `mla_rope`; Σ from `moment_tokens`, described as `text`) and behaviour (attention maps on
-    `behaviour_tokens`). Returns the summary rows (columns `SUMMARY`), the seconds spent estimating
+    `behaviour_tokens`). Returns the summary rows (columns `VIEWS_SUMMARY`), the seconds spent estimating
     Σ and the number of tokens it was estimated on."""
     start = time.perf_counter()
     moments = input_moments(model, moment_tokens, text=text)
@@ -80,5 +76,5 @@ def measure_views(model, label: str, moment_tokens: torch.Tensor, behaviour_toke
     weights = [analyze(model, label, mla_rope=mla_rope).summary,
                analyze(model, label, mla_rope=mla_rope, measure="data", inputs=moments).summary]
     behaviour = behaviour_summary(attention_similarity(model, behaviour_tokens, label))
-    summary = pd.concat([w.assign(negative_mass=0.0)[SUMMARY] for w in weights] + [behaviour], ignore_index=True)
+    summary = pd.concat([w.assign(negative_mass=0.0)[VIEWS_SUMMARY] for w in weights] + [behaviour], ignore_index=True)
     return summary, seconds, moments.n_tokens

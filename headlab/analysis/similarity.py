@@ -55,10 +55,9 @@ import pandas as pd
 import torch
 from scipy.stats import spearmanr
 
-from headlab.analysis.heads import CIRCUITS, LRKVWeights, MLAWeights, check_circuit, check_mla_rope, load_heads
+from headlab.analysis.heads import LRKVWeights, MLAWeights, check_circuit, check_mla_rope, load_heads
 from headlab.analysis.inputs import InputMoments, run_forward
 from headlab.analysis.spectrum import (
-    KINDS,
     cosine_similarity,
     data_gram,
     frobenius_gram,
@@ -69,27 +68,23 @@ from headlab.analysis.tables import load_tables, save_tables
 from headlab.model.attention.common import AttentionCore, attention_probabilities
 from headlab.model.gpt import eval_mode
 from headlab.model.ops import QK_NORM_EPS
+from headlab.schema import (
+    ALL_CIRCUITS,
+    BEHAVIOUR,
+    CIRCUITS,
+    COLUMNS,
+    KINDS,
+    MEASURES,
+    NOT_APPLICABLE,
+    PATTERN,
+    SPECTRUM_METRICS,
+    check,
+)
 
-COLUMNS = {
-    "similarity": ["model", "layer", "circuit", "measure", "mla_rope", "head_i", "head_j", "value"],
-    "spectra": ["model", "layer", "circuit", "measure", "mla_rope", "kind", "index", "eigenvalue", "variance_ratio",
-                "cumulative"],
-    "summary": ["model", "layer", "circuit", "measure", "mla_rope", "kind", "n_heads", "effective_rank",
-                "effective_rank_pct_of_heads", "effective_rank_pct_of_ceiling", "n_components_90",
-                "participation_ratio", "mean_offdiag_similarity"],
-    "norms": ["model", "layer", "circuit", "mla_rope", "part", "frobenius_norm"],
-    "lrkv_cosine": ["model", "layer", "circuit", "mla_rope", "head", "cosine"],
-}
 REQUIRED_FILES = ("similarity", "spectra", "summary")  # an analysis folder always has these
 MANIFEST = "analysis.json"
 LARGE_SIMILARITY_ROWS = 5_000_000  # above this the similarity table (H² rows per layer) is warned about
 SIDES = {"qk": ("query", "key"), "ov": ("value", "output")}
-PATTERN = "pattern"  # the `circuit` of attention-map similarity
-NOT_APPLICABLE = "n/a"  # the `mla_rope` of attention-map similarity: maps involve no such choice
-MEASURES = ("frobenius", "data")  # inner products of head forms: plain, or weighted by input moments
-BEHAVIOUR = "jensen_shannon"  # the `measure` of attention-map similarity
-SPECTRUM_METRICS = ("effective_rank", "effective_rank_pct_of_heads", "effective_rank_pct_of_ceiling",
-                    "n_components_90", "participation_ratio")  # summary columns read off a Spectrum
 
 
 @dataclass
@@ -162,14 +157,12 @@ def analyze(source, label: str | None = None, circuit: str = "qk",
     Euclidean (Σ_R = I), i.e. E_y[⟨A_iᵀy, A_jᵀy⟩]: how alike two heads' writes are for real sources.
     """
     check_mla_rope(mla_rope)
-    if circuit not in (*CIRCUITS, "both"):
-        raise ValueError(f"circuit = {circuit!r} is invalid: allowed values are {', '.join(CIRCUITS)}, both")
-    if measure not in MEASURES:
-        raise ValueError(f"measure = {measure!r} is invalid: allowed values are {', '.join(MEASURES)}")
+    check("circuit", circuit, (*CIRCUITS, ALL_CIRCUITS))
+    check("measure", measure, MEASURES)
     if (measure == "data") != (inputs is not None):
         raise ValueError(f"measure = {measure!r} with inputs = {type(inputs).__name__}: measure 'data' needs "
                          "inputs = headlab.analysis.inputs.input_moments(...), and only it uses them")
-    circuits = CIRCUITS if circuit == "both" else (circuit,)
+    circuits = CIRCUITS if circuit == ALL_CIRCUITS else (circuit,)
     heads = load_heads(source, label)
     if heads.n_heads < 2:
         raise ValueError(f"{heads.label} has n_heads = {heads.n_heads}: head similarity needs at least 2 heads")

@@ -7,9 +7,9 @@ import argparse
 import math
 from pathlib import Path
 
-from headlab.model.config import ATTENTION_FAMILIES, PRESETS, ModelConfig
+from headlab.model.config import PRESETS, ModelConfig
 from headlab.model.gpt import DTYPE_BYTES
-from headlab.study.roles import ROLES
+from headlab.schema import ALL_CIRCUITS, CIRCUITS, FAMILIES, MEASURES, MLA_ROPE, ROLES
 from headlab.study.sweep import UNSWEPT_TRAIN_FIELDS
 from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, TrainConfig
 
@@ -95,7 +95,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, attention_default: str 
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
                         help="model (and training) preset (default: %(default)s)")
     parser.add_argument("--config", metavar="JSON", help="a ModelConfig JSON file instead of a preset")
-    parser.add_argument("--attention", default=attention_default, choices=ATTENTION_FAMILIES,
+    parser.add_argument("--attention", default=attention_default, choices=FAMILIES,
                         help="attention family " + ("(default: the study's six variants)" if attention_default is None
                                                     else "(default: %(default)s)"))
     for name in CONFIG_OVERRIDES:
@@ -161,16 +161,16 @@ def analyze_arguments(analyze: argparse.ArgumentParser) -> None:
                          help="a headlab run folder, or a Hugging Face checkpoint folder / .safetensors file")
     analyze.add_argument("--out", required=True, type=Path, metavar="DIR",
                          help="folder for similarity.csv, spectra.csv, summary.csv, norms.csv, lrkv_cosine.csv")
-    analyze.add_argument("--circuit", default="qk", choices=("qk", "ov", "both"),
+    analyze.add_argument("--circuit", default="qk", choices=(*CIRCUITS, ALL_CIRCUITS),
                          help="qk: W_Q W_Kᵀ (the paper's); ov: W_V W_O; both (default: %(default)s)")
-    analyze.add_argument("--measure", default="frobenius", choices=("frobenius", "data"),
+    analyze.add_argument("--measure", default="frobenius", choices=MEASURES,
                          help="inner product of head forms: frobenius (the paper's) or data (weighted by the second "
                               "moments of each layer's inputs on --text) (default: %(default)s)")
     analyze.add_argument("--text", type=Path, metavar="FILE",
                          help="UTF-8 text each SOURCE reads to measure its input moments (needed by --measure data)")
     analyze.add_argument("--label", action="append", metavar="NAME",
                          help="display name of each SOURCE, in order (default: from its config)")
-    analyze.add_argument("--mla-rope", default="included", choices=("included", "excluded"),
+    analyze.add_argument("--mla-rope", default="included", choices=MLA_ROPE,
                          help="MLA only: whether the decoupled RoPE query/key parts enter A_h ('included'), or only "
                               "the latent path W_down W_up,h as in the paper's Table 4 ('excluded') "
                               "(default: %(default)s)")

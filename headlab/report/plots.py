@@ -40,8 +40,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import EngFormatter, MaxNLocator, PercentFormatter
 
 from headlab.io import Manifest
+from headlab.schema import KINDS
 
-KINDS = ("uncentered", "centered")
 KIND_TITLES = {"uncentered": "uncentered", "centered": "centered, PCA-based"}
 CIRCUIT_TITLES = {"qk": "QK circuit", "ov": "OV circuit", "pattern": "attention maps"}
 MEASURE_TITLES = {"frobenius": "Weights (Frobenius)", "data": "Data-aware weights (Σ of inputs)",

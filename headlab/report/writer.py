@@ -19,11 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from headlab.analysis.measures import VIEWS
-from headlab.analysis.similarity import BEHAVIOUR
-from headlab.analysis.spectrum import KINDS
 from headlab.io import Manifest, writing
 from headlab.report import plots
+from headlab.schema import BEHAVIOUR, KINDS, VIEWS
 from headlab.study.claims import (
     claims,
     difference_to_mha,

@@ -9,7 +9,7 @@ trained, reused or resumed in one way, for `headlab reproduce` and the notebooks
     Study("paper-128m", None, Path("runs/paper"), corpus="hf:HuggingFaceFW/fineweb-edu:sample-10BT",
           tokenizer="gpt2", tokens=2_000_000_000)
 
-Layout: <folder>/runs/<variant slug>-seed<k>/ (a run folder: see `headlab.training.runs`). A
+Layout: <folder>/runs/<ModelConfig.run_name>-seed<k>/ (a run folder: see `headlab.training.runs`). A
 finished run is loaded, an interrupted one resumed; a seed's data order and initial weights depend
 on the seed alone, so the runs of one seed form a paired comparison.
 
@@ -56,11 +56,6 @@ STUDY = "a study folder"
 def loss_unit(tokenizer: str) -> str:
     """What a validation loss is per: a byte for the byte tokenizer (a token is a byte), else a token."""
     return "nats/byte" if tokenizer == "byte" else "nats/token"
-
-
-def slug(label: str) -> str:
-    """'LRKV (r=16)' -> 'lrkv-r16'."""
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", label.lower().replace("=", ""))).strip("-")
 
 
 def project_root(start: str | Path | None = None) -> Path:
@@ -182,8 +177,8 @@ class Study:
         return load_corpus(self.corpus, self.tokenizer, **self.corpus_options)
 
     def run_folder(self, config: ModelConfig, seed: int = 0) -> Path:
-        """Where one variant's run of `seed` lives: <folder>/runs/<variant slug>-seed<k>."""
-        return self.folder / "runs" / f"{slug(config.label)}-seed{seed}"
+        """Where one variant's run of `seed` lives: <folder>/runs/<ModelConfig.run_name>-seed<k>."""
+        return self.folder / "runs" / f"{config.run_name}-seed{seed}"
 
     def finished_runs(self, seed: int = 0) -> list[Path]:
         """The run folders of `seed` that hold trained weights, in variant order."""

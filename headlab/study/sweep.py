@@ -24,10 +24,11 @@ import numpy as np
 import pandas as pd
 
 from headlab.model.config import ModelConfig, preset
+from headlab.schema import FLAGSHIP_MLA_ROPE
 from headlab.study.claims import METRICS, difference_to_mha, per_seed_metrics, variant_name, variant_rows
 from headlab.study.roles import comparison_roles
 from headlab.study.study import Study, loss_unit
-from headlab.study.tables import FLAGSHIP_MLA_ROPE, analysis_tables, training_table
+from headlab.study.tables import analysis_tables, training_table
 from headlab.training.config import TrainConfig, train_preset
 
 # TrainConfig fields a grid cannot set: the lengths axis sets the steps, the seeds axis the seed.
