@@ -80,7 +80,7 @@ from headlab.report import plots
 from headlab.report.widgets import explore
 from headlab.report.writer import rank_table
 from headlab.study.claims import measure_claims, per_seed_metrics, per_seed_ranks, per_step_metrics, training_claims
-from headlab.study.study import NotebookStudy
+from headlab.study.notebook import NotebookStudy
 from headlab.schema import FLAGSHIP_MLA_ROPE
 from headlab.study.tables import study_tables
 
@@ -105,7 +105,7 @@ VARIANTS = STUDY.variants
 tables = study_tables(STUDY, SEEDS)  # both settings of mla_rope: MLA's RoPE parts in A_h or not
 training = tables["training"]
 flagship = {name: tables[name][tables[name]["mla_rope"] == FLAGSHIP_MLA_ROPE] for name in ("spectra", "summary", "similarity")}
-colours = plots.palette(tables["summary"]["model"])  # one colour per method, in every figure
+colours = plots.palette(plots.table_methods(tables["summary"]))  # one colour per method, in every figure
 layers = plots.layer_roles(tables["summary"]["layer"])
 layers
 

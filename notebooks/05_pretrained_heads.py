@@ -82,7 +82,7 @@ from pathlib import Path
 from headlab.report import plots
 from headlab.analysis.similarity import analyze, concat
 from headlab.analysis.heads import load_heads, minilm_checkpoint
-from headlab.study.study import NotebookStudy
+from headlab.study.notebook import NotebookStudy
 
 CHECKPOINT = Path(CHECKPOINT or minilm_checkpoint())
 STUDY = NotebookStudy.choose(SMALL, RUNS)
@@ -168,4 +168,4 @@ print(f"{len(ours)} run(s) of notebook 01 found in {relpath(STUDY.folder / 'runs
 both = concat([bert, *(analyze(run) for run in ours)])
 ranks = both.summary.query("circuit == 'qk'").pivot_table(index="model", columns="kind",
                                                           values="effective_rank_pct_of_ceiling")
-ranks.reindex(plots.method_order(both.models)).round(1)
+ranks.reindex(both.models).round(1)

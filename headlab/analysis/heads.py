@@ -40,6 +40,7 @@ Heads are numbered from 0, like layers.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ from headlab.analysis.spectrum import Factors
 from headlab.io import below, read_regular
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
-from headlab.schema import CIRCUITS, MLA_ROPE, check
+from headlab.schema import CIRCUITS, FAMILIES, MLA_ROPE, check
 from headlab.training.runs import parse_weights, read_config, read_current
 
 
@@ -296,6 +297,7 @@ class ModelHeads:
     n_layers: int
     n_heads: int
     read_layer: Callable[[int], LayerWeights]
+    figure_order: tuple[int, int] = (len(FAMILIES), 0)  # a headlab config's `figure_order`; others after them
 
     def __post_init__(self):
         for name in ("n_layers", "n_heads"):
@@ -383,7 +385,7 @@ def from_state_dict(config: ModelConfig, state: Mapping, label: str | None = Non
         return GroupedWeights(w("c_q.weight"), w("c_k.weight"), w("c_v.weight"), w("c_proj.weight"), h)
 
     return ModelHeads(label or config.label, f"headlab-{config.attention}", config.n_layer,
-                      config.n_head, read_layer)
+                      config.n_head, read_layer, config.figure_order)
 
 
 # ---- Hugging Face layouts, keyed by config.json's model_type ---------------------------------
@@ -512,8 +514,7 @@ def load_heads(source, label: str | None = None) -> ModelHeads:
     `ModelHeads`, or a path to a folder (or a .safetensors file in a folder) holding config.json:
     a headlab run folder, or a Hugging Face checkpoint chosen by its `model_type`."""
     if isinstance(source, ModelHeads):
-        return source if label is None else ModelHeads(label, source.layout, source.n_layers,
-                                                       source.n_heads, source.read_layer)
+        return source if label is None else dataclasses.replace(source, label=label)
     if isinstance(getattr(source, "config", None), ModelConfig):
         return from_state_dict(source.config, source.state_dict(), label)
     if not isinstance(source, (str, Path)):

@@ -13,19 +13,16 @@ from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import encode_text, input_moments
 from headlab.analysis.similarity import analyze, concat
 from headlab.analysis.snapshots import analyze_snapshots
-from headlab.analysis.tables import load_tables, save_tables
 from headlab.cli.arguments import CONFIG_OVERRIDES, TRAIN_OVERRIDES
 from headlab.data.corpus import load_corpus
 from headlab.data.encoding import available_cores
 from headlab.data.tokenizers import tokenizer_vocab_size
-from headlab.io import Manifest
 from headlab.model.config import ModelConfig, preset
 from headlab.model.gpt import describe
-from headlab.report.plots import method_order
-from headlab.report.writer import SWEEP, SWEEP_MANIFEST, write_docs, write_report, write_sweep_report
+from headlab.report.writer import write_docs, write_report, write_sweep_report
 from headlab.study.roles import comparison_variants
 from headlab.study.study import Study
-from headlab.study.sweep import grid, sweep_roles, sweep_table
+from headlab.study.sweep import claim_sweep_folder, grid, save_sweep, sweep_roles, sweep_table
 from headlab.study.tables import read_study_tables, tabulate_study
 from headlab.training.config import train_preset
 from headlab.training.distributed import leave_process_group
@@ -133,8 +130,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if (args.measure == "data") != (args.text is not None):
         raise ValueError(f"--measure {args.measure} with --text {args.text}: --measure data needs --text FILE, "
                          "and only it reads one")
-    order = labels if args.label is not None else method_order(labels)  # a shell glob's order is alphabetical
     by_label = dict(zip(labels, zip(sources, args.sources)))
+    # a shell glob's order is alphabetical: without --label, headlab models go in figure order (by config)
+    order = labels if args.label is not None else sorted(labels, key=lambda label: by_label[label][0].figure_order)
     result = concat(analyze(heads, label, args.circuit, mla_rope=args.mla_rope, measure=args.measure,
                             inputs=_moments(source, args.text) if args.text else None)
                     for label in order for heads, source in [by_label[label]])
@@ -277,13 +275,10 @@ def cmd_sweep(args) -> int:
     only = tuple(args.only) if args.only else None
     print(f"sweep: {len(points)} grid point(s) x {len(sweep_roles(args.preset, only))} variants x "
           f"{args.seeds} seed(s) into {args.out}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    Manifest.claim(args.out, SWEEP_MANIFEST, SWEEP)  # a folder headlab did not write is refused before training
+    claim_sweep_folder(args.out)
     check_jobs(args.jobs or 1, len(points) * len(sweep_roles(args.preset, only)) * args.seeds)
-    table = sweep_table(points, args.seeds, args.out, jobs=args.jobs, only=only)
-    save_tables(args.out, {"sweep": table}, SWEEP_MANIFEST, SWEEP)
-    tables, _ = load_tables(args.out, SWEEP_MANIFEST, SWEEP)
-    print(f"sweep written: {write_sweep_report(tables['sweep'], args.out)}")
+    table = save_sweep(args.out, sweep_table(points, args.seeds, args.out, jobs=args.jobs, only=only))
+    print(f"sweep written: {write_sweep_report(table, args.out)}")
     return 0
 
 def cmd_report(args) -> int:

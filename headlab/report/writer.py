@@ -40,7 +40,7 @@ from headlab.study.claims import (
 from headlab.study.paper import PAPER
 from headlab.study.stats import paired_difference, spread
 from headlab.study.study import MANIFEST, STUDY, loss_unit
-from headlab.study.sweep import grid_axes, sweep_sentences
+from headlab.study.sweep import SWEEP, SWEEP_MANIFEST, grid_axes, sweep_sentences
 from headlab.study.tables import StudyTables
 
 FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "effective_rank_uncentered",
@@ -49,7 +49,6 @@ FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "eff
 # and what each variant's cache saving costs in loss.
 DOCS_FIGURES = ("spectra_uncentered", "effective_rank_centered", "loss_vs_cache")
 DOCS_MANIFEST, DOCS = "docs.json", "a docs folder"  # what `write_docs` wrote, so it overwrites nothing else
-SWEEP_MANIFEST, SWEEP = "sweep.json", "a sweep folder"
 FIGURES_FOLDER = "figures"
 
 
@@ -152,7 +151,7 @@ def draw_figures(tables: StudyTables, manifest: Manifest, folder: str | None, na
     chosen = {name: tables[name][tables[name]["mla_rope"] == flagship] for name in ("spectra", "summary", "similarity")}
     spectra, summary, similarity = chosen["spectra"], chosen["summary"], chosen["similarity"]
     training = tables["training"]
-    colours = plots.palette(summary["model"].unique())
+    colours = plots.palette(plots.table_methods(summary))
     shown = list(plots.layer_roles(summary["layer"]).values())
     middle = shown[len(shown) // 2]  # the middle layer, or the late one of a 2-layer model
     final = final_losses(training)
@@ -203,7 +202,7 @@ def training_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     """'Effective rank through training': two figures and the claims of `training_claims`."""
     snapshots = tables["snapshot_summary"]
     summary = snapshots[snapshots["mla_rope"] == tables.meta["flagship_mla_rope"]].drop(columns="mla_rope")
-    colours = plots.palette(summary["model"].unique())
+    colours = plots.palette(plots.table_methods(summary))
     figures = [plots.save_figure(plots.rank_through_training_figure(summary, kind=kind, palette=colours),
                                  manifest, f"{FIGURES_FOLDER}/effective_rank_through_training_{kind}")
                for kind in KINDS]
@@ -275,7 +274,7 @@ def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     for a study without LRKV (or with tables older than these diagnostics)."""
     if "lrkv_factors" not in tables.tables or tables["lrkv_factors"].empty:
         return []
-    colours = plots.palette(tables["summary"]["model"].unique())
+    colours = plots.palette(plots.table_methods(tables["summary"]))
     figure = plots.save_figure(plots.factor_norm_figure(tables["factor_training"], palette=colours), manifest,
                                f"{FIGURES_FOLDER}/lrkv_norm_ratio_through_training")
     lines = [
@@ -314,7 +313,7 @@ def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
 def measures_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     """'Do the measures agree?': the three views' ranks, their agreement and `measure_claims`."""
     summary, agreement = tables["measures"], tables["measure_agreement"]
-    colours = plots.palette(summary["model"].unique())
+    colours = plots.palette(plots.table_methods(summary))
     for kind in KINDS:
         plots.save_figure(plots.measures_figure(summary, kind=kind, palette=colours), manifest,
                           f"{FIGURES_FOLDER}/measures_{kind}")
@@ -453,7 +452,7 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
         "",
         "headlab's QK-norm divides each head's query and key by their own rms, a scale per head and per token "
         "that A_h treats as 1. The largest change over layers of the effective rank (points of % of H) from the "
-        "seed-0 runs on validation text (`headlab.analysis.similarity.norm_scale_effect`): scaling each head's A_h "
+        "seed-0 runs on validation text (`headlab.analysis.qk_norm.norm_scale_effect`): scaling each head's A_h "
         "by its median 1/rms moves nothing, since a constant per head cancels in the cosine similarity; the "
         "per-token part, measured on the similarity of the heads' scores over token pairs with and without 1/rms, "
         "is what the weight-space analysis leaves out.",
