@@ -95,7 +95,7 @@ from headlab.model.gpt import describe
 from headlab.report import plots
 from headlab.report.writer import loss_table
 from headlab.study.claims import final_losses, per_seed_metrics
-from headlab.study.study import NotebookStudy
+from headlab.study.notebook import NotebookStudy
 from headlab.schema import FLAGSHIP_MLA_ROPE
 from headlab.study.tables import study_tables
 

@@ -7,17 +7,9 @@ from pathlib import Path
 import pytest
 
 import headlab
+from headlab.study.notebook import NotebookStudy, default_study_folder, project_root
 from headlab.study.roles import comparison_roles
-from headlab.study.study import (
-    MANIFEST,
-    NotebookStudy,
-    Study,
-    StudyRun,
-    claim_study_folder,
-    default_study_folder,
-    project_root,
-    settings_key,
-)
+from headlab.study.study import MANIFEST, Study, StudyRun, claim_study_folder, settings_key
 from headlab.training.config import train_preset
 
 STEPS = 4
