@@ -54,7 +54,7 @@ except ImportError:  # run as a script: benchmarks/ itself is on sys.path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from headlab.analysis import inputs
+from headlab.analysis import attention_maps, inputs, qk_norm
 from headlab.analysis import similarity as analysis
 from headlab.data.corpus import load_corpus
 from headlab.model import decoding
@@ -515,14 +515,14 @@ def analyze_runs(runs: dict) -> "analysis.Analysis":
 def report_measurements(runs: dict, windows: int) -> list[dict]:
     """The report's forward-pass measurements of every model where it trained, on `windows` random
     windows of its full context: Σ (`inputs.input_moments`), the attention-map similarity and,
-    where the variant has QK-norm, `analysis.norm_scale_effect`; seconds per measurement."""
+    where the variant has QK-norm, `qk_norm.norm_scale_effect`; seconds per measurement."""
     rows = []
     for label, run in runs.items():
         config = run.model_config
         tokens = torch.randint(0, 256, (windows, config.seq_len), generator=torch.Generator().manual_seed(0))
         row = {"variant": label}
-        for name, measure in (("moments_s", inputs.input_moments), ("behaviour_s", analysis.attention_similarity),
-                              ("norm_effect_s", analysis.norm_scale_effect if config.qk_norm else None)):
+        for name, measure in (("moments_s", inputs.input_moments), ("behaviour_s", attention_maps.attention_similarity),
+                              ("norm_effect_s", qk_norm.norm_scale_effect if config.qk_norm else None)):
             if measure is None:
                 row[name] = None
                 continue

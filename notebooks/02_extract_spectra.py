@@ -82,11 +82,12 @@ import pandas as pd
 import torch
 
 from headlab.report import plots
-from headlab.analysis.similarity import Analysis, analyze, attention_similarity, concat
+from headlab.analysis.attention_maps import attention_similarity
+from headlab.analysis.similarity import Analysis, analyze, concat
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import random_windows
 from headlab.analysis.heads import load_heads
-from headlab.study.study import NotebookStudy
+from headlab.study.notebook import NotebookStudy
 from headlab.analysis.spectrum import cosine_similarity, frobenius_gram, similarity_spectrum
 
 if SMALL:

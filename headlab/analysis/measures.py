@@ -25,9 +25,12 @@ import time
 import numpy as np
 import pandas as pd
 import torch
+from scipy.stats import spearmanr
 
+from headlab.analysis.attention_maps import attention_similarity
+from headlab.analysis.heads import check_circuit
 from headlab.analysis.inputs import input_moments
-from headlab.analysis.similarity import analyze, attention_similarity
+from headlab.analysis.similarity import analyze
 from headlab.analysis.spectrum import Spectrum, double_center, mean_offdiagonal
 from headlab.schema import BEHAVIOUR, KINDS, NOT_APPLICABLE, PATTERN, VIEWS_SUMMARY, check
 
@@ -78,3 +81,39 @@ def measure_views(model, label: str, moment_tokens: torch.Tensor, behaviour_toke
     behaviour = behaviour_summary(attention_similarity(model, behaviour_tokens, label))
     summary = pd.concat([w.assign(negative_mass=0.0)[VIEWS_SUMMARY] for w in weights] + [behaviour], ignore_index=True)
     return summary, seconds, moments.n_tokens
+
+
+# ---- do the measures agree? ------------------------------------------------------------------
+
+def measure_agreement(summary: pd.DataFrame, metric: str = "effective_rank",
+                      pair_pattern_with: str | None = None) -> pd.DataFrame:
+    """Spearman rank correlation of `metric` between every two measures, per model, circuit and
+    kind, across the layers (and seeds, when `summary` has a `seed` column) that both measured:
+    columns model, circuit, kind, measure_a, measure_b, n_points, spearman (NaN when fewer than
+    3 points, or when one measure is constant over them). Measures are compared within a circuit.
+
+    `pair_pattern_with` ("qk" or "ov"): the convention that attention-map rows (circuit
+    "pattern") describe that circuit, so behaviour is compared with its weight measures; an
+    attention map is the softmax of the QK scores, so "qk" is the natural choice."""
+
+    if pair_pattern_with is not None:
+        check_circuit(pair_pattern_with)
+        summary = summary.assign(circuit=summary["circuit"].replace(PATTERN, pair_pattern_with))
+    points = ["layer"] + (["seed"] if "seed" in summary else [])
+    repeated = summary.duplicated(["model", "circuit", "kind", "measure"] + points)
+    if repeated.any():
+        first = summary[repeated].iloc[0]
+        raise ValueError(f"summary has several rows for model {first['model']!r}, circuit {first['circuit']}, "
+                         f"measure {first['measure']}, {', '.join(f'{c} {first[c]}' for c in points)}: "
+                         "tell them apart with a seed column or distinct model labels")
+    rows = []
+    for (model, circuit, kind), group in summary.groupby(["model", "circuit", "kind"], sort=False):
+        wide = group.pivot(index=points, columns="measure", values=metric)
+        measures = list(dict.fromkeys(group["measure"]))
+        for a_index, a in enumerate(measures):
+            for b in measures[a_index + 1:]:
+                pair = wide[[a, b]].dropna()
+                constant = pair[a].nunique() < 2 or pair[b].nunique() < 2
+                rho = float("nan") if len(pair) < 3 or constant else float(spearmanr(pair[a], pair[b]).statistic)
+                rows.append((model, circuit, kind, a, b, len(pair), rho))
+    return pd.DataFrame(rows, columns=["model", "circuit", "kind", "measure_a", "measure_b", "n_points", "spearman"])

@@ -39,8 +39,9 @@ import torch
 
 from headlab.analysis.heads import load_heads
 from headlab.analysis.lrkv import deviation_table, factor_table, rank_r_model
-from headlab.analysis.measures import measure_views
-from headlab.analysis.similarity import analyze, concat, measure_agreement, norm_scale_effect
+from headlab.analysis.measures import measure_agreement, measure_views
+from headlab.analysis.qk_norm import norm_scale_effect
+from headlab.analysis.similarity import analyze, concat
 from headlab.analysis.snapshots import analyze_snapshots
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.shards import Corpus, random_windows
