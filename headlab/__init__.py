@@ -2,13 +2,14 @@
 
 The package is layered, and data flows one way (a lower layer never imports a higher one):
 
+    schema     the tables' vocabulary (column names, kinds, circuits, measures, roles), stdlib only
     model      configs, ops, the five attention families, GPT, decoding caches
     data       tokenizers, text sources, token shards, corpora
-    training   trainer, run folders, snapshot writer, plan
+    training   trainer, run folders, snapshot writer, FLOPs / memory / hardware models, plan
     analysis   heads -> spectrum math -> tidy tables (headlab runs and pretrained checkpoints)
     study      variants by role x seeds, statistics, claims, the study's tables on disk
     report     plots, widgets and report.md, drawn from tables only
-    cli        `headlab info | train | analyze | reproduce | report`
+    cli        `headlab info | train | analyze | reproduce | sweep | report | docs`
 """
 
 from headlab.package import installed_version, lazy_exports

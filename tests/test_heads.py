@@ -27,7 +27,8 @@ import torch
 
 from conftest import tiny_model
 from headlab.analysis.attention_maps import recorded_attention
-from headlab.analysis.heads import LRKVWeights, MLAWeights, load_heads
+from headlab.analysis.heads import load_heads
+from headlab.analysis.layer_weights import LRKVWeights, MLAWeights
 from headlab.analysis.spectrum import frobenius_gram
 
 T = 6

@@ -28,8 +28,8 @@ import torch
 from scipy.stats import spearmanr
 
 from headlab.analysis.attention_maps import attention_similarity
-from headlab.analysis.heads import check_circuit
 from headlab.analysis.inputs import input_moments
+from headlab.analysis.layer_weights import check_circuit
 from headlab.analysis.similarity import analyze
 from headlab.analysis.spectrum import Spectrum, double_center, mean_offdiagonal
 from headlab.schema import BEHAVIOUR, KINDS, NOT_APPLICABLE, PATTERN, VIEWS_SUMMARY, check

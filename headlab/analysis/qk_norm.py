@@ -1,4 +1,4 @@
-"""QK-norm's 1/rms: what treating it as 1 leaves out. A_h (`headlab.analysis.heads`) drops
+"""QK-norm's 1/rms: what treating it as 1 leaves out. A_h (`headlab.analysis.layer_weights`) drops
 QK-norm's per-head, per-token scale; `norm_scale_effect` measures how far putting it back moves
 the effective rank."""
 
@@ -22,7 +22,7 @@ NORM_MEASURES = ("weights", "weights, median 1/rms per head", "token scores", "t
 def norm_scale_effect(model, tokens: torch.Tensor, label: str | None = None) -> pd.DataFrame:
     """How far QK-norm's per-head, per-token 1/rms moves the effective rank, on `tokens` (B, T).
 
-    A_h treats 1/rms as 1 (see `headlab.analysis.heads`); the model scores xᵀ A_h y · a_h(x) b_h(y) with
+    A_h treats 1/rms as 1 (see `headlab.analysis.layer_weights`); the model scores xᵀ A_h y · a_h(x) b_h(y) with
     a_h(x) = 1/rms(x W_Q,h), b_h(y) = 1/rms(y W_K,h), x and y the attention inputs. Per layer
     and kind, the effective rank (% of H) of four similarity matrices:
 

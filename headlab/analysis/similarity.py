@@ -9,8 +9,9 @@
     weighted = analyze(model_or_path, measure="data", inputs=moments)          # data-aware measure
 
 `source` is a headlab GPT, a headlab run folder (config.json + model.safetensors), a Hugging Face
-checkpoint folder or .safetensors file (see `headlab.analysis.heads` for the layouts and for what lies
-outside the bilinear form: RoPE, norms, biases), or a `ModelHeads`.
+checkpoint folder or .safetensors file (`headlab.analysis.hf_layouts` has the layouts,
+`headlab.analysis.layer_weights` what lies outside the bilinear form: RoPE, norms, biases), or a
+`ModelHeads`.
 
 `mla_rope` ("included" by default, or "excluded") says whether MLA's decoupled RoPE query/key
 parts enter A_h; "excluded" is the paper's Table 4 definition W_K,h = W_down W_up,h. It is
@@ -50,8 +51,9 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from headlab.analysis.heads import LRKVWeights, MLAWeights, check_mla_rope, load_heads
+from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import InputMoments
+from headlab.analysis.layer_weights import LRKVWeights, MLAWeights, check_mla_rope
 from headlab.analysis.spectrum import (
     cosine_similarity,
     data_gram,

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from headlab.analysis.heads import TensorStore, from_state_dict
+from headlab.analysis.heads import from_state_dict
 from headlab.analysis.similarity import Analysis, analyze, stack_tables
+from headlab.analysis.tensors import TensorStore
 from headlab.model.config import ModelConfig
 from headlab.schema import COLUMNS
 from headlab.training.runs import parse_weights, read_config, read_current
