@@ -19,7 +19,8 @@ import pandas as pd
 
 from headlab.analysis.tables import save_tables
 from headlab.data.corpus import load_corpus
-from headlab.report.writer import write_report, write_sweep_report
+from headlab.report.sweep_page import write_sweep_report
+from headlab.report.writer import write_report
 from headlab.study.claims import per_seed_metrics
 from headlab.study.roles import comparison_roles
 from headlab.study.study import StudyRun

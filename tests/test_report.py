@@ -15,7 +15,8 @@ import headlab.report.writer
 import headlab.study.stats
 import headlab.study.tables
 from headlab.cli.main import main
-from headlab.report.writer import DOCS_FIGURES, FIGURES, rank_table, write_report
+from headlab.report.paper_tables import rank_table
+from headlab.report.writer import DOCS_FIGURES, FIGURES, write_report
 from headlab.study.claims import claims, per_seed_metrics, rule_text
 from headlab.study.paper import PAPER
 from headlab.study.roles import comparison_roles

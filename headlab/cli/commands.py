@@ -19,7 +19,8 @@ from headlab.data.encoding import available_cores
 from headlab.data.tokenizers import tokenizer_vocab_size
 from headlab.model.config import ModelConfig, preset
 from headlab.model.gpt import describe
-from headlab.report.writer import write_docs, write_report, write_sweep_report
+from headlab.report.sweep_page import write_sweep_report
+from headlab.report.writer import write_docs, write_report
 from headlab.study.roles import comparison_variants
 from headlab.study.study import Study
 from headlab.study.sweep import claim_sweep_folder, grid, save_sweep, sweep_roles, sweep_table
