@@ -43,8 +43,9 @@ from headlab.analysis.heads import from_state_dict
 from headlab.analysis.inputs import input_moments
 from headlab.analysis.similarity import analyze
 from headlab.model.attention import build_attention
-from headlab.model.config import ATTENTION_FAMILIES, preset
+from headlab.model.config import preset
 from headlab.model.gpt import GPT
+from headlab.schema import FAMILIES
 
 TARGET_S = {"paper-128m": 2.0, "paper-2.5b": 30.0}
 TARGET_PEAK_MB = 4096
@@ -134,8 +135,8 @@ def _measure_in_subprocess(case: str, attention: str, seed: int) -> dict:
 
 
 def run(quick: bool = False, seed: int = 0, **_ignored) -> common.Report:
-    cases = [("paper-128m", a) for a in ATTENTION_FAMILIES]
-    cases += [("paper-2.5b", a) for a in (("mha",) if quick else ATTENTION_FAMILIES)]
+    cases = [("paper-128m", a) for a in FAMILIES]
+    cases += [("paper-2.5b", a) for a in (("mha",) if quick else FAMILIES)]
     rows, misses = [], []
     for case, attention in cases:
         m = _measure_in_subprocess(case, attention, seed)
@@ -146,7 +147,7 @@ def run(quick: bool = False, seed: int = 0, **_ignored) -> common.Report:
         if not ok:
             misses.append(f"analysis_speed {case} {attention}: {m['seconds']:.1f} s, {m['peak_mb']:.0f} MB ({target})")
     data_rows = []
-    for attention in ("mha",) if quick else ATTENTION_FAMILIES:
+    for attention in ("mha",) if quick else FAMILIES:
         m = _measure_in_subprocess("data", attention, seed)
         ok = m["seconds"] < DATA_TARGET_S
         data_rows.append([attention, m["seconds"], m["frobenius_s"], m["ratio"], m["estimation_s"], m["others_pct"],

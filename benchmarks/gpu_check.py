@@ -12,8 +12,8 @@ Stages (each gives rows of the summary table: check, PASS / FAIL / SKIP, detail)
   with `--resume`, ends bit for bit where the uninterrupted run ends.
 - six variants of paper-128m trained in bf16 with torch.compile on one GPU, and on them: the SDPA
   backend each family runs, the peak memory of training against the plan's figure
-  (headlab.training.plan.memory_per_device), recompilations, tokens/s and MFU against this GPU's
-  measured bf16 matmul peak (headlab.training.plan.model_flops_utilization), decoding at context
+  (headlab.training.memory.memory_per_device), recompilations, tokens/s and MFU against this GPU's
+  measured bf16 matmul peak (headlab.training.flops.model_flops_utilization), decoding at context
   2048 with cache bytes against the formula, the head analysis and the report's forward-pass
   measurements (Σ, attention maps, QK-norm's 1/rms) on the device the models trained on.
 - tokenization throughput (benchmarks/tokenization.py's core on a few MB of generated text; it
@@ -54,22 +54,17 @@ except ImportError:  # run as a script: benchmarks/ itself is on sys.path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from headlab.analysis import inputs
+from headlab.analysis import attention_maps, inputs, qk_norm
 from headlab.analysis import similarity as analysis
 from headlab.data.corpus import load_corpus
 from headlab.model import decoding
 from headlab.runs.checkpoints import checkpoint_step, has_checkpoint
 from headlab.study.roles import comparison_variants
-from headlab.study.study import slug
 from headlab.training.config import train_preset
-from headlab.training.plan import (
-    format_bytes,
-    gpu_peak,
-    measure_peak_flops,
-    memory_per_device,
-    micro_batch_size,
-    model_flops_utilization,
-)
+from headlab.training.flops import model_flops_utilization
+from headlab.training.hardware import gpu_peak, measure_peak_flops
+from headlab.training.memory import memory_per_device, micro_batch_size
+from headlab.training.plan import format_bytes
 from headlab.training.runs import Run, load_run
 from headlab.training.trainer import train
 
@@ -162,7 +157,7 @@ CHILD_TIMEOUT_S = 600  # a hung NCCL rendezvous ends as a FAIL, not a hung check
 RESUMABLE_TRAIN = """
 import os, sys
 import torch
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.model.gpt import GPT
 
 if torch.cuda.is_available():
@@ -368,7 +363,7 @@ def train_variants(preset: str, steps: int, batch_size: int, log_every: int, dev
         started = time.perf_counter()
         torch.compiler.reset()  # so that this model's first compilation is not a recompilation of the last model's
         with RecompileLog() as recompiles, PeakMemory(device) as peak:
-            runs[variant.label] = train(variant, config, corpus, out=runs_dir / slug(variant.label), progress=False)
+            runs[variant.label] = train(variant, config, corpus, out=runs_dir / variant.run_name, progress=False)
         seen[variant.label] = {"peak_bytes": peak.bytes, "recompiles": recompiles.messages}
         print(f"  trained {variant.label} in {time.perf_counter() - started:.0f} s", flush=True)
     return runs, seen
@@ -429,7 +424,7 @@ def memory_check(label: str, measured: int, planned: float) -> Check:
 
 
 def memory_checks(runs: dict, seen: dict, device: str) -> list[Check]:
-    """Each variant's peak CUDA memory in training against headlab.training.plan.memory_per_device
+    """Each variant's peak CUDA memory in training against headlab.training.memory.memory_per_device
     for its config, micro-batch, one device under DDP, optimizer and dtype."""
     if device != "cuda":
         return [Check("peak memory vs plan", SKIP, "no CUDA device (--smoke)")]
@@ -521,14 +516,14 @@ def analyze_runs(runs: dict) -> "analysis.Analysis":
 def report_measurements(runs: dict, windows: int) -> list[dict]:
     """The report's forward-pass measurements of every model where it trained, on `windows` random
     windows of its full context: Σ (`inputs.input_moments`), the attention-map similarity and,
-    where the variant has QK-norm, `analysis.norm_scale_effect`; seconds per measurement."""
+    where the variant has QK-norm, `qk_norm.norm_scale_effect`; seconds per measurement."""
     rows = []
     for label, run in runs.items():
         config = run.model_config
         tokens = torch.randint(0, 256, (windows, config.seq_len), generator=torch.Generator().manual_seed(0))
         row = {"variant": label}
-        for name, measure in (("moments_s", inputs.input_moments), ("behaviour_s", analysis.attention_similarity),
-                              ("norm_effect_s", analysis.norm_scale_effect if config.qk_norm else None)):
+        for name, measure in (("moments_s", inputs.input_moments), ("behaviour_s", attention_maps.attention_similarity),
+                              ("norm_effect_s", qk_norm.norm_scale_effect if config.qk_norm else None)):
             if measure is None:
                 row[name] = None
                 continue

@@ -39,7 +39,7 @@ from safetensors.torch import save_file
 
 from headlab import ModelConfig, TrainConfig, load_corpus, load_run, preset, train, train_preset
 from headlab.analysis.similarity import Analysis, analyze
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.io import HashingFile
 from headlab.model.gpt import GPT
 from headlab.runs.checkpoints import current_checkpoint

@@ -24,7 +24,8 @@ from scale_study import study_runs
 
 from headlab.data.corpus import load_corpus
 from headlab.io import atomic_write_text
-from headlab.report.writer import factor_rows, markdown_table, rank_bound_rows, write_report
+from headlab.report.paper_tables import markdown_table
+from headlab.report.writer import factor_rows, rank_bound_rows, write_report
 from headlab.study.claims import METRICS, difference_to_mha, per_seed_metrics, values, variant_name, variant_rows
 from headlab.study.stats import paired_difference, spread
 from headlab.study.tables import tabulate_study

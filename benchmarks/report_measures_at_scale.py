@@ -27,14 +27,14 @@ import torch
 from scipy.spatial.distance import jensenshannon
 
 from headlab import preset
-from headlab.analysis.inputs import input_moments
-from headlab.analysis.similarity import (
+from headlab.analysis.attention_maps import (
     attention_pattern,
     attention_similarity,
     js_distance_matrix,
-    norm_scale_effect,
     recorded_attention,
 )
+from headlab.analysis.inputs import input_moments
+from headlab.analysis.qk_norm import norm_scale_effect
 from headlab.model.gpt import GPT
 
 

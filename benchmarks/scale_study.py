@@ -19,10 +19,11 @@ import pandas as pd
 
 from headlab.analysis.tables import save_tables
 from headlab.data.corpus import load_corpus
-from headlab.report.writer import write_report, write_sweep_report
+from headlab.report.sweep_page import write_sweep_report
+from headlab.report.writer import write_report
 from headlab.study.claims import per_seed_metrics
 from headlab.study.roles import comparison_roles
-from headlab.study.study import StudyRun, slug
+from headlab.study.study import StudyRun
 from headlab.study.sweep import GridPoint, point_rows
 from headlab.study.tables import tabulate_study
 from headlab.training.config import train_preset
@@ -33,7 +34,7 @@ def study_runs(folder: Path, preset: str) -> list[StudyRun]:
     """Every finished run of a study folder as StudyRun records, by role and seed."""
     runs = []
     for role, config in comparison_roles(preset).items():
-        for run_folder in sorted((folder / "runs").glob(f"{slug(config.label)}-seed*")):
+        for run_folder in sorted((folder / "runs").glob(f"{config.run_name}-seed*")):
             run = load_run(run_folder)
             runs.append(StudyRun(role, run.model_config, int(run_folder.name.rsplit("seed", 1)[1]), run_folder, run))
     return runs

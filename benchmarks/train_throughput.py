@@ -3,7 +3,7 @@
 A step here is exactly the trainer's: random windows, forward, backward, gradient clipping and
 the AdamW step, at the preset's training batch, with the trainer's CPU allocator setting
 (`keep_freed_cpu_memory`). MFU is headlab's one definition,
-`headlab.training.plan.model_flops_utilization` (6·N plus the causal attention term per token,
+`headlab.training.flops.model_flops_utilization` (6·N plus the causal attention term per token,
 as `--plan` and benchmarks/gpu_check.py count it), against this CPU's fp32 matmul peak measured in
 the same run: large square matmuls are timed in every round beside the training steps, a round's
 peak is its best size, and MFU is the median over rounds of each round's ratio, so that a shared
@@ -32,8 +32,8 @@ from headlab.data.shards import random_windows
 from headlab.model.gpt import GPT
 from headlab.study.roles import comparison_variants
 from headlab.training.config import train_preset
+from headlab.training.flops import model_flops_utilization, training_flops
 from headlab.training.optimizers import make_optimizers
-from headlab.training.plan import model_flops_utilization, training_flops
 from headlab.training.trainer import keep_freed_cpu_memory
 
 MFU_TARGET = 0.50

@@ -2,14 +2,15 @@
 
 The package is layered, and data flows one way (a lower layer never imports a higher one):
 
+    schema     the tables' vocabulary (column names, kinds, circuits, measures, roles), stdlib only
     model      configs, ops, the five attention families, GPT, decoding caches
     data       tokenizers, text sources, token shards, corpora
     runs       run folders: config, metrics, atomic checkpoints, snapshots; written and read
-    training   trainer, processes under torchrun, plan
+    training   trainer, processes under torchrun, FLOPs / memory / hardware models, plan
     analysis   heads -> spectrum math -> tidy tables (headlab runs and pretrained checkpoints)
     study      variants by role x seeds, statistics, claims, the study's tables on disk
     report     plots, widgets and report.md, drawn from tables only
-    cli        `headlab info | train | analyze | reproduce | report`
+    cli        `headlab info | train | analyze | reproduce | sweep | report | docs`
 """
 
 from headlab.package import installed_version, lazy_exports
@@ -20,8 +21,9 @@ exported, __all__ = lazy_exports(__name__, {
     "headlab.analysis.similarity": ("Analysis", "analyze"),
     "headlab.data.corpus": ("load_corpus",),
     "headlab.data.shards": ("Corpus",),
-    "headlab.model.config": ("ATTENTION_FAMILIES", "PRESETS", "ModelConfig", "preset"),
+    "headlab.model.config": ("PRESETS", "ModelConfig", "preset"),
     "headlab.model.gpt": ("GPT",),
+    "headlab.schema": ("FAMILIES",),
     "headlab.study.roles": ("comparison_roles", "comparison_variants"),
     "headlab.training.config": ("TrainConfig", "train_preset"),
     "headlab.training.runs": ("Run", "load_run"),

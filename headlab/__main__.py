@@ -17,7 +17,7 @@ def run() -> int:
     interrupted = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     try:
-        cli = importlib.import_module("headlab.cli")
+        cli = importlib.import_module("headlab.cli.main")
     finally:
         signal.signal(signal.SIGINT, previous)
     if interrupted:

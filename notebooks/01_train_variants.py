@@ -91,12 +91,13 @@ import pandas as pd
 import torch
 
 import headlab
-from headlab.cli import describe
+from headlab.model.gpt import describe
 from headlab.report import plots
-from headlab.report.writer import loss_table, recipe_text
+from headlab.report.paper_tables import loss_table, recipe_text
 from headlab.study.claims import final_losses, per_seed_metrics
-from headlab.study.study import NotebookStudy
-from headlab.study.tables import FLAGSHIP_MLA_ROPE, study_tables
+from headlab.study.notebook import NotebookStudy
+from headlab.schema import FLAGSHIP_MLA_ROPE
+from headlab.study.tables import study_tables
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead

@@ -98,11 +98,13 @@ import pandas as pd
 import torch
 
 from headlab.report import plots
-from headlab.report.writer import recipe_text
+from headlab.report.paper_tables import recipe_text
 from headlab.analysis.similarity import Analysis, analyze
-from headlab.analysis.heads import load_heads, minilm_checkpoint
-from headlab.study.study import NotebookStudy
-from headlab.study.tables import FLAGSHIP_MLA_ROPE, study_tables
+from headlab.analysis.heads import load_heads
+from headlab.analysis.hf_layouts import minilm_checkpoint
+from headlab.study.notebook import NotebookStudy
+from headlab.schema import FLAGSHIP_MLA_ROPE
+from headlab.study.tables import study_tables
 from headlab.analysis.spectrum import cosine_similarity, frobenius_gram, similarity_spectrum
 
 if SMALL:
@@ -161,7 +163,7 @@ one.spectra.query("layer == 0 and circuit == 'qk'")
 # %%
 tables = study_tables(STUDY, SEEDS, train=SMALL)
 flagship = {name: tables[name][tables[name]["mla_rope"] == FLAGSHIP_MLA_ROPE] for name in ("summary", "similarity")}
-colours = plots.palette(tables["summary"]["model"])  # the colours of every figure of notebooks 02 and 03
+colours = plots.palette(plots.table_methods(tables["summary"]))  # the colours of every figure of notebooks 02 and 03
 qk = flagship["summary"].query("circuit == 'qk'")
 print(f"{STUDY.preset}, {tables['summary']['seed'].nunique()} seed(s) per variant. {recipe_text(tables.meta)}")
 qk.pivot_table(index="model", columns=["kind", "layer"], values="effective_rank_pct_of_heads", sort=False).reindex(

@@ -81,10 +81,11 @@ import torch
 
 from headlab.report import plots
 from headlab.report.widgets import explore
-from headlab.report.writer import rank_table, recipe_text
+from headlab.report.paper_tables import rank_table, recipe_text
 from headlab.study.claims import measure_claims, per_seed_metrics, per_seed_ranks, per_step_metrics, training_claims
-from headlab.study.study import NotebookStudy
-from headlab.study.tables import FLAGSHIP_MLA_ROPE, study_tables
+from headlab.study.notebook import NotebookStudy
+from headlab.schema import FLAGSHIP_MLA_ROPE
+from headlab.study.tables import study_tables
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead
@@ -108,7 +109,7 @@ tables = study_tables(STUDY, SEEDS, train=SMALL)  # both settings of mla_rope: M
 print(recipe_text(tables.meta))
 training = tables["training"]
 flagship = {name: tables[name][tables[name]["mla_rope"] == FLAGSHIP_MLA_ROPE] for name in ("spectra", "summary", "similarity")}
-colours = plots.palette(tables["summary"]["model"])  # one colour per method, in every figure
+colours = plots.palette(plots.table_methods(tables["summary"]))  # one colour per method, in every figure
 layers = plots.layer_roles(tables["summary"]["layer"])
 layers
 

@@ -78,7 +78,7 @@ import torch
 import headlab
 from headlab.model import decoding
 from headlab.report import plots
-from headlab.cli import describe
+from headlab.model.gpt import describe
 
 torch.set_num_threads(1)  # single-threaded timings (see above)
 CONTEXT = 128 if SMALL else 512  # tokens in the decode cache

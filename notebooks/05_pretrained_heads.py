@@ -69,7 +69,7 @@ if IN_COLAB and importlib.util.find_spec("headlab") is None:
 # %% tags=["parameters"]
 # In a saved notebook, the line printed below names the mode its outputs were made in.
 SMALL = True  # which runs of notebook 01 to compare with: small (True) or make demo's (False)
-CHECKPOINT = None  # None: all-MiniLM-L6-v2 (`headlab.analysis.heads.minilm_checkpoint()`)
+CHECKPOINT = None  # None: all-MiniLM-L6-v2 (`headlab.analysis.hf_layouts.minilm_checkpoint()`)
 RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
 
 # %%
@@ -81,8 +81,9 @@ from pathlib import Path
 
 from headlab.report import plots
 from headlab.analysis.similarity import analyze, concat
-from headlab.analysis.heads import load_heads, minilm_checkpoint
-from headlab.study.study import NotebookStudy
+from headlab.analysis.heads import load_heads
+from headlab.analysis.hf_layouts import minilm_checkpoint
+from headlab.study.notebook import NotebookStudy
 
 CHECKPOINT = Path(CHECKPOINT or minilm_checkpoint())
 STUDY = NotebookStudy.choose(SMALL, RUNS)
@@ -168,4 +169,4 @@ print(f"{len(ours)} run(s) of notebook 01 found in {relpath(STUDY.folder / 'runs
 both = concat([bert, *(analyze(run) for run in ours)])
 ranks = both.summary.query("circuit == 'qk'").pivot_table(index="model", columns="kind",
                                                           values="effective_rank_pct_of_ceiling")
-ranks.reindex(plots.method_order(both.models)).round(1)
+ranks.reindex(both.models).round(1)

@@ -12,17 +12,11 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import tiny_model, write_run
-from headlab.analysis.similarity import (
-    COLUMNS,
-    Analysis,
-    analyze,
-    attention_similarity,
-    concat,
-    js_distance_matrix,
-    norm_scale_effect,
-    recorded_attention,
-)
-from headlab.cli import main as cli_main
+from headlab.analysis.attention_maps import attention_similarity, js_distance_matrix, recorded_attention
+from headlab.analysis.qk_norm import norm_scale_effect
+from headlab.analysis.similarity import Analysis, analyze, concat
+from headlab.cli.main import main as cli_main
+from headlab.schema import COLUMNS
 
 FAMILIES = ["mha", "gqa", "mqa", "lrkv", "mla"]
 

@@ -4,11 +4,12 @@ import pytest
 import torch
 
 from conftest import DECODE_CASES, tiny_model
-from headlab import ATTENTION_FAMILIES, GPT, preset
+from headlab import GPT, preset
 from headlab.model.attention import attention_backend
+from headlab.schema import FAMILIES
 
 
-@pytest.mark.parametrize("attention", ATTENTION_FAMILIES)
+@pytest.mark.parametrize("attention", FAMILIES)
 def test_logits_up_to_t_ignore_tokens_after_t(attention, tokens):
     model = tiny_model(attention)
     t = 11

@@ -6,8 +6,10 @@ import sys
 
 import pytest
 
-from headlab import GPT, cli, preset
-from headlab.cli import build_parser, describe, main
+import headlab.cli.main as command_line
+from headlab import GPT, preset
+from headlab.cli.main import build_parser, main
+from headlab.model.gpt import describe
 from headlab.study.roles import comparison_variants
 
 
@@ -45,7 +47,11 @@ def test_every_parser_refuses_abbreviated_options():
 
 
 def test_a_mistyped_flag_prints_its_subcommands_usage_and_the_flag_it_resembles(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "cmd_reproduce", lambda args: pytest.fail(f"--seed was taken for --seeds: {args}"))
+    parser = build_parser()
+    (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    subcommands.choices["reproduce"].set_defaults(
+        func=lambda args: pytest.fail(f"--seed was taken for --seeds: {args}"))
+    monkeypatch.setattr(command_line, "build_parser", lambda: parser)
     with pytest.raises(SystemExit) as exit_:
         main(["reproduce", "--seed", "2"])
     err = capsys.readouterr().err
@@ -67,7 +73,7 @@ def test_every_subcommand_refuses_an_unknown_argument_with_its_usage_and_one_lin
     assert set(subcommands.choices) == set(REQUIRED)  # a new subcommand is checked here too
     for name, sub in subcommands.choices.items():
         sub.set_defaults(func=lambda args, name=name: pytest.fail(f"{name} ran with an unknown argument: {args}"))
-    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(command_line, "build_parser", lambda: parser)
     with pytest.raises(SystemExit) as exit_:
         main([command, *REQUIRED[command], *unknown])
     err = capsys.readouterr().err

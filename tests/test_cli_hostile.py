@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from headlab.cli import EXIT_INPUT, EXIT_INTERRUPTED, build_parser, main
+from headlab.cli.main import EXIT_INPUT, EXIT_INTERRUPTED, build_parser, main
 
 HOSTILE = ["", "-1", "0", "99999999999999999999", "-99999999999999999999", "1e999", "nan", "inf", "1.5", "abc",
            "☃", "../../x", "\x01"]
@@ -88,13 +88,12 @@ def test_hostile_files_give_one_line(tmp_path, capsys):
 
 
 def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch):
-    import headlab.cli
+    import headlab.cli.main
 
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(headlab.cli, "cmd_info", interrupted)
-    monkeypatch.setattr(headlab.cli, "build_parser", lambda: _parser_with(interrupted))
+    monkeypatch.setattr(headlab.cli.main, "build_parser", lambda: _parser_with(interrupted))
     assert main(["info"]) == EXIT_INTERRUPTED
     assert capsys.readouterr().err.strip().splitlines() == [
         "headlab: error: interrupted; a run folder resumes from its last checkpoint (--resume)"]

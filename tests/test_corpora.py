@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.data import encoding
 from headlab.data.bpe import BPETokenizer
 from headlab.data.corpus import load_corpus

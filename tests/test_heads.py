@@ -26,8 +26,9 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from headlab.analysis.heads import LRKVWeights, MLAWeights, load_heads
-from headlab.analysis.similarity import recorded_attention
+from headlab.analysis.attention_maps import recorded_attention
+from headlab.analysis.heads import load_heads
+from headlab.analysis.layer_weights import LRKVWeights, MLAWeights
 from headlab.analysis.spectrum import frobenius_gram
 
 T = 6

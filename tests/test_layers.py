@@ -6,7 +6,8 @@ no module imports a higher layer, no two modules import each other through any p
 circle), no function-level import of a headlab module, and no private name crosses modules.
 And in a fresh interpreter, as Python runs: a package's __init__ loads none of its modules, so a
 module loads only what its own imports reach (no analysis module any training module, the spectrum
-math no torch, headlab.io no torch)."""
+math no torch, headlab.io no torch, headlab.schema, the tables' vocabulary, nothing outside the
+standard library)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "headlab"
-LAYERS = ("package", "io", "model", "data", "runs", "training", "analysis", "study", "report", "cli", "__main__",
-          "__init__")
+LAYERS = ("package", "schema", "io", "model", "data", "runs", "training", "analysis", "study", "report", "cli",
+          "__main__", "__init__")
 PACKAGES = ("model", "data", "runs", "training", "analysis", "study", "report")
 
 
@@ -193,3 +194,17 @@ def test_the_spectrum_math_loads_no_torch():
 def test_headlab_io_loads_no_torch_importing_module():
     loaded = loaded_modules("headlab.io")
     assert headlab_modules(loaded) == {"headlab", "headlab.package", "headlab.io"} and "torch" not in loaded
+
+
+def test_the_tables_vocabulary_imports_only_the_standard_library():
+    """headlab.schema is what the report reads without loading torch: its own imports are stdlib
+    modules, and a fresh interpreter importing it holds no other headlab module."""
+    tree = ast.parse((PACKAGE / "schema.py").read_text(encoding="utf-8"))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                 and node.module and node.level == 0}
+    assert imported - {"__future__"} <= set(sys.stdlib_module_names)
+    loaded = loaded_modules("headlab.schema")
+    assert headlab_modules(loaded) == {"headlab", "headlab.package", "headlab.schema"}
+    assert not {"numpy", "pandas", "torch"} & loaded

@@ -15,9 +15,10 @@ from conftest import tiny_model
 from headlab import preset, train, train_preset
 from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import InputMoments, encode_text, input_moments, second_moment_root
-from headlab.analysis.similarity import Analysis, analyze, concat, measure_agreement
+from headlab.analysis.measures import measure_agreement
+from headlab.analysis.similarity import Analysis, analyze, concat
 from headlab.analysis.spectrum import Factors, data_gram, frobenius_gram
-from headlab.cli import main as cli_main
+from headlab.cli.main import main as cli_main
 from headlab.data.sources import synthetic_texts
 
 FAMILIES = [("mha", {}), ("gqa", {}), ("mqa", {}), ("lrkv", {}), ("mla", {}), ("mla", {"q_latent_dim": 6})]

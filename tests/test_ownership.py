@@ -15,7 +15,7 @@ import headlab.io
 from conftest import tiny_model, write_run
 from headlab import load_corpus, load_run, preset, train, train_preset
 from headlab.analysis.similarity import Analysis
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.data import sources
 from headlab.data.bpe import TOKENIZER_FILE
 from headlab.io import Manifest

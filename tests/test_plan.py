@@ -6,28 +6,22 @@ import re
 import pytest
 
 from headlab import preset
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.model.gpt import count_parameters
 from headlab.study.roles import comparison_variants
 from headlab.training.config import train_preset
-from headlab.training.plan import (
+from headlab.training.flops import model_flops_utilization, training_flops
+from headlab.training.hardware import (
     Devices,
-    GiB,
-    PlanError,
     StepTime,
-    activation_bytes,
     evaluations,
-    format_plan,
     gpu_peak,
     measure_peak_flops,
     measure_step,
-    memory_per_device,
-    model_flops_utilization,
-    optimizer_state_bytes,
     parse_devices,
-    study_plan,
-    training_flops,
 )
+from headlab.training.memory import GiB, PlanError, activation_bytes, memory_per_device, optimizer_state_bytes
+from headlab.training.plan import format_plan, study_plan
 
 
 def test_flops_are_6ND_plus_a_documented_causal_attention_term():
@@ -164,7 +158,7 @@ def test_a_step_is_timed_on_the_ranks_own_device_at_its_share_of_the_batch_and_t
     import torch
 
     from headlab.model.gpt import GPT
-    from headlab.training import plan
+    from headlab.training import hardware
 
     monkeypatch.setenv("WORLD_SIZE", "4"), monkeypatch.setenv("RANK", "3"), monkeypatch.setenv("LOCAL_RANK", "3")
     asked, batches, models, emptied = [], [], [], []
@@ -184,7 +178,7 @@ def test_a_step_is_timed_on_the_ranks_own_device_at_its_share_of_the_batch_and_t
         gc.collect()
         emptied.append(all(model() is None for model in models))
 
-    monkeypatch.setattr(plan, "training_device", rank_device)
+    monkeypatch.setattr(hardware, "training_device", rank_device)
     monkeypatch.setattr(GPT, "forward", recorded_forward)
     monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
     config = train_preset("tiny", grad_accum=2)  # 8 sequences: 2 per rank, 1 per micro-batch
@@ -212,7 +206,7 @@ def test_under_torchrun_only_rank_0_times_the_steps_of_the_notice(monkeypatch, t
 def test_every_setup_a_plan_suggests_is_one_the_command_line_can_choose_and_it_fits(capsys):
     """paper-6.3b with the preset's Muon on 8 x H100 does not fit under DDP: each suggestion names
     the options that choose it, `headlab reproduce` accepts them, and the plan under them fits."""
-    from headlab.cli import build_parser
+    from headlab.cli.main import build_parser
 
     variants = [preset("paper-6.3b", "lrkv")]
     plan = study_plan(variants, train_preset("paper-6.3b"), parse_devices("8xH100"), check=False)
@@ -234,7 +228,7 @@ def test_every_setup_a_plan_suggests_is_one_the_command_line_can_choose_and_it_f
 def test_muons_orthogonalisation_is_counted_per_rank_in_the_wall_time():
     """torch.optim.Muon runs 5 Newton–Schulz iterations per matrix, 4·m²·n + 2·m³ FLOPs each
     (m <= n); every DDP rank runs all of them, so they do not shrink with the device count."""
-    from headlab.training.plan import muon_flops_per_step
+    from headlab.training.flops import muon_flops_per_step
 
     config = preset("tiny", "mha")  # per block: q, k, v, out 32 x 32, MLP 128 x 32 and 32 x 128
     square, wide = 4 * 32 ** 3 + 2 * 32 ** 3, 4 * 32 ** 2 * 128 + 2 * 32 ** 3

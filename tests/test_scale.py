@@ -15,13 +15,14 @@ import torch
 
 from conftest import TORCHRUN_STUDY
 from headlab import GPT
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.report import plots
 from headlab.report.writer import write_report
 from headlab.runs.checkpoints import has_checkpoint
+from headlab.schema import FLAGSHIP_MLA_ROPE
 from headlab.study.roles import comparison_roles
 from headlab.study.study import Study
-from headlab.study.tables import FLAGSHIP_MLA_ROPE, tabulate_study
+from headlab.study.tables import tabulate_study
 from headlab.training.config import train_preset
 
 

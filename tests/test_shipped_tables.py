@@ -17,7 +17,8 @@ import pytest
 from nbclient import NotebookClient
 
 from headlab.study import tables as tables_module
-from headlab.study.study import NotebookStudy, Study, settings_key
+from headlab.study.notebook import NotebookStudy
+from headlab.study.study import Study, settings_key
 from headlab.study.tables import read_study_tables, shipped_tables, study_tables, tabulate_study
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ import headlab.model
 from headlab import TrainConfig, load_corpus, preset, train, train_preset
 from headlab.analysis.similarity import analyze
 from headlab.analysis.snapshots import analyze_snapshots
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.runs.snapshots import snapshot_files, snapshot_steps
 
 RUN_FOLDER = importlib.import_module("headlab.runs.folder")

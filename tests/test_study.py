@@ -7,18 +7,10 @@ from pathlib import Path
 import pytest
 
 import headlab
+from headlab.study.notebook import NotebookStudy, default_study_folder
+from headlab.study.paths import project_root
 from headlab.study.roles import comparison_roles
-from headlab.study.study import (
-    MANIFEST,
-    NotebookStudy,
-    Study,
-    StudyRun,
-    claim_study_folder,
-    default_study_folder,
-    project_root,
-    settings_key,
-    slug,
-)
+from headlab.study.study import MANIFEST, Study, StudyRun, claim_study_folder, settings_key
 from headlab.training.config import train_preset
 
 STEPS = 4
@@ -51,7 +43,8 @@ def test_runs_are_typed_records_keyed_by_role(trained):
     families = {"mha": "mha", "lrkv-small": "lrkv", "lrkv-large": "lrkv", "mqa": "mqa", "mla": "mla", "gqa": "gqa"}
     for r in runs:
         assert r.config == study.roles[r.role] and r.config.attention == families[r.role]
-        assert r.folder == study.run_folder(r.config, r.seed) == study.folder / "runs" / f"{slug(r.label)}-seed{r.seed}"
+        assert r.folder == study.run_folder(r.config, r.seed)
+        assert r.folder == study.folder / "runs" / f"{r.config.run_name}-seed{r.seed}"
         assert r.run.step == STEPS
     small, large = study.roles["lrkv-small"].kv_rank, study.roles["lrkv-large"].kv_rank
     assert small < large
@@ -158,7 +151,7 @@ def test_notebook_study_modes(small, preset, steps, tmp_path, monkeypatch):
 
 
 def test_reproduce_trains_three_seeds_by_default(capsys):
-    from headlab.cli import build_parser, main
+    from headlab.cli.main import build_parser, main
 
     assert build_parser().parse_args(["reproduce"]).seeds == 3
     with pytest.raises(SystemExit) as exit_:
@@ -224,3 +217,15 @@ def test_an_imported_kernel_module_is_not_a_person_watching():
 
     from headlab.study.study import watched
     assert not watched()
+
+
+def test_run_folders_are_named_from_config_fields_so_a_renamed_label_keeps_finished_runs(tmp_path, monkeypatch):
+    """make demo's run folders (runs/reproduce/runs/<name>-seed<k>) keep their names, and a new
+    display label changes none of them: a finished run is found by what the variant is."""
+    study = Study("cpu-small", 10, tmp_path / "study")
+    demo_names = ["standard-mha", "lrkv-r4", "lrkv-r16", "mqa", "mla-d-c32", "gqa-3-kv-heads"]
+    assert [study.run_folder(config, 1).name for config in study.variants] == [f"{n}-seed1" for n in demo_names]
+    initialised = study.roles["lrkv-small"].replace(kv_residual_init=0.5)
+    assert study.run_folder(initialised, 0).name == "lrkv-r4-init-0-5-seed0"
+    monkeypatch.setattr(type(initialised), "label", property(lambda config: f"renamed {config.attention}"))
+    assert [study.run_folder(config, 1).name for config in study.variants] == [f"{n}-seed1" for n in demo_names]

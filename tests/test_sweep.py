@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from headlab.analysis.tables import load_tables
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.report import plots
-from headlab.report.writer import write_sweep_report
+from headlab.report.sweep_page import write_sweep_report
 from headlab.study.claims import difference_to_mha, per_seed_metrics
 from headlab.study.roles import comparison_roles
 from headlab.study.study import loss_unit

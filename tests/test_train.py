@@ -12,7 +12,7 @@ import torch
 import headlab
 from conftest import forge_manifest_entry
 from headlab import (
-    ATTENTION_FAMILIES,
+    FAMILIES,
     TrainConfig,
     TrainingDiverged,
     load_corpus,
@@ -34,7 +34,7 @@ def synthetic():
     return load_corpus("synthetic")
 
 
-@pytest.mark.parametrize("attention", ATTENTION_FAMILIES)
+@pytest.mark.parametrize("attention", FAMILIES)
 def test_every_family_learns_the_synthetic_corpus(attention, synthetic):
     run = train(preset("tiny", attention), TINY_TRAIN, synthetic, progress=False)
     losses = [r["train_loss"] for r in run.metrics if "train_loss" in r]
@@ -303,7 +303,7 @@ FSDP_ARGS = ["train", "--preset", "tiny", "--attention", "lrkv", "--corpus", "sy
 # Runs `headlab` but ends the process (as a kill would) on its `HEADLAB_TEST_EXIT_AT`-th training forward.
 EXIT_AT_FORWARD = """
 import os, sys
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.model.gpt import GPT
 original, calls = GPT.forward, [0]
 def forward(self, *args, **kwargs):

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.io import LOCK, TEMPORARY
 
 MANIFESTS = ("manifest.json", "analysis.json", "study.json", "docs.json", "sweep.json")

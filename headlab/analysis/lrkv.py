@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 import scipy.linalg
 
-from headlab.analysis.heads import GroupedWeights, LRKVWeights, ModelHeads, load_heads
+from headlab.analysis.heads import load_heads
+from headlab.analysis.layer_weights import GroupedWeights, LRKVWeights, ModelHeads
 
 PROJECTIONS = ("key", "value")
 RANK_TOLERANCE = 1e-10  # singular values below this fraction of the largest span nothing

@@ -25,21 +25,20 @@ import time
 import numpy as np
 import pandas as pd
 import torch
+from scipy.stats import spearmanr
 
+from headlab.analysis.attention_maps import attention_similarity
 from headlab.analysis.inputs import input_moments
-from headlab.analysis.similarity import BEHAVIOUR, NOT_APPLICABLE, PATTERN, analyze, attention_similarity
-from headlab.analysis.spectrum import KINDS, Spectrum, double_center, mean_offdiagonal
-
-VIEWS = {"frobenius": "weights", "data": "data-aware weights", BEHAVIOUR: "behaviour (attention maps)"}
-SUMMARY = ["model", "layer", "circuit", "measure", "mla_rope", "kind", "n_heads", "effective_rank",
-           "effective_rank_pct_of_heads", "negative_mass", "mean_offdiag_similarity"]
+from headlab.analysis.layer_weights import check_circuit
+from headlab.analysis.similarity import analyze
+from headlab.analysis.spectrum import Spectrum, double_center, mean_offdiagonal
+from headlab.schema import BEHAVIOUR, KINDS, NOT_APPLICABLE, PATTERN, VIEWS_SUMMARY, check
 
 
 def clipped_spectrum(similarity: np.ndarray, kind: str) -> tuple[Spectrum, float]:
     """The `kind` spectrum of a symmetric similarity that may not be PSD, with its negative
     eigenvalues clipped to 0, and the clipped share Σ|λ₋| / Σ|λ| (0 when nothing was clipped)."""
-    if kind not in KINDS:
-        raise ValueError(f"kind = {kind!r} is invalid: allowed values are {', '.join(KINDS)}")
+    check("kind", kind, KINDS)
     s = np.asarray(similarity, dtype=np.float64)
     if s.ndim != 2 or s.shape[0] != s.shape[1] or not np.allclose(s, s.T, atol=1e-9):
         raise ValueError(f"similarity must be a symmetric square matrix; got shape {s.shape}")
@@ -51,7 +50,7 @@ def clipped_spectrum(similarity: np.ndarray, kind: str) -> tuple[Spectrum, float
 
 
 def behaviour_summary(similarity: pd.DataFrame) -> pd.DataFrame:
-    """Summary rows (columns `SUMMARY`) of an `attention_similarity` table, per model and layer,
+    """Summary rows (columns `VIEWS_SUMMARY`) of an `attention_similarity` table, per model and layer,
     by `clipped_spectrum`."""
     rows = []
     for (model, layer), group in similarity.groupby(["model", "layer"], sort=False):
@@ -65,14 +64,14 @@ def behaviour_summary(similarity: pd.DataFrame) -> pd.DataFrame:
                          "effective_rank": spectrum.effective_rank,
                          "effective_rank_pct_of_heads": spectrum.effective_rank_pct_of_heads,
                          "negative_mass": negative, "mean_offdiag_similarity": mean_offdiagonal(matrix)})
-    return pd.DataFrame(rows, columns=SUMMARY)
+    return pd.DataFrame(rows, columns=VIEWS_SUMMARY)
 
 
 def measure_views(model, label: str, moment_tokens: torch.Tensor, behaviour_tokens: torch.Tensor,
                   mla_rope: str = "included", text: str = "") -> tuple[pd.DataFrame, float, int]:
     """One model's QK effective rank under the three views: weights and data-aware weights (at
     `mla_rope`; Σ from `moment_tokens`, described as `text`) and behaviour (attention maps on
-    `behaviour_tokens`). Returns the summary rows (columns `SUMMARY`), the seconds spent estimating
+    `behaviour_tokens`). Returns the summary rows (columns `VIEWS_SUMMARY`), the seconds spent estimating
     Σ and the number of tokens it was estimated on."""
     start = time.perf_counter()
     moments = input_moments(model, moment_tokens, text=text)
@@ -80,5 +79,41 @@ def measure_views(model, label: str, moment_tokens: torch.Tensor, behaviour_toke
     weights = [analyze(model, label, mla_rope=mla_rope).summary,
                analyze(model, label, mla_rope=mla_rope, measure="data", inputs=moments).summary]
     behaviour = behaviour_summary(attention_similarity(model, behaviour_tokens, label))
-    summary = pd.concat([w.assign(negative_mass=0.0)[SUMMARY] for w in weights] + [behaviour], ignore_index=True)
+    summary = pd.concat([w.assign(negative_mass=0.0)[VIEWS_SUMMARY] for w in weights] + [behaviour], ignore_index=True)
     return summary, seconds, moments.n_tokens
+
+
+# ---- do the measures agree? ------------------------------------------------------------------
+
+def measure_agreement(summary: pd.DataFrame, metric: str = "effective_rank",
+                      pair_pattern_with: str | None = None) -> pd.DataFrame:
+    """Spearman rank correlation of `metric` between every two measures, per model, circuit and
+    kind, across the layers (and seeds, when `summary` has a `seed` column) that both measured:
+    columns model, circuit, kind, measure_a, measure_b, n_points, spearman (NaN when fewer than
+    3 points, or when one measure is constant over them). Measures are compared within a circuit.
+
+    `pair_pattern_with` ("qk" or "ov"): the convention that attention-map rows (circuit
+    "pattern") describe that circuit, so behaviour is compared with its weight measures; an
+    attention map is the softmax of the QK scores, so "qk" is the natural choice."""
+
+    if pair_pattern_with is not None:
+        check_circuit(pair_pattern_with)
+        summary = summary.assign(circuit=summary["circuit"].replace(PATTERN, pair_pattern_with))
+    points = ["layer"] + (["seed"] if "seed" in summary else [])
+    repeated = summary.duplicated(["model", "circuit", "kind", "measure"] + points)
+    if repeated.any():
+        first = summary[repeated].iloc[0]
+        raise ValueError(f"summary has several rows for model {first['model']!r}, circuit {first['circuit']}, "
+                         f"measure {first['measure']}, {', '.join(f'{c} {first[c]}' for c in points)}: "
+                         "tell them apart with a seed column or distinct model labels")
+    rows = []
+    for (model, circuit, kind), group in summary.groupby(["model", "circuit", "kind"], sort=False):
+        wide = group.pivot(index=points, columns="measure", values=metric)
+        measures = list(dict.fromkeys(group["measure"]))
+        for a_index, a in enumerate(measures):
+            for b in measures[a_index + 1:]:
+                pair = wide[[a, b]].dropna()
+                constant = pair[a].nunique() < 2 or pair[b].nunique() < 2
+                rho = float("nan") if len(pair) < 3 or constant else float(spearmanr(pair[a], pair[b]).statistic)
+                rows.append((model, circuit, kind, a, b, len(pair), rho))
+    return pd.DataFrame(rows, columns=["model", "circuit", "kind", "measure_a", "measure_b", "n_points", "spearman"])

@@ -9,8 +9,9 @@
     weighted = analyze(model_or_path, measure="data", inputs=moments)          # data-aware measure
 
 `source` is a headlab GPT, a headlab run folder (config.json + model.safetensors), a Hugging Face
-checkpoint folder or .safetensors file (see `headlab.analysis.heads` for the layouts and for what lies
-outside the bilinear form: RoPE, norms, biases), or a `ModelHeads`.
+checkpoint folder or .safetensors file (`headlab.analysis.hf_layouts` has the layouts,
+`headlab.analysis.layer_weights` what lies outside the bilinear form: RoPE, norms, biases), or a
+`ModelHeads`.
 
 `mla_rope` ("included" by default, or "excluded") says whether MLA's decoupled RoPE query/key
 parts enter A_h; "excluded" is the paper's Table 4 definition W_K,h = W_down W_up,h. It is
@@ -35,16 +36,13 @@ Tables (layers and heads from 0, eigenvalue index from 1; `spectrum.py` has the 
                ⟨W_shared, U_h B_hᵀ⟩_F / (‖W_shared‖ ‖U_h B_hᵀ‖)
                per head, keys (qk) and values (ov); LRKV only, else empty (App. B)
 
-`attention_similarity()` is the behaviour-space counterpart: the same similarity table from the
-heads' attention maps on a batch of tokens (circuit "pattern", measure "jensen_shannon", mla_rope
-"n/a", value 1 − mean Jensen–Shannon distance), so weight-space and behaviour-space similarity can
-be set side by side.
+The behaviour-space counterpart is `headlab.analysis.attention_maps`; QK-norm's per-token
+scale is measured by `headlab.analysis.qk_norm`, and whether the measures agree by
+`headlab.analysis.measures.measure_agreement`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,13 +50,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-import torch
-from scipy.stats import spearmanr
 
-from headlab.analysis.heads import CIRCUITS, LRKVWeights, MLAWeights, check_circuit, check_mla_rope, load_heads
-from headlab.analysis.inputs import InputMoments, run_forward
+from headlab.analysis.heads import load_heads
+from headlab.analysis.inputs import InputMoments
+from headlab.analysis.layer_weights import LRKVWeights, MLAWeights, check_mla_rope
 from headlab.analysis.spectrum import (
-    KINDS,
     cosine_similarity,
     data_gram,
     frobenius_gram,
@@ -66,30 +62,20 @@ from headlab.analysis.spectrum import (
     similarity_spectrum,
 )
 from headlab.analysis.tables import load_tables, save_tables
-from headlab.model.attention.common import AttentionCore, attention_probabilities
-from headlab.model.gpt import eval_mode
-from headlab.model.ops import QK_NORM_EPS
+from headlab.schema import (
+    ALL_CIRCUITS,
+    CIRCUITS,
+    COLUMNS,
+    KINDS,
+    MEASURES,
+    SPECTRUM_METRICS,
+    check,
+)
 
-COLUMNS = {
-    "similarity": ["model", "layer", "circuit", "measure", "mla_rope", "head_i", "head_j", "value"],
-    "spectra": ["model", "layer", "circuit", "measure", "mla_rope", "kind", "index", "eigenvalue", "variance_ratio",
-                "cumulative"],
-    "summary": ["model", "layer", "circuit", "measure", "mla_rope", "kind", "n_heads", "effective_rank",
-                "effective_rank_pct_of_heads", "effective_rank_pct_of_ceiling", "n_components_90",
-                "participation_ratio", "mean_offdiag_similarity"],
-    "norms": ["model", "layer", "circuit", "mla_rope", "part", "frobenius_norm"],
-    "lrkv_cosine": ["model", "layer", "circuit", "mla_rope", "head", "cosine"],
-}
 REQUIRED_FILES = ("similarity", "spectra", "summary")  # an analysis folder always has these
 MANIFEST = "analysis.json"
 LARGE_SIMILARITY_ROWS = 5_000_000  # above this the similarity table (H² rows per layer) is warned about
 SIDES = {"qk": ("query", "key"), "ov": ("value", "output")}
-PATTERN = "pattern"  # the `circuit` of attention-map similarity
-NOT_APPLICABLE = "n/a"  # the `mla_rope` of attention-map similarity: maps involve no such choice
-MEASURES = ("frobenius", "data")  # inner products of head forms: plain, or weighted by input moments
-BEHAVIOUR = "jensen_shannon"  # the `measure` of attention-map similarity
-SPECTRUM_METRICS = ("effective_rank", "effective_rank_pct_of_heads", "effective_rank_pct_of_ceiling",
-                    "n_components_90", "participation_ratio")  # summary columns read off a Spectrum
 
 
 @dataclass
@@ -162,14 +148,12 @@ def analyze(source, label: str | None = None, circuit: str = "qk",
     Euclidean (Σ_R = I), i.e. E_y[⟨A_iᵀy, A_jᵀy⟩]: how alike two heads' writes are for real sources.
     """
     check_mla_rope(mla_rope)
-    if circuit not in (*CIRCUITS, "both"):
-        raise ValueError(f"circuit = {circuit!r} is invalid: allowed values are {', '.join(CIRCUITS)}, both")
-    if measure not in MEASURES:
-        raise ValueError(f"measure = {measure!r} is invalid: allowed values are {', '.join(MEASURES)}")
+    check("circuit", circuit, (*CIRCUITS, ALL_CIRCUITS))
+    check("measure", measure, MEASURES)
     if (measure == "data") != (inputs is not None):
         raise ValueError(f"measure = {measure!r} with inputs = {type(inputs).__name__}: measure 'data' needs "
                          "inputs = headlab.analysis.inputs.input_moments(...), and only it uses them")
-    circuits = CIRCUITS if circuit == "both" else (circuit,)
+    circuits = CIRCUITS if circuit == ALL_CIRCUITS else (circuit,)
     heads = load_heads(source, label)
     if heads.n_heads < 2:
         raise ValueError(f"{heads.label} has n_heads = {heads.n_heads}: head similarity needs at least 2 heads")
@@ -189,7 +173,7 @@ def analyze(source, label: str | None = None, circuit: str = "qk",
             sides = None if roots is None else (roots if c == "qk" else (roots[1], None))
             for name, piece in _layer_rows(heads.label, layer, c, weights, mla_rope, measure, sides).items():
                 pieces[name].append(piece)
-    return Analysis(**{name: _table(pieces[name], name) for name in COLUMNS})
+    return Analysis(**{name: table_from_pieces(pieces[name], name) for name in COLUMNS})
 
 
 def _rows(model: str, layer: int, circuit: str, mla_rope: str, **columns) -> dict[str, np.ndarray]:
@@ -200,12 +184,12 @@ def _rows(model: str, layer: int, circuit: str, mla_rope: str, **columns) -> dic
             "circuit": np.full(n, circuit, dtype=object), "mla_rope": np.full(n, mla_rope, dtype=object), **columns}
 
 
-def _table(pieces: list[dict], name: str) -> pd.DataFrame:
+def table_from_pieces(pieces: list[dict], name: str) -> pd.DataFrame:
     """One table from row pieces (built once: a DataFrame per layer costs more than the math)."""
     return pd.DataFrame({c: np.concatenate([p[c] for p in pieces]) if pieces else [] for c in COLUMNS[name]})
 
 
-def _similarity_rows(model: str, layer: int, circuit: str, measure: str, mla_rope: str, matrix: np.ndarray) -> dict:
+def similarity_rows(model: str, layer: int, circuit: str, measure: str, mla_rope: str, matrix: np.ndarray) -> dict:
     """An H × H matrix as rows (model, layer, circuit, measure, mla_rope, head_i, head_j, value)."""
     i, j = np.indices(matrix.shape)
     return _rows(model, layer, circuit, mla_rope, measure=np.full(matrix.size, measure, dtype=object),
@@ -221,7 +205,7 @@ def _layer_rows(model: str, layer: int, circuit: str, weights, mla_rope: str, me
     n = similarity.shape[0]
     spectra = [similarity_spectrum(similarity, kind) for kind in KINDS]
     rows = {
-        "similarity": _similarity_rows(model, layer, circuit, measure, mla_rope, similarity),
+        "similarity": similarity_rows(model, layer, circuit, measure, mla_rope, similarity),
         "spectra": _rows(model, layer, circuit, mla_rope, measure=np.full(2 * n, measure, dtype=object),
                          kind=np.repeat(KINDS, n), index=np.tile(np.arange(1, n + 1), 2),
                          eigenvalue=np.concatenate([s.eigenvalues for s in spectra]),
@@ -244,181 +228,3 @@ def _layer_rows(model: str, layer: int, circuit: str, weights, mla_rope: str, me
         rows["lrkv_cosine"] = _rows(model, layer, circuit, mla_rope, head=np.arange(n), cosine=cosine)
     rows["norms"] = _rows(model, layer, circuit, mla_rope, part=list(parts), frobenius_norm=list(parts.values()))
     return rows
-
-
-# ---- behaviour space: similarity of attention maps ---------------------------------------------
-
-@contextlib.contextmanager
-def recorded_attention(model: torch.nn.Module):
-    """Record (q, k, scale) exactly as every attention module of `model` hands them to its
-    kernel (`AttentionCore`, after RoPE and QK-norm) while the context is open, through forward
-    pre-hooks on those modules: the model's own scores are q kᵀ · scale, so no family's score
-    computation is re-implemented, and other models (or threads using them) are untouched."""
-    calls: list[tuple[torch.Tensor, torch.Tensor, float]] = []
-
-    def record(module, args, kwargs):
-        given = dict(zip(("q", "k", "v", "scale"), args), **kwargs)
-        calls.append((given["q"].detach(), given["k"].detach(), given["scale"]))
-
-    handles = [m.register_forward_pre_hook(record, with_kwargs=True)
-               for m in model.modules() if isinstance(m, AttentionCore)]
-    try:
-        yield calls
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def attention_pattern(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """The causal attention maps (B, H, T, T), in float64, of recorded q (B, H, T, D) and
-    k (B, H_kv, T, D); KV head g serves query heads g·H/H_kv … (g+1)·H/H_kv − 1."""
-    k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
-    return attention_probabilities(q.double(), k.double(), scale)
-
-
-def js_distance_matrix(probs: torch.Tensor) -> np.ndarray:
-    """H × H mean Jensen–Shannon distance √JSD (log base 2, so in [0, 1]; the value of scipy's
-    `jensenshannon`) between the heads' attention distributions, averaged over batch and query
-    positions 1…T−1 (position 0 can only attend to itself, in every head). probs: (B, H, T, T)
-    rows summing to 1, on any device.
-
-        JSD(p, q) = E(m) − (E(p) + E(q)) / 2,   m = (p + q) / 2,   E(p) = −Σ p log₂ p
-
-    one entropy per pair rather than two divergences, computed where `probs` lives: at the
-    paper's context of 2048 a layer's maps are B·H·T² numbers, which scipy on the CPU took a
-    minute per layer over."""
-    p = probs[:, :, 1:].double()
-    entropy = -torch.special.xlogy(p, p).sum(-1)  # (B, H, T − 1), nats
-    heads = p.size(1)
-    distance = torch.zeros(heads, heads, dtype=torch.float64, device=p.device)
-    for i in range(heads - 1):
-        mixture = (p[:, i:i + 1] + p[:, i + 1:]) / 2
-        divergence = -torch.special.xlogy(mixture, mixture).sum(-1) - (entropy[:, i:i + 1] + entropy[:, i + 1:]) / 2
-        distance[i, i + 1:] = (divergence.clamp(min=0) / math.log(2)).sqrt().mean(dim=(0, 2))
-    return (distance + distance.T).cpu().numpy()
-
-
-@torch.no_grad()
-def attention_similarity(model, tokens: torch.Tensor, label: str | None = None) -> pd.DataFrame:
-    """Behaviour-space head similarity of a headlab GPT on `tokens` (B, T): per layer, the
-    similarity table (circuit "pattern") with value = 1 − mean Jensen–Shannon distance between
-    two heads' attention maps (1: identical maps; 0: disjoint supports everywhere)."""
-    config = getattr(model, "config", None)
-    if not hasattr(config, "attention"):
-        raise TypeError("attention_similarity needs a headlab GPT (attention maps are recorded from its modules)")
-    with eval_mode(model), recorded_attention(model) as calls:
-        run_forward(model, tokens)
-    if len(calls) != config.n_layer:
-        raise RuntimeError(f"recorded {len(calls)} attention calls for {config.n_layer} layers")
-    label = label or config.label
-    pieces = [_similarity_rows(label, layer, PATTERN, BEHAVIOUR, NOT_APPLICABLE,
-                               1.0 - js_distance_matrix(attention_pattern(q, k, s)))
-              for layer, (q, k, s) in enumerate(calls)]
-    return _table(pieces, "similarity")
-
-
-# ---- QK-norm's 1/rms: what treating it as 1 leaves out ----------------------------------------
-
-NORM_MEASURES = ("weights", "weights, median 1/rms per head", "token scores", "token scores with 1/rms")
-
-
-@torch.no_grad()
-def norm_scale_effect(model, tokens: torch.Tensor, label: str | None = None) -> pd.DataFrame:
-    """How far QK-norm's per-head, per-token 1/rms moves the effective rank, on `tokens` (B, T).
-
-    A_h treats 1/rms as 1 (see `headlab.analysis.heads`); the model scores xᵀ A_h y · a_h(x) b_h(y) with
-    a_h(x) = 1/rms(x W_Q,h), b_h(y) = 1/rms(y W_K,h), x and y the attention inputs. Per layer
-    and kind, the effective rank (% of H) of four similarity matrices:
-
-      weights                          cos⟨A_i, A_j⟩_F, as `analyze` computes it
-      weights, median 1/rms per head   A_h · median_x a_h(x) · median_y b_h(y) (a constant per head)
-      token scores                     cosine of the heads' score vectors s_h = (xᵀ A_h y) over all
-                                       pairs (x, y) of positions in one window
-      token scores with 1/rms          the same with s_h = (xᵀ A_h y · a_h(x) b_h(y)): the model's
-                                       pre-softmax scores at RoPE offset 0
-
-    The first two agree exactly (a constant per head cancels in a cosine); the last two differ
-    only by the token-dependent part of 1/rms. Columns: model, layer, kind, measure,
-    effective_rank_pct_of_heads, median_inv_rms_min, median_inv_rms_max (over heads, queries and keys).
-    """
-    config = getattr(model, "config", None)
-    if not getattr(config, "qk_norm", False):
-        raise ValueError(f"norm_scale_effect needs a headlab GPT with QK-norm; "
-                         f"{getattr(config, 'label', type(model).__name__)} has none")
-    inputs = []
-    hooks = [block.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[0].detach()))
-             for block in model.blocks]
-    try:
-        with eval_mode(model):
-            run_forward(model, tokens)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    heads = load_heads(model, label)
-    rows = []
-    for layer, x in enumerate(inputs):
-        left, right = heads.layer(layer).factors("qk")
-        x = x.double()  # (B, T, d), where the model ran: the score arrays below are B·H·T² numbers
-        q = torch.einsum("btd,hde->hbte", x, torch.from_numpy(left.heads()).to(x.device))
-        k = torch.einsum("btd,hde->hbte", x, torch.from_numpy(right.heads()).to(x.device))
-        inv_q, inv_k = (torch.rsqrt(t.square().mean(-1) + QK_NORM_EPS) for t in (q, k))  # (H, B, T)
-        median_q = np.median(inv_q.reshape(len(q), -1).cpu().numpy(), axis=1)
-        median_k = np.median(inv_k.reshape(len(k), -1).cpu().numpy(), axis=1)
-        raw = frobenius_gram(left, right)
-        scores = q @ k.transpose(-1, -2)  # (H, B, T, T)
-        token_scores = _score_gram(scores)
-        scores *= inv_q[..., :, None] * inv_k[..., None, :]  # in place: one T² array per layer, not two
-        matrices = {
-            NORM_MEASURES[0]: cosine_similarity(raw),
-            NORM_MEASURES[1]: cosine_similarity(raw * np.outer(median_q * median_k, median_q * median_k)),
-            NORM_MEASURES[2]: cosine_similarity(token_scores),
-            NORM_MEASURES[3]: cosine_similarity(_score_gram(scores)),
-        }
-        medians = np.concatenate([median_q, median_k])
-        for measure, similarity in matrices.items():
-            for kind in KINDS:
-                rank = similarity_spectrum(similarity, kind).effective_rank_pct_of_heads
-                rows.append({"model": heads.label, "layer": layer, "kind": kind, "measure": measure,
-                             "effective_rank_pct_of_heads": rank,
-                             "median_inv_rms_min": medians.min(), "median_inv_rms_max": medians.max()})
-    return pd.DataFrame(rows)
-
-
-def _score_gram(scores: torch.Tensor) -> np.ndarray:
-    """G_raw[i, j] = ⟨s_i, s_j⟩ of the heads' flattened score arrays (H, ...)."""
-    flat = scores.reshape(len(scores), -1)
-    return (flat @ flat.T).cpu().numpy()
-# ---- do the measures agree? ------------------------------------------------------------------
-
-def measure_agreement(summary: pd.DataFrame, metric: str = "effective_rank",
-                      pair_pattern_with: str | None = None) -> pd.DataFrame:
-    """Spearman rank correlation of `metric` between every two measures, per model, circuit and
-    kind, across the layers (and seeds, when `summary` has a `seed` column) that both measured:
-    columns model, circuit, kind, measure_a, measure_b, n_points, spearman (NaN when fewer than
-    3 points, or when one measure is constant over them). Measures are compared within a circuit.
-
-    `pair_pattern_with` ("qk" or "ov"): the convention that attention-map rows (circuit
-    "pattern") describe that circuit, so behaviour is compared with its weight measures; an
-    attention map is the softmax of the QK scores, so "qk" is the natural choice."""
-
-    if pair_pattern_with is not None:
-        check_circuit(pair_pattern_with)
-        summary = summary.assign(circuit=summary["circuit"].replace(PATTERN, pair_pattern_with))
-    points = ["layer"] + (["seed"] if "seed" in summary else [])
-    repeated = summary.duplicated(["model", "circuit", "kind", "measure"] + points)
-    if repeated.any():
-        first = summary[repeated].iloc[0]
-        raise ValueError(f"summary has several rows for model {first['model']!r}, circuit {first['circuit']}, "
-                         f"measure {first['measure']}, {', '.join(f'{c} {first[c]}' for c in points)}: "
-                         "tell them apart with a seed column or distinct model labels")
-    rows = []
-    for (model, circuit, kind), group in summary.groupby(["model", "circuit", "kind"], sort=False):
-        wide = group.pivot(index=points, columns="measure", values=metric)
-        measures = list(dict.fromkeys(group["measure"]))
-        for a_index, a in enumerate(measures):
-            for b in measures[a_index + 1:]:
-                pair = wide[[a, b]].dropna()
-                constant = pair[a].nunique() < 2 or pair[b].nunique() < 2
-                rho = float("nan") if len(pair) < 3 or constant else float(spearmanr(pair[a], pair[b]).statistic)
-                rows.append((model, circuit, kind, a, b, len(pair), rho))
-    return pd.DataFrame(rows, columns=["model", "circuit", "kind", "measure_a", "measure_b", "n_points", "spearman"])

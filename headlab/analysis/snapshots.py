@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from headlab.analysis.heads import TensorStore, from_state_dict
-from headlab.analysis.similarity import COLUMNS, Analysis, analyze, stack_tables
+from headlab.analysis.heads import from_state_dict
+from headlab.analysis.similarity import Analysis, analyze, stack_tables
+from headlab.analysis.tensors import TensorStore
 from headlab.model.config import ModelConfig
 from headlab.runs.checkpoints import has_checkpoint
 from headlab.runs.folder import load_weights
 from headlab.runs.layout import read_config
 from headlab.runs.snapshots import snapshot_files
+from headlab.schema import COLUMNS
 
 
 def analyze_snapshots(run_dir: str | Path, label: str | None = None, **options) -> Analysis:

@@ -41,7 +41,8 @@ from functools import cached_property
 
 import numpy as np
 
-KINDS = ("uncentered", "centered")
+from headlab.schema import KINDS, check
+
 # Eigenvalues of a cosine-similarity matrix are O(1) (they sum to at most H); round-off is
 # ~1e-15·H. Anything within ATOL of zero is zero, anything below −ATOL is a real defect.
 ATOL = 1e-9
@@ -421,7 +422,6 @@ class Spectrum:
 
 def similarity_spectrum(similarity: np.ndarray, kind: str) -> Spectrum:
     """The `kind` spectrum of a cosine similarity matrix G: eigenvalues of G or of J G J."""
-    if kind not in KINDS:
-        raise ValueError(f"kind = {kind!r} is invalid: allowed values are {', '.join(KINDS)}")
+    check("kind", kind, KINDS)
     matrix = double_center(similarity) if kind == "centered" else similarity
     return Spectrum(kind, eigenspectrum(matrix))

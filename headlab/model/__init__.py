@@ -5,6 +5,6 @@ from headlab.package import lazy_exports
 
 # Loaded on first use (PEP 562): importing one module of the package loads that module only.
 __getattr__, __all__ = lazy_exports(__name__, {
-    "headlab.model.config": ("ATTENTION_FAMILIES", "PRESETS", "ModelConfig", "preset"),
+    "headlab.model.config": ("PRESETS", "ModelConfig", "preset"),
     "headlab.model.gpt": ("GPT", "count_parameters"),
 })

@@ -15,9 +15,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, fields
 
-ATTENTION_FAMILIES = ("mha", "mqa", "gqa", "mla", "lrkv")
+from headlab.schema import FAMILIES
+
 MLP_TYPES = ("relu2", "gelu", "swiglu")
 
 
@@ -93,8 +95,8 @@ class ModelConfig:
         for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "mlp_ratio"):
             if getattr(self, name) < 1:
                 raise invalid_field(name, getattr(self, name), "must be a positive integer")
-        if self.attention not in ATTENTION_FAMILIES:
-            raise invalid_field("attention", self.attention, f"allowed values are {', '.join(ATTENTION_FAMILIES)}")
+        if self.attention not in FAMILIES:
+            raise invalid_field("attention", self.attention, f"allowed values are {', '.join(FAMILIES)}")
         if self.mlp not in MLP_TYPES:
             raise invalid_field("mlp", self.mlp, f"allowed values are {', '.join(MLP_TYPES)}")
         if self.head_dim < 2 or self.head_dim % 2:
@@ -136,6 +138,27 @@ class ModelConfig:
             "lrkv": f"LRKV (r={self.kv_rank}"
                     f"{'' if self.kv_residual_init == 0.1 else f', init {self.kv_residual_init:g}'})",
         }[self.attention]
+
+    @property
+    def run_name(self) -> str:
+        """This variant's name in paths (a study's run folders): 'standard-mha', 'lrkv-r16',
+        'lrkv-r4-init-0-5', 'mqa', 'mla-d-c32', 'gqa-3-kv-heads'. Made from the fields that tell
+        variants apart, never from `label`, so a renamed label keeps finished runs reused."""
+        init = re.sub(r"[^a-z0-9]+", "-", f"-init-{self.kv_residual_init:g}") if self.kv_residual_init != 0.1 else ""
+        return {
+            "mha": "standard-mha",
+            "mqa": "mqa",
+            "gqa": f"gqa-{self.n_kv_head}-kv-heads",
+            "mla": f"mla-d-c{self.kv_latent_dim}",
+            "lrkv": f"lrkv-r{self.kv_rank}{init}",
+        }[self.attention]
+
+    @property
+    def figure_order(self) -> tuple[int, int]:
+        """Where this variant is drawn among others: its family's place in FAMILIES (the paper's
+        figure order), then its family's knob ascending (LRKV's rank, MLA's d_c, GQA's KV heads)."""
+        knob = {"lrkv": self.kv_rank, "mla": self.kv_latent_dim, "gqa": self.n_kv_head}.get(self.attention, 0)
+        return FAMILIES.index(self.attention), knob
 
     def kv_cache_values_per_token(self, mla_absorb: bool = True) -> int:
         """Values cached per token per layer at decode time (the paper's Eq. 8 for LRKV).

@@ -172,3 +172,25 @@ def count_parameters(config: ModelConfig) -> dict[str, int]:
     allocated, so even the 6.3B preset costs no memory."""
     with torch.device("meta"):
         return GPT(config).param_counts()
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def describe(config: ModelConfig, context: int, dtype: str = "bfloat16", batch_size: int = 1) -> dict:
+    """Parameter counts (no weights allocated) and KV-cache sizes of `config`."""
+    counts = count_parameters(config)
+    per_token = config.kv_cache_values_per_token()
+    return {
+        "label": config.label,
+        "attention": config.attention,
+        "params": counts["total"],
+        "params_non_embedding": counts["non_embedding"],
+        "attention_params_per_layer": counts["attention"] // config.n_layer,
+        "kv_values_per_token_per_layer": per_token,
+        "kv_fraction_of_mha": config.kv_cache_fraction_of_mha(),
+        "context": context,
+        "batch_size": batch_size,
+        "dtype": dtype,
+        "kv_cache_bytes": config.kv_cache_bytes(context, DTYPE_BYTES[dtype], batch_size),
+    }

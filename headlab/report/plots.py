@@ -9,10 +9,11 @@ not track, so nothing is shown or left open and no global style changes. The fig
 `NotebookFigure`: in Jupyter, Colab or VS Code it displays itself once, as a PNG, whether or not
 `%matplotlib inline` was run (a plain Figure made without pyplot shows only its repr text there).
 
-Methods look the same in every figure. `method_order` sorts model labels into the family order
-of the paper's figures: Standard MHA, LRKV by ascending rank, MQA, MLA, GQA, then any other
-label (a pretrained model, say) in the order first seen. `palette` gives each label, in that
-order, a tab10 colour, and each label also gets a marker by its place in the palette. A figure
+Methods look the same in every figure. `method_order` puts a table's models in the order of the
+paper's figures by their role column (`headlab.schema.ROLES`: Standard MHA, LRKV by ascending
+rank, MQA, MLA, GQA), never by parsing a label, then any model without a role (a pretrained
+model, say) in the order first seen. `palette` gives each label, in that order, a tab10 colour,
+and each label also gets a marker by its place in the palette. A figure
 builds its palette from the methods it shows. To keep a method's colour fixed when a figure shows
 only some methods, pass one `palette=` built from all of them to every call (the widgets do this).
 
@@ -26,7 +27,6 @@ from __future__ import annotations
 import functools
 import io
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -40,16 +40,13 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import EngFormatter, MaxNLocator, PercentFormatter
 
 from headlab.io import Manifest
+from headlab.schema import KINDS, role_order
 
-KINDS = ("uncentered", "centered")
 KIND_TITLES = {"uncentered": "uncentered", "centered": "centered, PCA-based"}
 CIRCUIT_TITLES = {"qk": "QK circuit", "ov": "OV circuit", "pattern": "attention maps"}
 MEASURE_TITLES = {"frobenius": "Weights (Frobenius)", "data": "Data-aware weights (Σ of inputs)",
                   "jensen_shannon": "Behaviour (attention maps, 1 − JS)"}
 SPECTRA_TITLE = "Eigenvalue spectra of head similarity matrices"
-# The families in figure order, each matched at the start of a lower-cased label; labels of one
-# family are ordered by the first number after the family name (LRKV's rank, MLA's d_c, ...).
-FAMILY_PATTERNS = (r"(standard\s+)?mha\b", r"lrkv\b", r"mqa\b", r"mla\b", r"gqa\b")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">", "p")
 HEATMAP_CMAP = "RdBu_r"
 REFERENCE_COLOR = "0.35"
@@ -85,26 +82,25 @@ def save_figure(figure: Figure, manifest: Manifest, name: str) -> Path:
     return manifest.file(name + ".png")
 
 
-def method_order(labels: Iterable[str]) -> list[str]:
-    """The distinct `labels` in family order: Standard MHA, LRKV (ascending rank), MQA, MLA
-    (ascending d_c), GQA (ascending KV heads), then every other label in the order first seen."""
-    def key(item: tuple[int, str]) -> tuple[int, int, int]:
-        position, label = item
-        text = label.strip().lower()
-        for family, pattern in enumerate(FAMILY_PATTERNS):
-            match = re.match(pattern, text)
-            if match:
-                knob = re.search(r"\d+", text[match.end():])
-                return family, int(knob.group()) if knob else -1, position
-        return len(FAMILY_PATTERNS), 0, position
+def method_order(models: Iterable[str], roles: Iterable[str] | None = None) -> list[str]:
+    """The distinct `models` (a table's model column) in figure order: by their `roles` (the
+    table's role column, when it has one) in the order of `headlab.schema.ROLES`, then any model
+    without a comparison role (a pretrained model, say) in the order first seen. Without roles,
+    the order first seen: a table lists its models in the order they were analysed."""
+    models = list(models)
+    return role_order(roles, models) if roles is not None else list(dict.fromkeys(models))
 
-    return [label for _, label in sorted(enumerate(dict.fromkeys(labels)), key=key)]
+
+def table_methods(table: pd.DataFrame) -> list[str]:
+    """`method_order` of a table's model column, by its role column where it has one."""
+    return method_order(table["model"], table["role"] if "role" in table else None)
 
 
 def palette(labels: Iterable[str]) -> dict[str, str]:
-    """A colour (hex) per distinct label, in `method_order`: tab10 in its own order (blue, orange,
-    green, red, purple, brown, ... as in the paper's figures), evenly spaced hues past ten."""
-    order = method_order(labels)
+    """A colour (hex) per distinct label, in the order given (a `method_order`): tab10 in its own
+    order (blue, orange, green, red, purple, brown, ... as in the paper's figures), evenly spaced
+    hues past ten."""
+    order = list(dict.fromkeys(labels))
     colours = sns.color_palette("tab10" if len(order) <= 10 else "husl", len(order)).as_hex()
     return dict(zip(order, colours))
 
@@ -126,7 +122,7 @@ class _Methods:
 def _methods(data: pd.DataFrame, fixed: Mapping[str, str] | None) -> _Methods:
     """The methods of `data` in family order, drawn with the colours of `fixed` (a `palette` that
     names all of them, and possibly more) or of a palette of just these methods."""
-    order = method_order(data["model"])
+    order = table_methods(data)
     colors = dict(fixed) if fixed is not None else palette(order)
     unknown = [m for m in order if m not in colors]
     if unknown:

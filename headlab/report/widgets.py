@@ -104,7 +104,7 @@ class Explorer(widgets.VBox):
         super().__init__()
         self.tables = tables
         self.training = training
-        labels = list(tables["summary"]["model"]) + ([] if training is None else list(training["model"]))
+        labels = plots.table_methods(tables["summary"]) + ([] if training is None else plots.table_methods(training))
         self.palette = plots.palette(labels)  # from every method, so a method's colour never moves
         layers = sorted(int(layer) for layer in tables["summary"]["layer"].unique())
         roles = plots.layer_roles(layers)

@@ -19,14 +19,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from headlab.analysis.measures import VIEWS
-from headlab.analysis.similarity import BEHAVIOUR
-from headlab.analysis.spectrum import KINDS
 from headlab.io import Manifest, writing
 from headlab.report import plots
+from headlab.report.paper_tables import cache_table, loss_table, markdown_table, rank_table, recipe_text
+from headlab.schema import BEHAVIOUR, KINDS, VIEWS
 from headlab.study.claims import (
     claims,
-    difference_to_mha,
     final_losses,
     halfway,
     measure_claims,
@@ -35,15 +33,10 @@ from headlab.study.claims import (
     per_step_metrics,
     rule_text,
     training_claims,
-    values,
-    variant_name,
-    variant_rows,
 )
-from headlab.study.paper import PAPER
 from headlab.study.stats import paired_difference, spread
 from headlab.study.study import MANIFEST, STUDY, loss_unit
-from headlab.study.sweep import grid_axes, sweep_sentences
-from headlab.study.tables import FLAGSHIP_MLA_ROPE, StudyTables
+from headlab.study.tables import StudyTables
 
 FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "effective_rank_uncentered",
            "effective_rank_centered", "similarity_heatmaps", "loss_curves", "loss_vs_cache")
@@ -51,97 +44,7 @@ FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "eff
 # and what each variant's cache saving costs in loss.
 DOCS_FIGURES = ("spectra_uncentered", "effective_rank_centered", "loss_vs_cache")
 DOCS_MANIFEST, DOCS = "docs.json", "a docs folder"  # what `write_docs` wrote, so it overwrites nothing else
-SWEEP_MANIFEST, SWEEP = "sweep.json", "a sweep folder"
 FIGURES_FOLDER = "figures"
-
-
-# ---- tables in the paper's form -----------------------------------------------------------------
-
-def layer_range(summary: pd.DataFrame, model: str, mla_rope: str, kind: str) -> tuple[float, float]:
-    """Min and max over layers of the seed-mean effective rank (% of H) of one model."""
-    rows = summary[(summary["circuit"] == "qk") & (summary["model"] == model) & (summary["mla_rope"] == mla_rope)
-                   & (summary["kind"] == kind)]
-    by_layer = rows.groupby("layer")["effective_rank_pct_of_heads"].mean()
-    return float(by_layer.min()), float(by_layer.max())
-
-
-def rank_table(summary: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
-    """The paper's Table 3 form: mean ± sd over seeds of the layer-mean effective rank (% of H),
-    with the range over layers of the seed means, beside the paper's value for the same role."""
-    rows = []
-    for role, model, mla_rope in variant_rows(metrics):
-        row = {"role": role, "ours": variant_name(role, model, mla_rope)}
-        for kind in KINDS:
-            low, high = layer_range(summary, model, mla_rope, kind)
-            row[f"{kind} % of H"] = f"{spread(values(metrics, role, mla_rope, kind)).format(1)} [{low:.1f}–{high:.1f}]"
-        paper = PAPER[role]
-        rows.append({**row, "paper (128M)": paper.label, "paper uncentered": paper.uncentered,
-                     "paper centered": paper.centered})
-    return pd.DataFrame(rows)
-
-
-def cache_table(cache: pd.DataFrame) -> pd.DataFrame:
-    """The paper's Tables 7 and 8 form: KV values per token and layer, % of MHA, the paper's %."""
-    return pd.DataFrame([{"role": row.role, "ours": row.model, "KV values/token/layer": row.kv_values_per_token,
-                          "% of MHA": row.kv_cache_pct, "paper (128M)": PAPER[row.role].label,
-                          "paper % of MHA": PAPER[row.role].kv_cache_pct} for row in cache.itertuples()])
-
-
-def loss_table(metrics: pd.DataFrame, flagship_mla_rope: str) -> pd.DataFrame:
-    """The paper's Tables 1 and 8 form: final validation loss mean ± sd over seeds, the paired
-    difference to MHA ± the 95% t half-width, beside the paper's cross-entropy and its difference.
-    Unless the loss is per byte already, bits per byte follow it."""
-    unit = metrics["loss_unit"].iloc[0]
-    rows = []
-    for role, model, mla_rope in variant_rows(metrics):
-        if mla_rope != flagship_mla_rope:
-            continue  # the loss does not depend on the analysis
-        losses = values(metrics, role, mla_rope, "val_loss")
-        paper = PAPER[role]
-        bits = {} if unit == loss_unit("byte") else {
-            "val bits/byte": spread(values(metrics, role, mla_rope, "val_bpb")).format(3)}
-        rows.append({"role": role, "ours": model, f"val loss ({unit})": spread(losses).format(3), **bits,
-                     "vs MHA (paired)": "—" if role == "mha" else
-                     difference_to_mha(metrics, role, mla_rope, "val_loss").format(3),
-                     "seeds": len(losses), "paper (128M)": paper.label, "paper CE": paper.loss,
-                     "paper vs MHA": paper.loss - PAPER["mha"].loss})
-    return pd.DataFrame(rows)
-
-
-def markdown_table(frame: pd.DataFrame, decimals: int) -> str:
-    """A markdown table; floats to `decimals` places, differences ('vs' columns) signed."""
-    def cell(column: str, value) -> str:
-        if not isinstance(value, float):
-            return str(value)
-        return f"{value:{'+' if 'vs' in column else ''}.{decimals}f}"
-
-    header = "| " + " | ".join(frame.columns) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    rows = ["| " + " | ".join(cell(c, v) for c, v in zip(frame.columns, row)) + " |"
-            for row in frame.itertuples(index=False)]
-    return "\n".join([header, rule, *rows])
-
-
-def recipe_text(meta: dict) -> str:
-    """The study's training recipe in one sentence, and every setting it changed from its preset."""
-    train = meta.get("train")
-    if train is None:  # tables written before the recipe was recorded
-        return "The training recipe is not recorded in these tables."
-    factors = "" if train["lrkv_factor_decay"] else "; no weight decay on LRKV's factors U_h, B_h"
-    if train["optimizer"] == "adamw":
-        text = (f"Trained with AdamW (lr {train['lr']:g}, weight decay {train['weight_decay']:g} on every matrix"
-                f"{', LRKV' + chr(39) + 's factors U_h, B_h included' if train['lrkv_factor_decay'] else ''}){factors}")
-    else:
-        b = ("B_h by per-head Muon" if train["lrkv_b_optimizer"] == "muon"
-             else "LRKV's 3-D B_h and the norms by AdamW at lr " + f"{train['lr']:g}" + " without decay")
-        text = (f"Trained with the paper's split: Muon on the blocks' matrices (lr {train['matrix_lr']:g}, weight "
-                f"decay {train['weight_decay']:g}), AdamW on the embedding (lr {train['embedding_lr']:g}) and the "
-                f"head (lr {train['unembedding_lr']:g}), {b}{factors}")
-    text += f"; {train['warmup_steps']} warmup steps, cosine decay to {train['min_lr_ratio']:g} of the peak, " \
-            f"{train['batch_size']} sequences per step."
-    changed = meta.get("changed") or {}
-    settings = ", ".join(f"`{name} = {value}`" for name, value in changed.items())
-    return text + (f" Changed from the preset `{meta['preset']}`: {settings}." if changed else "")
 
 
 # ---- figures ---------------------------------------------------------------------------------------
@@ -154,7 +57,7 @@ def draw_figures(tables: StudyTables, manifest: Manifest, folder: str | None, na
     chosen = {name: tables[name][tables[name]["mla_rope"] == flagship] for name in ("spectra", "summary", "similarity")}
     spectra, summary, similarity = chosen["spectra"], chosen["summary"], chosen["similarity"]
     training = tables["training"]
-    colours = plots.palette(summary["model"].unique())
+    colours = plots.palette(plots.table_methods(summary))
     shown = list(plots.layer_roles(summary["layer"]).values())
     middle = shown[len(shown) // 2]  # the middle layer, or the late one of a 2-layer model
     final = final_losses(training)
@@ -205,7 +108,7 @@ def training_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     """'Effective rank through training': two figures and the claims of `training_claims`."""
     snapshots = tables["snapshot_summary"]
     summary = snapshots[snapshots["mla_rope"] == tables.meta["flagship_mla_rope"]].drop(columns="mla_rope")
-    colours = plots.palette(summary["model"].unique())
+    colours = plots.palette(plots.table_methods(summary))
     figures = [plots.save_figure(plots.rank_through_training_figure(summary, kind=kind, palette=colours),
                                  manifest, f"{FIGURES_FOLDER}/effective_rank_through_training_{kind}")
                for kind in KINDS]
@@ -277,7 +180,7 @@ def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     for a study without LRKV (or with tables older than these diagnostics)."""
     if "lrkv_factors" not in tables.tables or tables["lrkv_factors"].empty:
         return []
-    colours = plots.palette(tables["summary"]["model"].unique())
+    colours = plots.palette(plots.table_methods(tables["summary"]))
     figure = plots.save_figure(plots.factor_norm_figure(tables["factor_training"], palette=colours), manifest,
                                f"{FIGURES_FOLDER}/lrkv_norm_ratio_through_training")
     lines = [
@@ -316,7 +219,7 @@ def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
 def measures_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     """'Do the measures agree?': the three views' ranks, their agreement and `measure_claims`."""
     summary, agreement = tables["measures"], tables["measure_agreement"]
-    colours = plots.palette(summary["model"].unique())
+    colours = plots.palette(plots.table_methods(summary))
     for kind in KINDS:
         plots.save_figure(plots.measures_figure(summary, kind=kind, palette=colours), manifest,
                           f"{FIGURES_FOLDER}/measures_{kind}")
@@ -455,7 +358,7 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
         "",
         "headlab's QK-norm divides each head's query and key by their own rms, a scale per head and per token "
         "that A_h treats as 1. The largest change over layers of the effective rank (points of % of H) from the "
-        "seed-0 runs on validation text (`headlab.analysis.similarity.norm_scale_effect`): scaling each head's A_h "
+        "seed-0 runs on validation text (`headlab.analysis.qk_norm.norm_scale_effect`): scaling each head's A_h "
         "by its median 1/rms moves nothing, since a constant per head cancels in the cosine similarity; the "
         "per-token part, measured on the similarity of the heads' scores over token pairs with and without 1/rms, "
         "is what the weight-space analysis leaves out.",
@@ -465,53 +368,6 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
         "## Figures",
         "",
         *[f"![{p.stem}](figures/{p.name})" for p in figure_paths],
-        "",
-    ]
-    return lines
-
-
-# ---- a sweep's page ---------------------------------------------------------------------------------
-
-def write_sweep_report(table: pd.DataFrame, out: str | Path) -> Path:
-    """sweep.md and figures/sweep.png (.svg) in `out` from a sweep's table: the paired difference
-    to Standard MHA ± its 95% half-width at each grid point, and the paragraph of `sweep_sentences`."""
-    with writing(out, SWEEP_MANIFEST, SWEEP, "sweep writer") as manifest:
-        manifest.write_bytes("sweep.md", "\n".join(sweep_lines(table, manifest)).encode())
-    return Path(out) / "sweep.md"
-
-
-def sweep_palette(table: pd.DataFrame) -> dict[str, str]:
-    """The colours of the flagship figure for a sweep's comparisons: `plots.palette` of the six
-    variants (Standard MHA too, which a sweep only subtracts), each comparison in its role's
-    colour, so that MLA's two RoPE settings share MLA's."""
-    flagship = table[table["mla_rope"] == FLAGSHIP_MLA_ROPE].drop_duplicates("role")
-    role_of = {"Standard MHA": "mha", **dict(zip(table["comparison"], table["role"]))}
-    colours = plots.palette(["Standard MHA", *flagship["comparison"]])
-    by_role = {role_of[name]: colour for name, colour in colours.items()}
-    return {name: by_role[role_of[name]] for name in plots.method_order(role_of)}
-
-
-def sweep_lines(table: pd.DataFrame, manifest: Manifest) -> list[str]:
-    figure = plots.save_figure(plots.sweep_figure(table, palette=sweep_palette(table), axes=grid_axes(table)),
-                               manifest, f"{FIGURES_FOLDER}/sweep")
-    shown = table.assign(difference=[f"{m:+.3f} ± {h:.3f}" if s > 1 else f"{m:+.3f}"
-                                     for m, h, s in zip(table["mean"], table["half_width"], table["seeds"])])
-    wide = shown.pivot_table(index=["comparison", "metric"], columns="point", values="difference", aggfunc="first",
-                             sort=False).reset_index()
-    wide = wide[["comparison", "metric", *dict.fromkeys(table["point"])]]
-    axes = ", ".join(grid_axes(table)) or "one point"
-    lines = [
-        "# Scale sweep: the comparison with Standard MHA across a grid",
-        "",
-        f"Grid over {axes}; {int(table['seeds'].max())} seed(s) per variant and point, each variant paired with "
-        "Standard MHA's run of the same seed. Cells: paired difference (variant − MHA) ± the 95% t half-width; "
-        "an interval that excludes zero is an ordering, otherwise within seed noise.",
-        "",
-        f"![sweep](figures/{figure.name})",
-        "",
-        markdown_table(wide, 3),
-        "",
-        *[f"- {s}" for s in sweep_sentences(table)],
         "",
     ]
     return lines

@@ -6,5 +6,6 @@ from headlab.package import lazy_exports
 # Loaded on first use (PEP 562): importing one module of the package loads that module only.
 __getattr__, __all__ = lazy_exports(__name__, {
     "headlab.study.roles": ("comparison_roles", "comparison_variants"),
-    "headlab.study.study": ("NotebookStudy", "Study", "StudyRun"),
+    "headlab.study.notebook": ("NotebookStudy",),
+    "headlab.study.study": ("Study", "StudyRun"),
 })

@@ -16,14 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from headlab.analysis.measures import VIEWS
-from headlab.analysis.similarity import BEHAVIOUR
+from headlab.schema import BEHAVIOUR, FLAGSHIP_MLA_ROPE, KINDS, ROLES, VIEWS
 from headlab.study.paper import PAPER
-from headlab.study.roles import ROLES
 from headlab.study.stats import Difference, chance_orderings, paired_difference, paired_to_baseline
-from headlab.study.tables import FLAGSHIP_MLA_ROPE
 
-KINDS = ("uncentered", "centered")
 METRICS = {  # per-seed column -> (what it is, unit (None: the metrics' loss_unit), decimals)
     "val_loss": ("validation loss", None, 3),
     "uncentered": ("uncentered effective rank", "points of % of H", 2),

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from headlab.model.config import ModelConfig, preset
 
-ROLES = ("mha", "lrkv-small", "lrkv-large", "mqa", "mla", "gqa")  # the flagship figure's order
-
 
 def comparison_roles(name: str = "cpu-small") -> dict[str, ModelConfig]:
     """Role -> config of the six variants of the flagship figure, in its order. A role names what a

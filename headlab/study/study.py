@@ -9,7 +9,7 @@ trained, reused or resumed in one way, for `headlab reproduce` and the notebooks
     Study("paper-128m", None, Path("runs/paper"), corpus="hf:HuggingFaceFW/fineweb-edu:sample-10BT",
           tokenizer="gpt2", tokens=2_000_000_000)
 
-Layout: <folder>/runs/<variant slug>-seed<k>/ (a run folder: see `headlab.runs.folder`). A
+Layout: <folder>/runs/<ModelConfig.run_name>-seed<k>/ (a run folder: see `headlab.runs.folder`). A
 finished run is loaded, an interrupted one resumed; a seed's data order and initial weights depend
 on the seed alone, so the runs of one seed form a paired comparison.
 
@@ -23,7 +23,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -43,10 +42,11 @@ from headlab.model.config import ModelConfig, preset
 from headlab.runs.checkpoints import checkpoint_step, has_checkpoint
 from headlab.runs.layout import MANIFEST as RUN_MANIFEST
 from headlab.runs.snapshots import study_snapshot_every
+from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
 from headlab.training.config import MAX_STEPS, TrainConfig, train_preset
 from headlab.training.distributed import is_main_process, launched_processes, training_device
-from headlab.training.plan import RUN_THREADS, load_note, measure_step, run_seconds, step_fits
+from headlab.training.hardware import RUN_THREADS, load_note, measure_step, run_seconds, step_fits
 from headlab.training.runs import Run, load_run
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
 
@@ -57,35 +57,6 @@ STUDY = "a study folder"
 def loss_unit(tokenizer: str) -> str:
     """What a validation loss is per: a byte for the byte tokenizer (a token is a byte), else a token."""
     return "nats/byte" if tokenizer == "byte" else "nats/token"
-
-
-def slug(label: str) -> str:
-    """'LRKV (r=16)' -> 'lrkv-r16'."""
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", label.lower().replace("=", ""))).strip("-")
-
-
-def project_root(start: str | Path | None = None) -> Path:
-    """The nearest folder at or above `start` (default: the working directory) that holds
-    headlab's pyproject.toml, so a notebook run from notebooks/ finds the project's runs/; else
-    the source checkout headlab is imported from; else `start` itself (an installed package, Colab)."""
-    start = Path(start or Path.cwd()).resolve()
-    checkout = Path(__file__).resolve().parents[2]
-    for folder in (start, *start.parents, checkout):
-        project = folder / "pyproject.toml"
-        if project.is_file() and re.search(r'^name\s*=\s*"headlab"', project.read_text(encoding="utf-8"), re.M):
-            return folder
-    return start
-
-
-def shown_path(path: str | Path) -> str:
-    """`path` as a log line names it: inside the project relative to the working directory (so a
-    notebook's saved output names no machine's folders), elsewhere as it is."""
-    return os.path.relpath(path) if Path(path).resolve().is_relative_to(project_root()) else str(path)
-
-
-def default_study_folder() -> Path:
-    """Where `make demo` leaves its study: $HEADLAB_STUDY if set, else <project root>/runs/reproduce."""
-    return Path(os.environ.get("HEADLAB_STUDY") or project_root() / "runs" / "reproduce")
 
 
 @dataclass(frozen=True)
@@ -189,8 +160,8 @@ class Study:
         return load_corpus(self.corpus, self.tokenizer, **self.corpus_options)
 
     def run_folder(self, config: ModelConfig, seed: int = 0) -> Path:
-        """Where one variant's run of `seed` lives: <folder>/runs/<variant slug>-seed<k>."""
-        return self.folder / "runs" / f"{slug(config.label)}-seed{seed}"
+        """Where one variant's run of `seed` lives: <folder>/runs/<ModelConfig.run_name>-seed<k>."""
+        return self.folder / "runs" / f"{config.run_name}-seed{seed}"
 
     def finished_runs(self, seed: int = 0) -> list[Path]:
         """The run folders of `seed` that hold trained weights, in variant order."""
@@ -204,7 +175,7 @@ class Study:
     def training_notice(self, seeds: int = 1, jobs: int = 1) -> str | None:
         """One line saying what `train(seeds)` will train and about how long it takes on this
         machine (a step of every variant is timed now, on `RUN_THREADS` threads as each run trains,
-        evaluations counted: `headlab.training.plan.run_seconds`); None when every run is finished.
+        evaluations counted: `headlab.training.hardware.run_seconds`); None when every run is finished.
         Under torchrun only rank 0 times the step (one rank's share of it, on its own device) and
         the other ranks get None: every rank timing at once would crowd the node's memory."""
         left = {key: steps for key, steps in self.steps_left(seeds).items() if steps}
@@ -348,30 +319,6 @@ def _train_one(study: Study, seed: int, config: ModelConfig) -> float:
     train(config, study.train_config(seed), study.load_corpus(), out=study.run_folder(config, seed), resume=True,
           progress=False)
     return time.perf_counter() - start
-
-
-@dataclass(frozen=True)
-class NotebookStudy(Study):
-    """The study a notebook reads. Small mode (CI's smoke test): the tiny preset for 60 steps,
-    runs under <project root>/runs/notebooks/small/<settings key>. Full mode: the cpu-small study of `make demo`
-    (`default_study_folder`), so a finished demo is reused rather than trained again.
-
-    `outputs` is where a notebook writes what it makes (figures, tables): always
-    <project root>/runs/notebooks/<small|full>, never another study's folder."""
-
-    outputs: Path | None = None  # None: <project root>/runs/notebooks/custom
-
-    def __post_init__(self):
-        super().__post_init__()
-        object.__setattr__(self, "outputs", Path(self.outputs or project_root() / "runs" / "notebooks" / "custom"))
-
-    @classmethod
-    def choose(cls, small: bool, runs: str | Path | None = None) -> "NotebookStudy":
-        """The study of a notebook's `SMALL` switch; `runs` overrides the folder the runs live in."""
-        preset, steps = ("tiny", 60) if small else ("cpu-small", None)
-        outputs = project_root() / "runs" / "notebooks" / ("small" if small else "full")
-        folder = Path(runs) if runs else outputs / settings_key(preset, steps) if small else default_study_folder()
-        return cls(preset, steps, folder, outputs=outputs)
 
 
 def settings_key(preset: str, steps: int | None) -> str:

@@ -23,15 +23,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from headlab.analysis.tables import load_tables, save_tables
+from headlab.io import Manifest
 from headlab.model.config import ModelConfig, preset
+from headlab.schema import FLAGSHIP_MLA_ROPE
 from headlab.study.claims import METRICS, difference_to_mha, per_seed_metrics, variant_name, variant_rows
 from headlab.study.roles import comparison_roles
 from headlab.study.study import Study, loss_unit
-from headlab.study.tables import FLAGSHIP_MLA_ROPE, analysis_tables, training_table
+from headlab.study.tables import analysis_tables, training_table
 from headlab.training.config import TrainConfig, train_preset
 
 # TrainConfig fields a grid cannot set: the lengths axis sets the steps, the seeds axis the seed.
 UNSWEPT_TRAIN_FIELDS = ("steps", "seed")
+# A sweep folder: <folder>/sweep.csv listed in <folder>/sweep.json (besides its points' study folders).
+SWEEP_MANIFEST, SWEEP = "sweep.json", "a sweep folder"
 
 
 def setting_text(value) -> str:
@@ -152,6 +157,21 @@ def sweep_table(points: list[GridPoint], seeds: int, folder: Path, log=print, jo
         metrics = per_seed_metrics(tables["summary"], training_table(runs, loss_unit(study.tokenizer)))
         rows += point_rows(point, metrics)
     return pd.DataFrame(rows)
+
+
+def claim_sweep_folder(folder: Path) -> None:
+    """Create `folder` and make it a sweep folder, refusing one headlab did not write before
+    anything is trained in it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    Manifest.claim(folder, SWEEP_MANIFEST, SWEEP)
+
+
+def save_sweep(folder: Path, table: pd.DataFrame) -> pd.DataFrame:
+    """Write the sweep's table as <folder>/sweep.csv, listed in its manifest, and read it back
+    checked against it: the table a report is drawn from is the one on disk."""
+    save_tables(folder, {"sweep": table}, SWEEP_MANIFEST, SWEEP)
+    tables, _ = load_tables(folder, SWEEP_MANIFEST, SWEEP)
+    return tables["sweep"]
 
 
 def grid_axes(table: pd.DataFrame) -> list[str]:

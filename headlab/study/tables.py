@@ -37,22 +37,24 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headlab.analysis.heads import MLA_ROPE, load_heads
+from headlab.analysis.heads import load_heads
 from headlab.analysis.lrkv import deviation_table, factor_table, rank_r_model
-from headlab.analysis.measures import measure_views
-from headlab.analysis.similarity import analyze, concat, measure_agreement, norm_scale_effect
+from headlab.analysis.measures import measure_agreement, measure_views
+from headlab.analysis.qk_norm import norm_scale_effect
+from headlab.analysis.similarity import analyze, concat
 from headlab.analysis.snapshots import analyze_snapshots
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.shards import Corpus, random_windows
 from headlab.runs.layout import EXECUTION_FIELDS, resume_differences, run_identity
+from headlab.schema import CIRCUITS, FLAGSHIP_MLA_ROPE, MLA_ROPE
+from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
-from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit, settings_key, shown_path
+from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit, settings_key
 from headlab.training.config import train_preset
 
 # The figures and claims use the whole pre-softmax score of MLA, as for every other family (see
 # `headlab.analysis.similarity`); the paper's latent-only definition is in the tables beside it.
-FLAGSHIP_MLA_ROPE = "included"
-CIRCUITS = ["qk", "ov"]  # what `analysis_tables` analyses; recorded in study.json, so older tables are remade
+# `analysis_tables` analyses every one of CIRCUITS; recorded in study.json, so older tables are remade
 MOMENT_WINDOWS = 32  # validation windows Σ is estimated on (the data-aware view)
 BEHAVIOUR_WINDOWS = 8  # validation windows the attention maps are taken on (the behaviour view)
 SHIPPED = Path(__file__).resolve().parent / "demo_tables"  # the demo study's tables, inside the package
@@ -264,7 +266,7 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
         "head_dim": config.head_dim, "n_runs": len(runs), "seeds": sorted({r.seed for r in runs}),
         "corpus": corpus.name, "tokenizer": corpus.tokenizer_name, "corpus_description": corpus_description(corpus),
         "bytes_per_token": corpus.bytes_per_token, "loss_unit": unit, "flagship_mla_rope": FLAGSHIP_MLA_ROPE,
-        "circuits": CIRCUITS, "train": training_recipe(runs), "changed": changed_settings(runs, preset),
+        "circuits": list(CIRCUITS), "train": training_recipe(runs), "changed": changed_settings(runs, preset),
         "moment_seconds": moment_seconds, "moment_tokens": moment_tokens,
         "steps": max(r.run.step for r in runs), "runs": {r.folder.name: run_identity(r.folder) for r in runs},
         "minutes": None if started is None else (time.perf_counter() - started) / 60,
@@ -295,7 +297,7 @@ def are_tables_of(tables: StudyTables, study: Study, seeds: int) -> bool:
     """Whether `tables` were made from exactly `study`'s runs of seeds 0 … seeds − 1 (preset,
     seeds, steps, circuits)."""
     wanted = {"preset": study.preset, "seeds": list(range(seeds)), "steps": study.train_config(0).steps,
-              "circuits": CIRCUITS}
+              "circuits": list(CIRCUITS)}
     return all(tables.meta.get(key) == value for key, value in wanted.items())
 
 
@@ -320,7 +322,7 @@ def tabulated_from(tables: StudyTables, study: Study, seeds: int) -> bool:
     (so the same roles: `only`), each still holding the config.json the tables were made from,
     and that config the study's own (model and training settings, corpus and tokenizer)."""
     wanted = {"preset": study.preset, "seeds": list(range(seeds)), "steps": study.train_config(0).steps,
-              "circuits": CIRCUITS, "tokenizer": study.tokenizer}
+              "circuits": list(CIRCUITS), "tokenizer": study.tokenizer}
     if not all(tables.meta.get(key) == value for key, value in wanted.items()):
         return False
     folders = {study.run_folder(config, seed): (config, study.train_config(seed))

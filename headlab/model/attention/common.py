@@ -70,7 +70,7 @@ class AttentionCore(nn.Module):
     """`attend` as a module: the one call through which every family hands its post-RoPE,
     post-QK-norm queries, keys and values to the kernel. It holds no weights; it is where a
     forward (pre-)hook sees (q, k, v, scale) exactly as the model scores them (the analysis
-    records attention maps this way, `headlab.analysis.similarity.recorded_attention`)."""
+    records attention maps this way, `headlab.analysis.attention_maps.recorded_attention`)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         return attend(q, k, v, scale)

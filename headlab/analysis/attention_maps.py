@@ -1,0 +1,88 @@
+"""Behaviour-space head similarity: the heads' attention maps on a batch of tokens, compared by
+Jensen–Shannon distance, in the similarity table of `headlab.analysis.similarity` (circuit
+"pattern", measure "jensen_shannon", mla_rope "n/a", value 1 − mean Jensen–Shannon distance), so
+weight-space and behaviour-space similarity can be set side by side."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headlab.analysis.inputs import run_forward
+from headlab.analysis.similarity import similarity_rows, table_from_pieces
+from headlab.model.attention.common import AttentionCore, attention_probabilities
+from headlab.model.gpt import eval_mode
+from headlab.schema import BEHAVIOUR, NOT_APPLICABLE, PATTERN
+
+
+@contextlib.contextmanager
+def recorded_attention(model: torch.nn.Module):
+    """Record (q, k, scale) exactly as every attention module of `model` hands them to its
+    kernel (`AttentionCore`, after RoPE and QK-norm) while the context is open, through forward
+    pre-hooks on those modules: the model's own scores are q kᵀ · scale, so no family's score
+    computation is re-implemented, and other models (or threads using them) are untouched."""
+    calls: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+
+    def record(module, args, kwargs):
+        given = dict(zip(("q", "k", "v", "scale"), args), **kwargs)
+        calls.append((given["q"].detach(), given["k"].detach(), given["scale"]))
+
+    handles = [m.register_forward_pre_hook(record, with_kwargs=True)
+               for m in model.modules() if isinstance(m, AttentionCore)]
+    try:
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def attention_pattern(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """The causal attention maps (B, H, T, T), in float64, of recorded q (B, H, T, D) and
+    k (B, H_kv, T, D); KV head g serves query heads g·H/H_kv … (g+1)·H/H_kv − 1."""
+    k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+    return attention_probabilities(q.double(), k.double(), scale)
+
+
+def js_distance_matrix(probs: torch.Tensor) -> np.ndarray:
+    """H × H mean Jensen–Shannon distance √JSD (log base 2, so in [0, 1]; the value of scipy's
+    `jensenshannon`) between the heads' attention distributions, averaged over batch and query
+    positions 1…T−1 (position 0 can only attend to itself, in every head). probs: (B, H, T, T)
+    rows summing to 1, on any device.
+
+        JSD(p, q) = E(m) − (E(p) + E(q)) / 2,   m = (p + q) / 2,   E(p) = −Σ p log₂ p
+
+    one entropy per pair rather than two divergences, computed where `probs` lives: at the
+    paper's context of 2048 a layer's maps are B·H·T² numbers, which scipy on the CPU took a
+    minute per layer over."""
+    p = probs[:, :, 1:].double()
+    entropy = -torch.special.xlogy(p, p).sum(-1)  # (B, H, T − 1), nats
+    heads = p.size(1)
+    distance = torch.zeros(heads, heads, dtype=torch.float64, device=p.device)
+    for i in range(heads - 1):
+        mixture = (p[:, i:i + 1] + p[:, i + 1:]) / 2
+        divergence = -torch.special.xlogy(mixture, mixture).sum(-1) - (entropy[:, i:i + 1] + entropy[:, i + 1:]) / 2
+        distance[i, i + 1:] = (divergence.clamp(min=0) / math.log(2)).sqrt().mean(dim=(0, 2))
+    return (distance + distance.T).cpu().numpy()
+
+
+@torch.no_grad()
+def attention_similarity(model, tokens: torch.Tensor, label: str | None = None) -> pd.DataFrame:
+    """Behaviour-space head similarity of a headlab GPT on `tokens` (B, T): per layer, the
+    similarity table (circuit "pattern") with value = 1 − mean Jensen–Shannon distance between
+    two heads' attention maps (1: identical maps; 0: disjoint supports everywhere)."""
+    config = getattr(model, "config", None)
+    if not hasattr(config, "attention"):
+        raise TypeError("attention_similarity needs a headlab GPT (attention maps are recorded from its modules)")
+    with eval_mode(model), recorded_attention(model) as calls:
+        run_forward(model, tokens)
+    if len(calls) != config.n_layer:
+        raise RuntimeError(f"recorded {len(calls)} attention calls for {config.n_layer} layers")
+    label = label or config.label
+    pieces = [similarity_rows(label, layer, PATTERN, BEHAVIOUR, NOT_APPLICABLE,
+                               1.0 - js_distance_matrix(attention_pattern(q, k, s)))
+              for layer, (q, k, s) in enumerate(calls)]
+    return table_from_pieces(pieces, "similarity")

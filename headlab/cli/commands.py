@@ -1,0 +1,317 @@
+"""What each subcommand does: its handler, given the parsed arguments, and the helpers only they use."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from headlab.analysis.heads import load_heads
+from headlab.analysis.inputs import encode_text, input_moments
+from headlab.analysis.similarity import analyze, concat
+from headlab.analysis.snapshots import analyze_snapshots
+from headlab.cli.arguments import CONFIG_OVERRIDES, TRAIN_OVERRIDES
+from headlab.data.corpus import load_corpus
+from headlab.data.encoding import available_cores
+from headlab.data.tokenizers import tokenizer_vocab_size
+from headlab.model.config import ModelConfig, preset
+from headlab.model.gpt import describe
+from headlab.report.sweep_page import write_sweep_report
+from headlab.report.writer import write_docs, write_report
+from headlab.study.roles import comparison_variants
+from headlab.study.study import Study
+from headlab.study.sweep import claim_sweep_folder, grid, save_sweep, sweep_roles, sweep_table
+from headlab.study.tables import read_study_tables, tabulate_study
+from headlab.training.config import train_preset
+from headlab.training.distributed import is_main_process, leave_process_group
+from headlab.training.hardware import RUN_THREADS, load_note, measure_step, parse_devices, visible_devices
+from headlab.training.plan import StudyPlan, format_bytes, format_plan, study_plan
+from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
+
+
+# ---- info -------------------------------------------------------------------------------------------
+def _read_model_config(path: str) -> ModelConfig:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"--config {path} cannot be read: {getattr(error, 'strerror', None) or error}") from None
+    try:
+        return ModelConfig.from_json(text)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"--config {path}: {error}") from None
+
+def _overrides(args) -> dict:
+    return {name: getattr(args, name) for name in CONFIG_OVERRIDES if getattr(args, name) is not None}
+
+def _config_from_args(args, attention: str) -> ModelConfig:
+    if args.config:
+        return _read_model_config(args.config).replace(attention=attention, **_overrides(args))
+    return preset(args.preset, attention, **_overrides(args))
+
+def cmd_info(args) -> int:
+    """One family (--attention), one config file (--config), or else the six variants `headlab
+    reproduce` trains on the preset, in the dtype its runs train in."""
+    if args.config or args.attention:
+        attention = args.attention or _read_model_config(args.config).attention
+        configs = [_config_from_args(args, attention)]
+    else:
+        configs = [config.replace(**_overrides(args)) for config in comparison_variants(args.preset)]
+    dtype = args.dtype or ("bfloat16" if args.config else train_preset(args.preset).dtype)
+    rows = [describe(config, args.context or config.seq_len, dtype, args.batch_size) for config in configs]
+    if args.json:
+        print(json.dumps(rows if len(rows) > 1 else rows[0], indent=2))
+        return 0
+    variants = "" if args.attention else ", the variants of `headlab reproduce`"
+    source = args.config or f"preset {args.preset}{variants}"
+    print(f"{source}: context {rows[0]['context']}, batch {rows[0]['batch_size']}, {dtype}")
+    header = f"{'variant':<22}{'params':>14}{'KV values/token/layer':>24}{'% of MHA':>10}{'KV cache':>12}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(f"{row['label']:<22}{row['params']:>14,}{row['kv_values_per_token_per_layer']:>24,}"
+              f"{100 * row['kv_fraction_of_mha']:>9.1f}%{format_bytes(row['kv_cache_bytes']):>12}")
+    return 0
+
+# ---- train ------------------------------------------------------------------------------------------
+
+def _train_config_from_args(args):
+    overrides = {name: getattr(args, name) for name in TRAIN_OVERRIDES if getattr(args, name) is not None}
+    return train_preset(args.preset, compile=args.compile, **overrides)
+
+def _train_model_config(args, vocab_size: int) -> ModelConfig:
+    if args.config:
+        return _read_model_config(args.config).replace(**_overrides(args))
+    return preset(args.preset, args.attention, vocab_size=max(vocab_size, 256), **_overrides(args))
+
+def _source_options(args) -> dict:
+    return {name: getattr(args, name) for name in ("max_chars", "text_field") if getattr(args, name) is not None}
+
+def cmd_train(args) -> int:
+    train_config = _train_config_from_args(args)  # checked before a corpus is tokenized
+    if args.plan:
+        print(plan_from_args(args, [_train_model_config(args, tokenizer_vocab_size(args.tokenizer))], train_config))
+        return 0
+    source_options = _source_options(args)
+    if args.encoding_errors is not None:
+        source_options["encoding_errors"] = args.encoding_errors
+    corpus = prepared_corpus(lambda: load_corpus(args.corpus, tokenizer=args.tokenizer, **source_options),
+                             train_config.device)
+    keep_freed_cpu_memory()  # a command's process is its own: CPU training steps fault far less
+    model_config = _train_model_config(args, corpus.vocab_size)
+    if is_main_process() and (note := repetition_note(train_config, model_config.seq_len, corpus)):
+        print(note)
+    run = train(model_config, train_config, corpus, out=args.out, resume=args.resume, progress=not args.no_progress)
+
+    if is_main_process():
+        print(f"{model_config.label}: {run.step} steps, final validation loss "
+              f"{run.final_val_loss:.4f} nats/token" + (f", run folder {args.out}" if args.out else ""))
+    return 0
+
+# ---- analyze ----------------------------------------------------------------------------------------
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    if args.label is not None and len(args.label) != len(args.sources):
+        raise ValueError(f"--label was given {len(args.label)} times for {len(args.sources)} sources: give one "
+                         "per SOURCE")
+    given = args.label or [None] * len(args.sources)
+    if args.snapshots:
+        result = concat(analyze_snapshots(source, label, circuit=args.circuit, mla_rope=args.mla_rope,
+                                          measure=args.measure) for source, label in zip(args.sources, given))
+        print(f"wrote the tables of {result.summary['step'].nunique()} training steps to {result.save(args.out)}")
+        return 0
+    sources = [load_heads(source, label) for source, label in zip(args.sources, given)]
+    labels = distinct_labels([heads.label for heads in sources], args.sources) if args.label is None else args.label
+    if len(set(labels)) < len(labels):
+        twice = sorted({label for label in labels if labels.count(label) > 1})
+        raise ValueError(f"--label gives {', '.join(map(repr, twice))} to several sources: give each SOURCE its own "
+                         "label, or each model would overwrite another's rows")
+    if (args.measure == "data") != (args.text is not None):
+        raise ValueError(f"--measure {args.measure} with --text {args.text}: --measure data needs --text FILE, "
+                         "and only it reads one")
+    by_label = dict(zip(labels, zip(sources, args.sources)))
+    # a shell glob's order is alphabetical: without --label, headlab models go in figure order (by config)
+    order = labels if args.label is not None else sorted(labels, key=lambda label: by_label[label][0].figure_order)
+    result = concat(analyze(heads, label, args.circuit, mla_rope=args.mla_rope, measure=args.measure,
+                            inputs=_moments(source, args.text) if args.text else None)
+                    for label in order for heads, source in [by_label[label]])
+    folder = result.save(args.out)
+    print(format_effective_ranks(result.summary))
+    print(f"wrote similarity.csv, spectra.csv, summary.csv, norms.csv, lrkv_cosine.csv to {folder}")
+    return 0
+
+def distinct_labels(labels: list[str], sources: list[str]) -> list[str]:
+    """Each source's label; a label several sources share gets the shortest end of each one's
+    path that tells them apart ('MHA [e3a/run]', 'MHA [e3b/run]'). The same source given twice
+    is refused: it would be one model counted as two."""
+    distinct = list(labels)
+    for label in dict.fromkeys(labels):
+        shared = [i for i, other in enumerate(labels) if other == label]
+        if len(shared) < 2:
+            continue
+        paths = [Path(sources[i]).resolve().parts for i in shared]
+        if len(set(paths)) < len(paths):
+            raise ValueError(f"{', '.join(sources[i] for i in shared)} name the same source more than once: give "
+                             "each SOURCE once")
+        depth = next(d for d in range(1, max(map(len, paths)) + 1) if len({p[-d:] for p in paths}) == len(paths))
+        for i, path in zip(shared, paths):
+            distinct[i] = f"{label} [{'/'.join(path[-depth:])}]"
+    return distinct
+
+def _moments(source: str, text_file: Path):
+    """Input moments of `source` on the first `inputs.MAX_TOKENS` tokens of `text_file`."""
+    if not text_file.is_file():
+        raise ValueError(f"--text {text_file}: no such file")
+    try:
+        text = text_file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"--text {text_file}: not UTF-8 (byte {error.start}): convert it to UTF-8") from None
+    return input_moments(source, encode_text(source, text), text=str(text_file))
+
+def format_effective_ranks(summary) -> str:
+    """Per model and circuit, one line per layer: entropy effective rank uncentered (% of H) and
+    centered (% of H, % of the H − 1 ceiling), then their means over layers."""
+    blocks = []
+    for (model, circuit, measure), rows in summary.groupby(["model", "circuit", "measure"], sort=False):
+        n = int(rows["n_heads"].iloc[0])
+        wide = rows.pivot(index="layer", columns="kind",
+                          values=["effective_rank", "effective_rank_pct_of_heads", "effective_rank_pct_of_ceiling"])
+        wide.loc["mean"] = wide.mean()
+        lines = [f"{model} · {circuit} · {measure} · {n} heads — effective rank (% of H; centered also % of "
+                 f"ceiling {n - 1})",
+                 f"{'layer':>5}  {'uncentered':<16}centered"]
+        for layer, row in wide.iterrows():
+            unc = f"{row['effective_rank', 'uncentered']:.2f} ({row['effective_rank_pct_of_heads', 'uncentered']:.1f}%)"
+            cen = (f"{row['effective_rank', 'centered']:.2f} ({row['effective_rank_pct_of_heads', 'centered']:.1f}%, "
+                   f"{row['effective_rank_pct_of_ceiling', 'centered']:.1f}%)")
+            lines.append(f"{layer:>5}  {unc:<16}{cen}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+# ---- reproduce --------------------------------------------------------------------------------------
+
+def study_settings(settings: list[tuple[str, list]]) -> tuple[dict, dict]:
+    """`--set FIELD=VALUE` pairs of a study -> (ModelConfig overrides, TrainConfig overrides); one
+    value each (a sweep takes several)."""
+    model, training = {}, {}
+    for name, values in settings:
+        if len(values) != 1:
+            raise ValueError(f"--set {name}={','.join(map(str, values))}: a study takes one value per field "
+                             "(headlab sweep takes several)")
+        if name in model or name in training:
+            raise ValueError(f"--set {name} is given twice: give it once")
+        (model if name in ModelConfig.__dataclass_fields__ else training)[name] = values[0]
+    return model, training
+
+def check_jobs(jobs: int, runs: int) -> None:
+    """Refuse more runs at once than there are runs, or than cores to share among them."""
+    cores = available_cores()
+    if jobs > 1 and jobs > min(runs, cores):
+        raise ValueError(f"--jobs {jobs} is invalid: at most {min(runs, cores)} ({runs} runs to train, {cores} "
+                         "core(s) to share among them)")
+
+def cmd_reproduce(args) -> int:
+    """Train every variant (data-parallel on all ranks under torchrun), then rank 0 alone analyses
+    and writes the report while the other ranks leave."""
+    started = time.perf_counter()
+    source_options = _source_options(args)
+    model_overrides, train_overrides = study_settings(args.set or [])
+    flags = {name: value for name, value in (("compile", args.compile or None), ("optimizer", args.optimizer),
+                                             ("parallel", args.parallel), ("grad_accum", args.grad_accum))
+             if value is not None}
+    if both := sorted(set(flags) & set(train_overrides)):
+        raise ValueError(f"{', '.join(both)} given both as a flag and with --set: give it once")
+    study = Study(args.preset, args.steps, Path(args.out), corpus=args.corpus, tokenizer=args.tokenizer,
+                  corpus_options=source_options, tokens=args.tokens, model_overrides=model_overrides,
+                  train_overrides={**train_overrides, **flags})
+    jobs = args.jobs or study.default_jobs(args.seeds)
+    check_jobs(jobs, len(study.variants) * args.seeds)
+    if args.plan:  # the whole table even when it does not fit: a study's cost is worth seeing either way
+        plan = plan_for_args(args, study.variants, study.train_config(0), seeds=args.seeds, check=False, jobs=jobs)
+        print(format_plan(plan))
+        if note := paper_budget_note(args.preset, plan):
+            print(note)
+        if not plan.fits:
+            raise ValueError("the study does not fit as planned (the table above says what would): change the "
+                             "preset, batch or devices")
+        return 0
+    main_rank = is_main_process()
+    say = print if main_rank else (lambda message: None)
+    say(f"training {len(study.roles)} variants x {args.seeds} seed(s) on preset {args.preset} "
+        f"into {study.folder / 'runs'}")
+    runs = study.train(args.seeds, progress=main_rank and sys.stderr.isatty(), log=say, jobs=jobs)
+    leave_process_group()  # every run is checkpointed: the ranks part here, and rank 0 writes the report
+    if not main_rank:
+        return 0
+    report = write_report(tabulate_study(runs, study.load_corpus(), args.preset, study.folder, started), study.folder)
+    print(f"report written: {report}")
+    print(f"flagship figure: {report.parent / 'figures' / 'spectra_uncentered.png'}")
+    return 0
+
+# Training tokens per run of the paper's own study, where the paper states them (its 128M models).
+PAPER_TOKENS = {"paper-128m": 100 * 10 ** 9}
+
+def paper_budget_note(preset_name: str, plan) -> str | None:
+    """What a plan's budget is next to the paper's (None where the paper's is not known or is met):
+    the preset's steps are a default, not the paper's token count."""
+    paper = PAPER_TOKENS.get(preset_name)
+    tokens = plan.variants[0].tokens
+    if paper is None or tokens >= paper:
+        return None
+    return (f"note: each run trains on {tokens / 1e9:.2f} B tokens; the paper trained its {preset_name} models on "
+            f"{paper / 1e9:.0f} B. --tokens {paper / 1e9:.0f}e9 plans the paper's budget: about "
+            f"{paper / tokens:.0f} x the wall time and FLOPs above "
+            f"({_duration_text(plan.total_wall_s * paper / tokens)})")
+
+def _duration_text(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds < 3 * 86400 else f"{seconds / 86400:.1f} days"
+
+def cmd_sweep(args) -> int:
+    """Train the comparison at every grid point (reusing finished runs), write sweep.csv, the
+    figure and sweep.md."""
+    fields = dict(args.set or [])
+    points = grid(args.preset, args.lengths, args.depths, fields)
+    only = tuple(args.only) if args.only else None
+    print(f"sweep: {len(points)} grid point(s) x {len(sweep_roles(args.preset, only))} variants x "
+          f"{args.seeds} seed(s) into {args.out}")
+    claim_sweep_folder(args.out)
+    check_jobs(args.jobs or 1, len(points) * len(sweep_roles(args.preset, only)) * args.seeds)
+    table = save_sweep(args.out, sweep_table(points, args.seeds, args.out, jobs=args.jobs, only=only))
+    print(f"sweep written: {write_sweep_report(table, args.out)}")
+    return 0
+
+def cmd_report(args) -> int:
+    """Redraw report.md and every figure of a study folder from its tables (no torch work)."""
+    report = write_report(read_study_tables(args.folder), args.folder)
+    print(f"report written: {report}")
+    return 0
+
+def cmd_docs(args) -> int:
+    """The README's figures and headline table from a study's tables (no torch work)."""
+    headline = write_docs(read_study_tables(args.folder), args.out)
+    print(f"headline table and figures written: {headline.parent}")
+    return 0
+
+# ---- plans ------------------------------------------------------------------------------------------
+
+def plan_for_args(args, variants: list[ModelConfig], train_config, seeds: int = 1, check: bool = True,
+                  jobs: int = 1) -> StudyPlan:
+    """The plan for parsed `add_plan_arguments` options under the training's own `parallel`
+    strategy and `grad_accum` (with `check`, raises PlanError if it cannot fit). Planning this
+    CPU (no --plan-gpus, no GPU), the wall time comes from a measured step of every variant on
+    the `RUN_THREADS` each of `jobs` runs gets; planning GPUs, from FLOPs at --plan-mfu."""
+    devices = (parse_devices(args.plan_gpus, args.plan_peak_tflops) if args.plan_gpus
+               else visible_devices(args.plan_peak_tflops, train_config.dtype))
+    step_times, note = None, ""
+    if devices.name == "cpu" and not args.plan_peak_tflops:
+        note = load_note()
+        step_times = {config.label: measure_step(config, train_config.replace(device="cpu"), RUN_THREADS)
+                      for config in variants}
+    return study_plan(variants, train_config, devices, tokens=getattr(args, "plan_tokens", None),
+                      grad_accum=train_config.grad_accum, strategy=train_config.parallel, mfu=args.plan_mfu,
+                      seeds=seeds, check=check, step_times=step_times, jobs=jobs, timing_note=note)
+
+def plan_from_args(args, variants: list[ModelConfig], train_config, seeds: int = 1) -> str:
+    """The formatted plan for parsed `add_plan_arguments` options (raises PlanError if it cannot fit)."""
+    return format_plan(plan_for_args(args, variants, train_config, seeds))

@@ -1,0 +1,59 @@
+"""A sweep's page: sweep.md and figures/sweep.png (.svg) from a sweep's table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from headlab.io import Manifest, writing
+from headlab.report import plots
+from headlab.report.paper_tables import markdown_table
+from headlab.report.writer import FIGURES_FOLDER
+from headlab.schema import FLAGSHIP_MLA_ROPE
+from headlab.study.sweep import SWEEP, SWEEP_MANIFEST, grid_axes, sweep_sentences
+
+
+def write_sweep_report(table: pd.DataFrame, out: str | Path) -> Path:
+    """sweep.md and figures/sweep.png (.svg) in `out` from a sweep's table: the paired difference
+    to Standard MHA ± its 95% half-width at each grid point, and the paragraph of `sweep_sentences`."""
+    with writing(out, SWEEP_MANIFEST, SWEEP, "sweep writer") as manifest:
+        manifest.write_bytes("sweep.md", "\n".join(sweep_lines(table, manifest)).encode())
+    return Path(out) / "sweep.md"
+
+
+def sweep_palette(table: pd.DataFrame) -> dict[str, str]:
+    """The colours of the flagship figure for a sweep's comparisons: `plots.palette` of the six
+    variants (Standard MHA too, which a sweep only subtracts), each comparison in its role's
+    colour, so that MLA's two RoPE settings share MLA's."""
+    role_of = {"Standard MHA": "mha", **dict(zip(table["comparison"], table["role"]))}
+    flagship = ["Standard MHA", *table[table["mla_rope"] == FLAGSHIP_MLA_ROPE].drop_duplicates("role")["comparison"]]
+    colours = plots.palette(plots.method_order(flagship, [role_of[name] for name in flagship]))
+    by_role = {role_of[name]: colour for name, colour in colours.items()}
+    return {name: by_role[role_of[name]] for name in plots.method_order(role_of, role_of.values())}
+
+
+def sweep_lines(table: pd.DataFrame, manifest: Manifest) -> list[str]:
+    figure = plots.save_figure(plots.sweep_figure(table, palette=sweep_palette(table), axes=grid_axes(table)),
+                               manifest, f"{FIGURES_FOLDER}/sweep")
+    shown = table.assign(difference=[f"{m:+.3f} ± {h:.3f}" if s > 1 else f"{m:+.3f}"
+                                     for m, h, s in zip(table["mean"], table["half_width"], table["seeds"])])
+    wide = shown.pivot_table(index=["comparison", "metric"], columns="point", values="difference", aggfunc="first",
+                             sort=False).reset_index()
+    wide = wide[["comparison", "metric", *dict.fromkeys(table["point"])]]
+    axes = ", ".join(grid_axes(table)) or "one point"
+    lines = [
+        "# Scale sweep: the comparison with Standard MHA across a grid",
+        "",
+        f"Grid over {axes}; {int(table['seeds'].max())} seed(s) per variant and point, each variant paired with "
+        "Standard MHA's run of the same seed. Cells: paired difference (variant − MHA) ± the 95% t half-width; "
+        "an interval that excludes zero is an ordering, otherwise within seed noise.",
+        "",
+        f"![sweep](figures/{figure.name})",
+        "",
+        markdown_table(wide, 3),
+        "",
+        *[f"- {s}" for s in sweep_sentences(table)],
+        "",
+    ]
+    return lines

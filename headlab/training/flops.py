@@ -1,0 +1,87 @@
+"""FLOPs of training a model, counted from its config (no weights allocated).
+
+FLOPs per trained token (forward + backward = 3 x forward, 2 FLOPs per multiply-add):
+
+    6 · N                                  every weight matmul
+  + 6 · n_layer · n_head · (d_qk + d_v) · T/2    causal attention: scores and weighted values
+
+N is every parameter except the input embedding: an embedding is a table lookup with no
+multiply-adds, while the untied output head is a d_model x vocab matmul per token and counts.
+(Kaplan et al.'s N also drops the head; at vocab 50304 it is a third of paper-128m's N, so it
+has to count here.) Low-rank factors (LRKV's A·B, MLA's down/up projections) are applied one
+after the other, so their multiply-adds equal their parameters. T/2 is the mean causal context
+of a length-T sequence (a flash kernel skips the masked half; PaLM's 12·L·H·d_h·T counts it).
+d_qk = d_v = head_dim, except MLA whose queries and keys are head_dim + rope_head_dim wide and
+whose values are zero-padded to that width so one attention kernel serves both.
+
+The optimizer's own FLOPs (Muon's Newton–Schulz iterations, `muon_flops_per_step`) are apart
+from the model FLOPs that MFU is of.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+from headlab.model.config import ModelConfig
+from headlab.model.gpt import GPT, count_parameters
+from headlab.training.optimizers import is_muon_matrix
+
+# Parameter counts build a model on the meta device (a fraction of a second); plans ask often.
+parameter_counts = functools.lru_cache(maxsize=64)(count_parameters)
+
+
+def matmul_parameters(config: ModelConfig) -> int:
+    """N of the 6·N·D rule: every parameter but the input embedding (see the module docstring)."""
+    counts = parameter_counts(config)
+    return counts["total"] - counts["embedding"]
+
+
+def attention_widths(config: ModelConfig) -> tuple[int, int]:
+    """(d_qk, d_v) per head as the attention kernel runs them."""
+    width = config.head_dim + config.rope_head_dim if config.attention == "mla" else config.head_dim
+    return width, width
+
+
+def attention_flops_per_token(config: ModelConfig) -> float:
+    """6 · n_layer · n_head · (d_qk + d_v) · T/2: causal scores and weighted values, trained."""
+    d_qk, d_v = attention_widths(config)
+    return 6 * config.n_layer * config.n_head * (d_qk + d_v) * config.seq_len / 2
+
+
+def model_flops_utilization(config: ModelConfig, tokens_per_second: float, peak_flops: float) -> float:
+    """MFU: the model FLOP/s achieved, tokens/s · `training_flops` per token, over the device's
+    peak FLOP/s. The one definition `--plan`, benchmarks/train_throughput.py and
+    benchmarks/gpu_check.py share (a plan at an assumed MFU inverts it)."""
+    return tokens_per_second * training_flops(config, 1)["total"] / peak_flops
+
+
+@functools.lru_cache(maxsize=64)
+def muon_flops_per_step(config: ModelConfig) -> float:
+    """FLOPs of torch.optim.Muon's Newton–Schulz orthogonalisation in one optimizer step: for each
+    Muon matrix, m x n with m <= n (transposed if taller), each of ns_steps iterations computes
+    A = X·Xᵀ (2·m²·n), B = b·A + c·A·A (2·m³) and X = a·X + B·X (2·m²·n):
+
+        ns_steps · Σ (4·m²·n + 2·m³)
+
+    Every DDP rank orthogonalises every matrix (the update is not sharded), so this is per rank,
+    however many ranks share the batch."""
+    ns_steps = inspect.signature(torch.optim.Muon).parameters["ns_steps"].default
+    with torch.device("meta"):
+        model = GPT(config)
+    total = 0
+    for name, parameter in model.named_parameters():
+        if is_muon_matrix(name, parameter):
+            m, n = sorted(parameter.shape)
+            total += 4 * m * m * n + 2 * m ** 3
+    return float(ns_steps * total)
+
+
+def training_flops(config: ModelConfig, tokens: int) -> dict[str, float]:
+    """FLOPs of training on `tokens` tokens: the 6·N·D term, the attention term, their total."""
+    weights = 6 * matmul_parameters(config) * tokens
+    attention = attention_flops_per_token(config) * tokens
+    return {"6ND": float(weights), "attention": float(attention), "total": float(weights + attention)}
+
