@@ -1,0 +1,44 @@
+"""Figures of the head-similarity study: tidy tables in, `matplotlib.figure.Figure` out.
+
+    fig = spectra_figure(analysis.spectra)                       # the flagship figure (uncentered)
+    save_figure(fig, manifest, "figures/spectra")                # PNG and SVG, listed in the folder's manifest
+
+Every function is pure: it reads tables with the columns of `headlab.analysis` (see each
+docstring), keeps one circuit (`"qk"` unless told), and returns a new Figure that pyplot does
+not track, so nothing is shown or left open and no global style changes. The figure is a
+`NotebookFigure`: in Jupyter, Colab or VS Code it displays itself once, as a PNG, whether or not
+`%matplotlib inline` was run (a plain Figure made without pyplot shows only its repr text there).
+
+Methods look the same in every figure. `method_order` puts a table's models in the order of the
+paper's figures by their role column (`headlab.schema.ROLES`: Standard MHA, LRKV by ascending
+rank, MQA, MLA, GQA), never by parsing a label, then any model without a role (a pretrained
+model, say) in the order first seen. `palette` gives each label, in that order, a tab10 colour,
+and each label also gets a marker by its place in the palette. A figure
+builds its palette from the methods it shows. To keep a method's colour fixed when a figure shows
+only some methods, pass one `palette=` built from all of them to every call (the widgets do this).
+
+A table with a `seed` column holding several seeds is drawn as the mean over seeds with a
+min–max band (error bars in `loss_vs_cache_figure`); every title says how many seeds it shows.
+A table must hold one `mla_rope` setting (see `headlab.analysis`): filter it first.
+
+Modules: `style` (titles, colours, sizes, saving), `methods` (order, palette, markers), `checks`
+(a figure's table checked), `panels` (layer panels, lines, legend, titles), and the figures:
+`spectra`, `heatmaps`, `training`, `cache`, `sweep`.
+"""
+
+from headlab.package import lazy_exports
+
+# Loaded on first use (PEP 562): `plots.spectra_figure` imports headlab.report.plots.spectra only.
+__getattr__, __all__ = lazy_exports(__name__, {
+    "headlab.report.plots.style": ("BAND", "CIRCUIT_TITLES", "HEATMAP_CMAP", "HIGHLIGHT_COLOR", "KIND_TITLES",
+                                   "MARKERS", "MEASURE_TITLES", "MLA_ROPE_TITLES", "PANEL_SIZE", "REFERENCE_COLOR",
+                                   "SINGLE_SIZE", "SPECTRA_TITLE", "NotebookFigure", "save_figure"),
+    "headlab.report.plots.methods": ("method_order", "palette", "table_methods"),
+    "headlab.report.plots.panels": ("layer_roles", "layer_title"),
+    "headlab.report.plots.spectra": ("cumulative_variance_figure", "effective_rank_figure", "measures_figure",
+                                     "spectra_figure"),
+    "headlab.report.plots.heatmaps": ("similarity_heatmaps",),
+    "headlab.report.plots.training": ("factor_norm_figure", "loss_curves_figure", "rank_through_training_figure"),
+    "headlab.report.plots.cache": ("decode_latency_figure", "loss_vs_cache_figure"),
+    "headlab.report.plots.sweep": ("sweep_figure",),
+})

@@ -1,0 +1,103 @@
+"""What several figures draw alike: the early, middle and late layers, a line per method, one
+legend outside the axes, a title that says what is shown, and a row of layer panels."""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
+
+from headlab.report.plots.checks import seed_count
+from headlab.report.plots.methods import Methods, methods_of
+from headlab.report.plots.style import BAND, CIRCUIT_TITLES, MLA_ROPE_TITLES, PANEL_SIZE, NotebookFigure
+
+
+def layer_roles(layers: Iterable[int]) -> dict[str, int]:
+    """The early, middle and late layer among `layers` (numbered from 0): the first, the one at
+    index len // 2 and the last; for 12 layers 0, 6 and 11, the paper's 128M choice. A role is
+    given only to a layer no earlier role has: two layers are Early and Late, one is Early."""
+    available = sorted({int(layer) for layer in layers})
+    if not available:
+        raise ValueError("no layers to choose from")
+    roles = {"Early": available[0], "Late": available[-1], "Middle": available[len(available) // 2]}
+    distinct = {}
+    for role, layer in roles.items():
+        if layer not in distinct.values():
+            distinct[role] = layer
+    return {role: distinct[role] for role in ("Early", "Middle", "Late") if role in distinct}
+
+
+def layer_title(layer: int, layers: Iterable[int]) -> str:
+    """A panel title: "Early Layer (L=0)", "Middle Layer (L=6)", "Late Layer (L=11)" for the
+    `layer_roles` of `layers`, else "Layer (L=4)"."""
+    role = next((name for name, value in layer_roles(layers).items() if value == layer), None)
+    return f"{role} Layer (L={layer})" if role else f"Layer (L={layer})"
+
+
+def chosen_layers(data: pd.DataFrame, layers: Sequence[int] | None) -> list[int]:
+    """`layers`, checked against the table, or its distinct early, middle and late layers."""
+    available = sorted(data["layer"].unique())
+    if layers is None:
+        return list(dict.fromkeys(layer_roles(available).values()))
+    unknown = [layer for layer in layers if layer not in available]
+    if unknown or not layers:
+        raise ValueError(f"layers = {list(layers)} is invalid: the table has layers {', '.join(map(str, available))}")
+    return list(layers)
+
+
+def method_lines(ax, data: pd.DataFrame, x: str, y: str, methods: Methods, n_seeds: int) -> None:
+    """One line with markers per method; the mean with a min–max band over several seeds."""
+    sns.lineplot(data=data, x=x, y=y, hue="model", style="model", hue_order=methods.order,
+                 style_order=methods.order, palette=methods.colors, markers=methods.markers, dashes=False,
+                 estimator="mean", errorbar=("pi", 100) if n_seeds > 1 else None, markersize=6,
+                 linewidth=1.8, legend=False, ax=ax)
+
+
+def figure_legend(fig: Figure, methods: Methods, extra: Sequence = (), n_seeds: int = 1, below: bool = False) -> None:
+    """One legend for the whole figure, outside the axes: the methods, then `extra` reference
+    lines, then the seed band if any; in one row below a row of panels, else in one column on
+    the right (centered, so that it keeps clear of the title)."""
+    handles = methods.handles() + list(extra)
+    if n_seeds > 1:
+        handles.append(Patch(color="0.6", alpha=0.4, label=BAND))
+    if below:
+        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), frameon=False)
+    else:
+        fig.legend(handles=handles, loc="outside right center", frameon=False)
+
+
+def figure_title(text: str, n_seeds: int | None, circuit: str = "qk", data: pd.DataFrame | None = None) -> str:
+    """`text`, naming the circuit when it is not QK and which definition of MLA's heads `data`
+    holds (its one `mla_rope` setting, when it has an MLA row), then how many seeds are shown
+    (unless `n_seeds` is None: a measurement that seeds do not enter)."""
+    notes = [CIRCUIT_TITLES.get(circuit, circuit)] if circuit != "qk" else []
+    settings = [] if data is None or "mla_rope" not in data.columns else \
+        list(dict.fromkeys(data.loc[data["model"].str.startswith("MLA"), "mla_rope"].dropna()))
+    if len(settings) == 1 and settings[0] in MLA_ROPE_TITLES:  # "n/a": a measure MLA's RoPE does not enter
+        notes.append(MLA_ROPE_TITLES[settings[0]])
+    if n_seeds is not None:
+        notes.append(f"mean of {n_seeds} seeds" if n_seeds > 1 else "1 seed")
+    return f"{text} — {', '.join(notes)}" if notes else text
+
+
+def layer_panel_figure(data: pd.DataFrame, name: str, layers: Sequence[int] | None, x: str, y: str,
+                       xlabel: str, ylabel: str, title: str, circuit: str,
+                       palette: Mapping[str, str] | None, extra: Sequence = ()) -> Figure:
+    """A row of panels, one per layer (early, middle and late by default), each with a line per
+    method of `y` against `x`; one legend; `extra` handles are added to it."""
+    chosen = chosen_layers(data, layers)
+    methods = methods_of(data, palette)
+    n_seeds = seed_count(data, name, ["model", "layer", x])
+    fig = NotebookFigure(figsize=(PANEL_SIZE[0] * len(chosen), PANEL_SIZE[1] + 0.9), layout="constrained")
+    available = data["layer"].unique()
+    for ax, layer in zip(fig.subplots(1, len(chosen), squeeze=False)[0], chosen):
+        method_lines(ax, data[data["layer"] == layer], x, y, methods, n_seeds)
+        ax.set(title=layer_title(layer, available), xlabel=xlabel, ylabel=ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle(figure_title(title, n_seeds, circuit, data), fontweight="bold")
+    figure_legend(fig, methods, extra, n_seeds, below=True)
+    return fig

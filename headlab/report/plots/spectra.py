@@ -1,0 +1,143 @@
+"""Spectra and effective rank per layer: the flagship figure, cumulative variance, effective
+rank per layer, and the effective rank under each measure of head similarity."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+from headlab.report.plots.checks import checked_rows, seed_count
+from headlab.report.plots.methods import methods_of
+from headlab.report.plots.panels import figure_legend, figure_title, layer_panel_figure, method_lines
+from headlab.report.plots.style import (
+    HIGHLIGHT_COLOR,
+    KIND_TITLES,
+    MEASURE_TITLES,
+    PANEL_SIZE,
+    REFERENCE_COLOR,
+    SINGLE_SIZE,
+    SPECTRA_TITLE,
+    NotebookFigure,
+    styled,
+)
+
+
+@styled
+def spectra_figure(spectra: pd.DataFrame, kind: str = "uncentered", layers: Sequence[int] | None = None,
+                   circuit: str = "qk", palette: Mapping[str, str] | None = None) -> Figure:
+    """The flagship figure: eigenvalue against eigenvalue index, one panel per layer ("Early
+    Layer (L=0)", "Middle Layer (L=…)", "Late Layer (L=…)" by default), a line per method,
+    y-axis from 0.
+
+    spectra: model, layer, circuit, kind, index (from 1), eigenvalue [, seed].
+    kind: "uncentered" (the flagship, as in the seed figure: the eigenvalues of the cosine
+    similarity matrix, which sum to H, the last one nonzero; the paper's Figs. 16–17) or
+    "centered" (the PCA-based spectrum, Figs. 10–11: the last eigenvalue is 0 by construction,
+    which each panel notes). layers: which layers to show, one panel each.
+    """
+    data = checked_rows(spectra, "spectra", ["model", "layer", "circuit", "kind", "index", "eigenvalue"], circuit, kind)
+    fig = layer_panel_figure(data, "spectra", layers, "index", "eigenvalue", "Eigenvalue Index", "Eigenvalue",
+                             f"{SPECTRA_TITLE} ({KIND_TITLES[kind]})", circuit, palette)
+    for ax in fig.axes:
+        ax.set_ylim(bottom=0)
+        if kind == "centered":
+            ax.text(0.98, 0.97, "last eigenvalue = 0\nby construction (centering)", transform=ax.transAxes,
+                    ha="right", va="top", fontsize=8, color=REFERENCE_COLOR)
+    return fig
+
+
+@styled
+def cumulative_variance_figure(spectra: pd.DataFrame, kind: str = "centered", layers: Sequence[int] | None = None,
+                               threshold: float = 0.9, circuit: str = "qk",
+                               palette: Mapping[str, str] | None = None) -> Figure:
+    """Cumulative variance explained against the number of components, in the panel layout of
+    `spectra_figure`, with a dashed line at `threshold` (the paper's Figs. 12–13: 90%).
+
+    spectra: model, layer, circuit, kind, index (from 1), cumulative [, seed].
+    """
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold = {threshold!r} is invalid: it is a fraction of variance in (0, 1]")
+    data = checked_rows(spectra, "spectra", ["model", "layer", "circuit", "kind", "index", "cumulative"], circuit, kind)
+    label = f"{threshold:.0%} of variance"
+    fig = layer_panel_figure(data, "spectra", layers, "index", "cumulative", "Number of components",
+                             "Cumulative variance explained",
+                             f"Cumulative variance of head similarity spectra ({KIND_TITLES[kind]})", circuit,
+                             palette, extra=[Line2D([], [], color=REFERENCE_COLOR, linestyle="--", label=label)])
+    for ax in fig.axes:
+        ax.axhline(threshold, color=REFERENCE_COLOR, linestyle="--", linewidth=1.2, zorder=1)
+        ax.set_ylim(0, 1.04)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    return fig
+
+
+@styled
+def effective_rank_figure(summary: pd.DataFrame, kind: str = "centered", circuit: str = "qk",
+                          palette: Mapping[str, str] | None = None, highlight_layers: Sequence[int] = ()) -> Figure:
+    """Effective rank per layer, a line per method (the paper's Figs. 7, 9, 14–15), with the
+    ceiling dashed (H heads uncentered, H − 1 centered: the centered matrix has rank ≤ H − 1) and a
+    "fully redundant" line at 1; `highlight_layers` are shaded.
+
+    summary: model, layer, circuit, kind, n_heads, effective_rank [, seed].
+    """
+    data = checked_rows(summary, "summary", ["model", "layer", "circuit", "kind", "n_heads", "effective_rank"],
+                        circuit, kind)
+    methods = methods_of(data, palette)
+    n_seeds = seed_count(data, "summary", ["model", "layer"])
+    fig = NotebookFigure(figsize=SINGLE_SIZE, layout="constrained")
+    ax = fig.subplots()
+    method_lines(ax, data, "layer", "effective_rank", methods, n_seeds)
+    references = []
+    for layer in highlight_layers:
+        ax.axvspan(layer - 0.5, layer + 0.5, color=HIGHLIGHT_COLOR, zorder=0)
+    if highlight_layers:
+        word = "layer" if len(highlight_layers) == 1 else "layers"
+        references.append(Patch(color=HIGHLIGHT_COLOR, label=f"{word} {', '.join(map(str, highlight_layers))}"))
+    for n_heads in sorted(data["n_heads"].unique()):
+        ceiling = n_heads if kind == "uncentered" else n_heads - 1
+        label = f"ceiling: H = {n_heads}" if kind == "uncentered" else f"ceiling: H − 1 = {ceiling}"
+        ax.axhline(ceiling, color=REFERENCE_COLOR, linestyle="--", linewidth=1.2, zorder=1)
+        references.append(Line2D([], [], color=REFERENCE_COLOR, linestyle="--", label=label))
+    ax.axhline(1, color=REFERENCE_COLOR, linestyle=":", linewidth=1.5, zorder=1)
+    references.append(Line2D([], [], color=REFERENCE_COLOR, linestyle=":", linewidth=1.5, label="fully redundant"))
+    ax.set_ylim(0, max(data["n_heads"]) + 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="Layer", ylabel="Effective rank (entropy)")
+    fig.suptitle(figure_title(f"Effective rank per layer ({KIND_TITLES[kind]})", n_seeds, circuit, data),
+                 fontweight="bold")
+    figure_legend(fig, methods, references, n_seeds)
+    return fig
+
+
+@styled
+def measures_figure(summary: pd.DataFrame, kind: str = "centered", measures: Sequence[str] | None = None,
+                    palette: Mapping[str, str] | None = None) -> Figure:
+    """Effective rank (% of H) per layer under each measure of head similarity, one panel per
+    measure (weights, data-aware weights, attention maps), a line per method.
+
+    summary: model, layer, measure, kind, effective_rank_pct_of_heads [, seed], one circuit per
+    measure (QK for the weight measures, "pattern" for attention maps: filter first).
+    """
+    data = checked_rows(summary, "summary", ["model", "layer", "measure", "kind", "effective_rank_pct_of_heads"],
+                        kind=kind)
+    shown = list(dict.fromkeys(data["measure"])) if measures is None else list(measures)
+    unknown = [m for m in shown if m not in set(data["measure"])]
+    if unknown or not shown:
+        raise ValueError(f"measures = {shown} is invalid: the table has measures "
+                         f"{', '.join(map(str, dict.fromkeys(data['measure'])))}")
+    methods = methods_of(data, palette)
+    n_seeds = seed_count(data.drop(columns=[c for c in ("mla_rope",) if c in data]), "summary",
+                         ["model", "layer", "measure"])
+    fig = NotebookFigure(figsize=(PANEL_SIZE[0] * len(shown), PANEL_SIZE[1] + 0.9), layout="constrained")
+    for ax, measure in zip(fig.subplots(1, len(shown), squeeze=False, sharey=True)[0], shown):
+        method_lines(ax, data[data["measure"] == measure], "layer", "effective_rank_pct_of_heads", methods, n_seeds)
+        ax.set(title=MEASURE_TITLES.get(measure, measure), xlabel="Layer", ylabel="Effective rank (% of H)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle(figure_title(f"Do the measures agree? Effective rank per layer ({KIND_TITLES[kind]})", n_seeds),
+                 fontweight="bold")
+    figure_legend(fig, methods, n_seeds=n_seeds, below=True)
+    return fig

@@ -1,0 +1,61 @@
+"""How every figure looks: titles, markers, colours and sizes, seaborn's style around each
+drawing, the figure class that shows itself in a notebook, and saving a figure into a folder."""
+
+from __future__ import annotations
+
+import functools
+import io
+from pathlib import Path
+
+import seaborn as sns
+from matplotlib.figure import Figure
+
+from headlab.io import Manifest
+
+KIND_TITLES = {"uncentered": "uncentered", "centered": "centered, PCA-based"}
+CIRCUIT_TITLES = {"qk": "QK circuit", "ov": "OV circuit", "pattern": "attention maps"}
+MEASURE_TITLES = {"frobenius": "Weights (Frobenius)", "data": "Data-aware weights (Σ of inputs)",
+                  "jensen_shannon": "Behaviour (attention maps, 1 − JS)"}
+SPECTRA_TITLE = "Eigenvalue spectra of head similarity matrices"
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">", "p")
+HEATMAP_CMAP = "RdBu_r"
+REFERENCE_COLOR = "0.35"
+HIGHLIGHT_COLOR = "0.88"
+PANEL_SIZE = (4.6, 3.9)  # inches per panel of a row of layer panels
+SINGLE_SIZE = (9.0, 4.6)  # a one-axes figure with its legend on the right
+BAND = "min–max over seeds"
+MLA_ROPE_TITLES = {"included": "MLA: RoPE part included", "excluded": "MLA: latent only (RoPE part excluded)"}
+
+
+class NotebookFigure(Figure):
+    """A matplotlib Figure that IPython displays as a PNG even when no inline backend is active
+    (`%matplotlib inline` registers a formatter for every Figure, which then takes precedence)."""
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", bbox_inches="tight")
+        return buffer.getvalue()
+
+
+def styled(draw):
+    """Draw inside seaborn's whitegrid style and notebook context, leaving global rcParams as
+    they were (the style lives on in the artists it created)."""
+    @functools.wraps(draw)
+    def wrapper(*args, **kwargs) -> Figure:
+        with sns.axes_style("whitegrid"), sns.plotting_context("notebook", font_scale=0.9):
+            return draw(*args, **kwargs)
+    return wrapper
+
+
+def save_figure(figure: Figure, manifest: Manifest, name: str) -> Path:
+    """Write `figure` as <name>.png (130 dpi, what report.md shows) and <name>.svg (for print)
+    into the folder of `manifest`, which records them (`name` may hold a subfolder: 'figures/x');
+    each is drawn into memory and written atomically, never through a link. Returns the PNG's path."""
+    drawn = {}
+    # SVG without a date: the same figure gives the same bytes
+    for suffix, options in ((".png", {"dpi": 130}), (".svg", {"metadata": {"Date": None}})):
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format=suffix[1:], bbox_inches="tight", **options)
+        drawn[name + suffix] = buffer.getvalue()
+    manifest.write_all({file: lambda out, data=data: out.write(data) for file, data in drawn.items()})
+    return manifest.file(name + ".png")
