@@ -34,7 +34,7 @@ from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.corpus import load_corpus
 from headlab.data.encoding import available_cores
 from headlab.data.tokenizers import tokenizer_vocab_size
-from headlab.io import Manifest
+from headlab.io import Manifest, make_folder
 from headlab.model.config import ATTENTION_FAMILIES, PRESETS, ModelConfig, preset
 from headlab.model.gpt import count_parameters
 from headlab.package import installed_version
@@ -422,7 +422,7 @@ def cmd_sweep(args) -> int:
     only = tuple(args.only) if args.only else None
     print(f"sweep: {len(points)} grid point(s) x {len(sweep_roles(args.preset, only))} variants x "
           f"{args.seeds} seed(s) into {args.out}")
-    args.out.mkdir(parents=True, exist_ok=True)
+    make_folder(args.out)
     Manifest.claim(args.out, SWEEP_MANIFEST, SWEEP)  # a folder headlab did not write is refused before training
     check_jobs(args.jobs or 1, len(points) * len(sweep_roles(args.preset, only)) * args.seeds)
     table = sweep_table(points, args.seeds, args.out, jobs=args.jobs, only=only)

@@ -16,6 +16,7 @@ from headlab import load_corpus, preset, train, train_preset
 from headlab.analysis.similarity import Analysis
 from headlab.cli import main
 from headlab.data import sources
+from headlab.io import ScratchFolder, make_folder
 from headlab.study.study import MANIFEST as STUDY_MANIFEST
 from headlab.study.study import Study
 from headlab.study.tables import tabulate_study
@@ -304,3 +305,30 @@ def test_a_damaged_or_odd_document_corpus_is_one_line_with_status_2(tmp_path, ca
     line = refused_in_one_line(capsys, ["train", "--preset", "tiny", "--corpus", tmp_path / name, "--steps", "1",
                                         "--no-progress"])
     assert expected in line, line
+
+
+def test_a_scratch_folder_that_loses_the_race_deletes_only_what_it_made(tmp_path):
+    """The token cache is built privately and renamed into place: the second builder's folder
+    is removed, but a file it did not make (dropped into it meanwhile) stays."""
+    final = tmp_path / "cache" / "tokens"
+    first, second = ScratchFolder(final).__enter__(), ScratchFolder(final).__enter__()
+    first.write_bytes("meta.json", b"first")
+    second.write_bytes("meta.json", b"second")
+    (second.path / "users.txt").write_text("not the builder's")
+    first.__exit__(None, None, None)
+    second.__exit__(None, None, None)
+    assert (final / "meta.json").read_bytes() == b"first"
+    assert sorted(p.name for p in second.path.iterdir()) == ["users.txt"]
+    with pytest.raises(ValueError, match="did not make"):
+        second.remove("users.txt")
+
+
+def test_a_link_where_headlab_makes_a_folder_is_refused(tmp_path, capsys):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "run").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match="symbolic link or a file is in the way"):
+        make_folder(tmp_path / "run")
+    assert main(["train", "--preset", "tiny", "--steps", "1", "--corpus", "synthetic", "--no-progress",
+                 "--out", str(tmp_path / "run")]) == 2
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert "symbolic link" in capsys.readouterr().err

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus, random_windows
-from headlab.io import FolderLock, refuse_foreign
+from headlab.io import FolderLock, make_folder, refuse_foreign
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, eval_mode
 from headlab.training.config import TrainConfig
@@ -172,16 +172,9 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
         with together(ddp):  # rank 0 alone owns the folder; if it cannot, no rank trains
             if run_dir is not None and ddp.is_main:
                 refuse_foreign(run_dir, MANIFEST)
-                _make_run_folder(run_dir)
+                make_folder(run_dir)
                 held.enter_context(FolderLock(run_dir, "trainer"))
         return _train(model_config, train_config, corpus, device, ddp, run_dir, resume, progress)
-
-
-def _make_run_folder(run_dir: Path) -> None:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ValueError(f"run folder {run_dir} cannot be created: a file is in the way") from None
 
 
 def shard_per_block(model: GPT, train_config: TrainConfig) -> None:
