@@ -332,3 +332,17 @@ def test_a_link_where_headlab_makes_a_folder_is_refused(tmp_path, capsys):
                  "--out", str(tmp_path / "run")]) == 2
     assert list((tmp_path / "elsewhere").iterdir()) == []
     assert "symbolic link" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit", [
+    {"preset": "paper-6.3b"},  # the study's shape kept: the preset is not this shape
+    {"preset": "paper-6.3b", "n_layer": 32, "n_head": 32, "d_model": 4096, "head_dim": 128},  # tables: 2 layers
+    {"preset": "no-such-preset"},
+    {"seeds": [0, 1, 2]},
+])
+def test_a_hand_edited_study_meta_is_refused_not_reported(study, capsys, edit):
+    edit_manifest(study / STUDY_MANIFEST, lambda payload: payload["meta"]["meta"].update(edit))
+    before = snapshot(study)
+    assert "edited by hand" in refused_in_one_line(capsys, ["report", study])
+    assert "paper-6.3b" not in (study / "report.md").read_text()
+    assert snapshot(study) == before
