@@ -349,7 +349,7 @@ def cmd_reproduce(args) -> int:
         raise ValueError(f"{', '.join(both)} given both as a flag and with --set: give it once")
     study = Study(args.preset, args.steps, Path(args.out), corpus=args.corpus, tokenizer=args.tokenizer,
                   corpus_options=source_options, tokens=args.tokens, model_overrides=model_overrides,
-                  train_overrides={**train_overrides, **flags})
+                  train_overrides={**train_overrides, **flags}, only=tuple(args.only) if args.only else None)
     jobs = args.jobs or study.default_jobs(args.seeds)
     check_jobs(jobs, len(study.variants) * args.seeds)
     if args.plan:  # the whole table even when it does not fit: a study's cost is worth seeing either way
@@ -599,6 +599,8 @@ def _reproduce_arguments(reproduce: argparse.ArgumentParser) -> None:
     reproduce.add_argument("--set", type=sweep_values, action="append", metavar="FIELD=VALUE",
                            help="a ModelConfig or TrainConfig setting that replaces the preset's, e.g. "
                                 "optimizer=adamw or weight_decay=0 (repeatable; recorded in study.json and the report)")
+    reproduce.add_argument("--only", nargs="+", choices=ROLES, metavar="ROLE",
+                           help=f"train these roles only (default: all six: {' '.join(ROLES)})")
 
 
 def _sweep_arguments(sweep: argparse.ArgumentParser) -> None:
