@@ -153,10 +153,15 @@ def open_regular(path: Path) -> int:
 
 
 def append_line(path: Path, line: bytes) -> None:
-    """Append `line` to `path` (created if missing) in one write, never through a symlink."""
+    """Append `line` to `path` (created if missing) in one write, never through a symlink. A
+    file with other names (hard links: a `cp -al` or `rsync --link-dest` backup) is rewritten
+    under this name instead, so the other names keep what they hold."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
-        os.write(fd, line)
+        if os.fstat(fd).st_nlink > 1:
+            atomic_write_bytes(path, read_regular(path) + line)
+        else:
+            os.write(fd, line)
     finally:
         os.close(fd)
 

@@ -346,3 +346,24 @@ def test_a_hand_edited_study_meta_is_refused_not_reported(study, capsys, edit):
     assert "edited by hand" in refused_in_one_line(capsys, ["report", study])
     assert "paper-6.3b" not in (study / "report.md").read_text()
     assert snapshot(study) == before
+
+
+def test_resuming_a_run_leaves_a_hard_linked_backup_as_it_was(finished_run, tmp_path):
+    """`cp -al run backup` (or `rsync --link-dest`) shares every file's inode with the backup:
+    what headlab appends to the run's logs must not appear in the backup."""
+    backup = tmp_path / "backup"
+    shutil.copytree(finished_run, backup, copy_function=os.link)
+    before = snapshot(backup)
+    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
+          progress=False)
+    assert snapshot(backup) == before
+    assert (finished_run / "starts.jsonl").read_bytes().startswith((backup / "starts.jsonl").read_bytes())
+
+
+@pytest.mark.parametrize("blank", ["", " "])
+def test_a_blank_cache_variable_means_the_default_cache_not_the_working_folder(tmp_path, monkeypatch, blank):
+    monkeypatch.setenv(sources.CACHE_ENV, blank)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert sources.cache_dir() == tmp_path / "home" / ".cache" / "headlab"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]

@@ -26,8 +26,10 @@ SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacf
 
 
 def cache_dir() -> Path:
-    """Where downloads and token shards live: $HEADLAB_CACHE, else ~/.cache/headlab."""
-    return make_folder(Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "headlab")))
+    """Where downloads and token shards live: $HEADLAB_CACHE, else (also when it is set blank: an
+    empty `export`, which would mean the working folder) ~/.cache/headlab."""
+    chosen = os.environ.get(CACHE_ENV, "").strip()
+    return make_folder(Path(chosen) if chosen else Path.home() / ".cache" / "headlab")
 
 
 def _sha256(path: Path) -> str:
