@@ -367,3 +367,11 @@ def test_a_blank_cache_variable_means_the_default_cache_not_the_working_folder(t
     monkeypatch.chdir(tmp_path)
     assert sources.cache_dir() == tmp_path / "home" / ".cache" / "headlab"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]
+
+
+def test_a_start_log_cut_mid_line_gets_its_next_record_on_a_line_of_its_own(finished_run):
+    starts = finished_run / "starts.jsonl"
+    os.truncate(starts, 5)
+    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
+          progress=False)
+    assert json.loads(starts.read_text().splitlines()[-1])["step"] == TINY.steps

@@ -485,6 +485,10 @@ def open_run(run_dir: Path, model_config: ModelConfig, train_config: TrainConfig
         manifest.remove_leftovers()
     if write and checkpoint is None:
         write_run_config(manifest, model_config, train_config, corpus)
+        # the logs are written before a checkpoint lists them: named as being written, so a kill
+        # before the first checkpoint leaves no file of headlab's that its manifest disowns
+        manifest.discard += [name for name in (METRICS, STARTS)
+                             if name not in manifest.files and name not in manifest.discard]
         manifest.save()
     return checkpoint
 
@@ -513,10 +517,15 @@ def record_start(run_dir: Path, step: int, execution: dict) -> dict:
     {setting: [before, now]}. A log for people, never read back by training."""
     path = run_dir / STARTS
     try:
-        lines = read_regular(path).decode("utf-8").splitlines()
+        data = read_regular(path)
+    except FileNotFoundError:
+        data = b""
+    try:
+        lines = data.decode("utf-8").splitlines()
         previous = json.loads(lines[-1]) if lines else {}
-    except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError):
         previous = {}
     changed = {k: [previous[k], v] for k, v in execution.items() if k in previous and previous[k] != v}
-    append_line(path, (json.dumps({"step": step, **execution, "changed": changed}) + "\n").encode())
+    cut = b"\n" if data and not data.endswith(b"\n") else b""  # a log cut mid-line: the new record on its own line
+    append_line(path, cut + (json.dumps({"step": step, **execution, "changed": changed}) + "\n").encode())
     return changed
