@@ -34,7 +34,7 @@ from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.corpus import load_corpus
 from headlab.data.encoding import available_cores
 from headlab.data.tokenizers import tokenizer_vocab_size
-from headlab.io import Manifest
+from headlab.io import Manifest, make_folder
 from headlab.model.config import ATTENTION_FAMILIES, PRESETS, ModelConfig, preset
 from headlab.model.gpt import count_parameters
 from headlab.package import installed_version
@@ -350,7 +350,7 @@ def cmd_reproduce(args) -> int:
         raise ValueError(f"{', '.join(both)} given both as a flag and with --set: give it once")
     study = Study(args.preset, args.steps, Path(args.out), corpus=args.corpus, tokenizer=args.tokenizer,
                   corpus_options=source_options, tokens=args.tokens, model_overrides=model_overrides,
-                  train_overrides={**train_overrides, **flags})
+                  train_overrides={**train_overrides, **flags}, only=tuple(args.only) if args.only else None)
     jobs = args.jobs or study.default_jobs(args.seeds)
     check_jobs(jobs, len(study.variants) * args.seeds)
     if args.plan:  # the whole table even when it does not fit: a study's cost is worth seeing either way
@@ -423,7 +423,7 @@ def cmd_sweep(args) -> int:
     only = tuple(args.only) if args.only else None
     print(f"sweep: {len(points)} grid point(s) x {len(sweep_roles(args.preset, only))} variants x "
           f"{args.seeds} seed(s) into {args.out}")
-    args.out.mkdir(parents=True, exist_ok=True)
+    make_folder(args.out)
     Manifest.claim(args.out, SWEEP_MANIFEST, SWEEP)  # a folder headlab did not write is refused before training
     check_jobs(args.jobs or 1, len(points) * len(sweep_roles(args.preset, only)) * args.seeds)
     table = sweep_table(points, args.seeds, args.out, jobs=args.jobs, only=only)
@@ -600,6 +600,8 @@ def _reproduce_arguments(reproduce: argparse.ArgumentParser) -> None:
     reproduce.add_argument("--set", type=sweep_values, action="append", metavar="FIELD=VALUE",
                            help="a ModelConfig or TrainConfig setting that replaces the preset's, e.g. "
                                 "optimizer=adamw or weight_decay=0 (repeatable; recorded in study.json and the report)")
+    reproduce.add_argument("--only", nargs="+", choices=ROLES, metavar="ROLE",
+                           help=f"train these roles only (default: all six: {' '.join(ROLES)})")
 
 
 def _sweep_arguments(sweep: argparse.ArgumentParser) -> None:

@@ -12,6 +12,13 @@ only what its manifest names and deletes only a file whose content still matches
 recorded: a non-empty folder without one is not headlab's and is refused. A name read from a
 file must name a path strictly below its folder, reached through no link (`inside`).
 
+Scratch folders: the token cache is built in a private folder (`ScratchFolder`) that is renamed
+into place whole, so a reader sees no cache or a complete one; only the files it made there are
+ever deleted from it.
+
+Nothing else in headlab writes, renames or deletes a path (tests/test_one_writer.py checks it):
+folders are made by `make_folder`, files by the writers below.
+
 Locks: `FolderLock` holds an flock on `<folder>/.lock` while one process writes the folder; the
 kernel drops it when that process dies, so a dead writer's lock is never obeyed."""
 
@@ -28,7 +35,7 @@ import socket
 import stat
 import time
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 TEMPORARY_SUFFIX = ".tmp"
 TEMPORARY = re.compile(r"^\.(.+)\.[0-9a-f]{8}\.tmp$")  # what `temporary_path` names
@@ -146,10 +153,15 @@ def open_regular(path: Path) -> int:
 
 
 def append_line(path: Path, line: bytes) -> None:
-    """Append `line` to `path` (created if missing) in one write, never through a symlink."""
+    """Append `line` to `path` (created if missing) in one write, never through a symlink. A
+    file with other names (hard links: a `cp -al` or `rsync --link-dest` backup) is rewritten
+    under this name instead, so the other names keep what they hold."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
-        os.write(fd, line)
+        if os.fstat(fd).st_nlink > 1:
+            atomic_write_bytes(path, read_regular(path) + line)
+        else:
+            os.write(fd, line)
     finally:
         os.close(fd)
 
@@ -197,6 +209,22 @@ def inside(folder: Path, name) -> Path:
     return path
 
 
+def make_folder(path: Path) -> Path:
+    """Create folder `path` (and its missing parents) where headlab is told to write, refused if
+    `path` is a link or a file: headlab writes into a folder, never through a link named as one.
+    Folders above it that exist are the user's to choose (a linked home is theirs)."""
+    path = Path(path)
+    try:
+        if not path.is_symlink():
+            path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        pass  # judged below
+    if path.is_symlink() or not path.is_dir():
+        raise ValueError(f"{path} cannot be used as a folder: a symbolic link or a file is in the way (headlab "
+                         "never writes through links); choose another path, or move it away")
+    return path
+
+
 def make_folders(folder: Path, name: str) -> Path:
     """Create the folders between `folder` and file `name` below it (none through a link)."""
     path = inside(folder, name)
@@ -218,6 +246,80 @@ def remove_verified(path: Path, entry: dict) -> bool:
         return False
     path.unlink()
     return True
+
+
+def open_new(path: Path) -> BinaryIO:
+    """`path`, a new file opened for writing: never one already there, never through a link."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666), "wb")
+
+
+class ScratchFolder:
+    """`with ScratchFolder(final) as scratch:` a private folder beside `final` (made by an
+    exclusive mkdir, so no other process shares it) that the block fills through `new_file`,
+    `update` and `remove`; renamed to `final` whole when the block ends without error, so a
+    reader sees no folder or a complete one. If another process published `final` first, or the
+    block fails, exactly the files this folder made are deleted, then the folder: never a file it
+    did not make. A process killed meanwhile leaves `.<final>.<8 hex>.tmp/`, which no reader takes
+    for the folder."""
+
+    def __init__(self, final: Path):
+        self.final = Path(final)
+        self.path = temporary_path(self.final)
+        self.made: list[str] = []
+
+    def __enter__(self) -> "ScratchFolder":
+        make_folder(self.final.parent)
+        os.mkdir(self.path)
+        return self
+
+    def file(self, name: str) -> Path:
+        return below(self.path, name)
+
+    def _made(self, name: str) -> Path:
+        if name not in self.made:
+            raise ValueError(f"{self.path} did not make {name!r}: refusing to change it")
+        return self.file(name)
+
+    def new_file(self, name: str) -> BinaryIO:
+        """A new file `name` in the folder, opened for writing."""
+        file = open_new(self.file(name))
+        self.made.append(name)
+        return file
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        with self.new_file(name) as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+
+    def update(self, name: str) -> BinaryIO:
+        """File `name`, which this folder made, opened to read, overwrite and truncate in place."""
+        return os.fdopen(os.open(self._made(name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC), "r+b")
+
+    def remove(self, name: str) -> None:
+        self._made(name).unlink()
+        self.made.remove(name)
+
+    def discard(self) -> None:
+        for name in self.made:
+            self.file(name).unlink(missing_ok=True)
+        self.made = []
+        try:
+            os.rmdir(self.path)
+        except OSError:  # something this folder did not make was put there: it stays, with the folder
+            pass
+
+    def __exit__(self, kind, error, trace) -> None:
+        if kind is not None:
+            self.discard()
+            return
+        fsync_path(self.path)
+        try:
+            os.rename(self.path, self.final)  # fails if another process published a (non-empty) folder first
+        except OSError:
+            self.discard()
+            return
+        fsync_path(self.final.parent)
 
 
 def refuse_foreign(folder: Path, name: str) -> None:
@@ -476,7 +578,7 @@ class writing:
 
     def __enter__(self) -> Manifest:
         refuse_foreign(self.folder, self.name)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_folder(self.folder)
         self.lock = FolderLock(self.folder, self.writer).__enter__()
         try:
             self.manifest = Manifest.claim(self.folder, self.name, self.kind)
