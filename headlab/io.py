@@ -34,7 +34,7 @@ import secrets
 import socket
 import stat
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Callable
 
 TEMPORARY_SUFFIX = ".tmp"
@@ -345,15 +345,18 @@ class Manifest:
     state), files it wrote that are not (or not yet) part of that state (`retired`, same
     entries: deleted at the next write if their content still matches), names it is writing
     now (`discard`: at the next write only their temporaries, and a folder among them once
-    empty, are removed; nothing there is deleted on a name alone), and `meta`."""
+    empty if headlab made it, are removed; nothing there is deleted on a name alone), the
+    folders it made (`folders`, recorded before each is made), and `meta`."""
 
     def __init__(self, folder: Path, name: str, kind: str, files: dict | None = None,
-                 discard: list | None = None, meta: dict | None = None, retired: dict | None = None):
+                 discard: list | None = None, meta: dict | None = None, retired: dict | None = None,
+                 folders: list | None = None):
         self.folder, self.name, self.kind = Path(folder), name, kind
         self.files: dict[str, dict] = files or {}
         self.discard: list[str] = discard or []
         self.meta: dict = meta or {}
         self.retired: dict[str, dict] = retired or {}
+        self.folders: list[str] = folders or []
 
     @property
     def path(self) -> Path:
@@ -373,12 +376,14 @@ class Manifest:
         if not (isinstance(payload, dict) and payload.get("format") == FORMAT and payload.get("kind") == kind
                 and isinstance(payload.get("files"), dict) and isinstance(payload.get("discard"), list)
                 and isinstance(payload.get("meta"), dict) and isinstance(payload.get("retired", {}), dict)
+                and isinstance(payload.get("folders", []), list)
                 and all(map(_is_entry, payload["files"].values()))
                 and all(map(_is_entry, payload.get("retired", {}).values()))):
-            raise ValueError(f"{path} is not the manifest of {kind} (format, kind, files, discard, retired, meta)")
+            raise ValueError(f"{path} is not the manifest of {kind} (format, kind, files, discard, retired, folders, "
+                             "meta)")
         manifest = cls(folder, name, kind, payload["files"], payload["discard"], payload["meta"],
-                       payload.get("retired"))
-        for listed in [*manifest.files, *manifest.retired, *manifest.discard]:
+                       payload.get("retired"), payload.get("folders"))
+        for listed in [*manifest.files, *manifest.retired, *manifest.discard, *manifest.folders]:
             below(folder, listed)  # the folder itself, its parent or an odd name: refused before anything is done
             if listed.split("/")[0] in (name, LOCK):
                 raise ValueError(f"{path} lists {listed!r}, its own manifest or lock: refusing it")
@@ -398,7 +403,7 @@ class Manifest:
 
     def save(self) -> None:
         payload = {"format": FORMAT, "kind": self.kind, "files": self.files, "discard": self.discard,
-                   "retired": self.retired, "meta": self.meta}
+                   "retired": self.retired, "folders": self.folders, "meta": self.meta}
         atomic_write_text(self.path, json.dumps(payload, indent=1))
 
     def file(self, name: str) -> Path:
@@ -407,6 +412,12 @@ class Manifest:
     def _target(self, name: str) -> Path:
         """The path headlab is about to write as `name`: refused if something headlab did not
         write (not listed, not being written) is already there."""
+        inside(self.folder, name)
+        missing = [parent.as_posix() for parent in reversed(PurePosixPath(name).parents[:-1])
+                   if not os.path.lexists(self.folder / parent)]
+        if missing:  # recorded as headlab's before they exist, so a kill leaves none it disowns
+            self.folders += [f for f in missing if f not in self.folders]
+            self.save()
         path = make_folders(self.folder, name)
         if (os.path.lexists(path) and name not in self.files and name not in self.retired
                 and name not in self.discard):
@@ -496,14 +507,15 @@ class Manifest:
                 removed.append(name)
         for name in sorted(self.discard, key=lambda n: -n.count("/")):
             path = self.file(name)
-            if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+            if name in self.folders and path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
                 path.rmdir()
                 removed.append(name)
         # A name still there may be a file renamed into place just before a kill: headlab may
         # overwrite it, but nothing on a name alone is deleted.
         pending = [name for name in dict.fromkeys(self.discard) if os.path.lexists(self.file(name))]
-        if pending != self.discard or self.retired:
-            self.discard, self.retired = pending, {}
+        made = [name for name in self.folders if os.path.isdir(self.file(name))]
+        if pending != self.discard or self.retired or made != self.folders:
+            self.discard, self.retired, self.folders = pending, {}, made
             self.save()
         return removed
 
@@ -515,13 +527,39 @@ class FolderLocked(RuntimeError):
 class FolderLock:
     """An exclusive flock on `folder/.lock`, held while this process writes the folder. The
     lock file is opened without following links; its text (pid, host, start) only names the
-    holder in the error."""
+    holder in the error, and is written only into a file of this folder alone (one a hard-linked
+    backup shares is first replaced by the folder's own)."""
 
     def __init__(self, folder: Path, writer: str):
         self.path, self.writer = Path(folder) / LOCK, writer
         self.fd: int | None = None
 
     def __enter__(self) -> "FolderLock":
+        fd = self._locked()
+        while not _names(self.path, fd) or (os.fstat(fd).st_nlink > 1 and _headlabs(fd)):
+            if _names(self.path, fd):  # shared with a hard-linked backup (`cp -al`): the backup's keeps its
+                own = temporary_path(self.path)  # bytes, this folder gets a lock of its own
+                try:
+                    with open_new(own):
+                        pass
+                    os.replace(own, self.path)
+                finally:
+                    own.unlink(missing_ok=True)
+            os.close(fd)  # (or another writer replaced it meanwhile) lock the file the name holds now
+            fd = self._locked()
+        if _headlabs(fd):  # never overwrite another tool's file
+            os.ftruncate(fd, 0)
+            since = time.strftime("%Y-%m-%d %H:%M:%S")
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)  # closing the descriptor releases the flock
+        self.fd = None
+
+    def _locked(self) -> int:
+        """A descriptor of the lock file (created if missing, never through a link) holding its flock."""
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
         except OSError as error:
@@ -540,16 +578,22 @@ class FolderLock:
                 raise
             raise FolderLocked(f"{self.path.parent} is being written by another {self.writer} ({holder}): wait for "
                                "it to finish, then retry, or choose another folder") from None
-        if os.fstat(fd).st_size == 0 or os.pread(fd, 4, 0) == b"pid ":  # never overwrite another tool's file
-            os.ftruncate(fd, 0)
-            since = time.strftime("%Y-%m-%d %H:%M:%S")
-            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode())
-        self.fd = fd
-        return self
+        return fd
 
-    def __exit__(self, *exc) -> None:
-        os.close(self.fd)  # closing the descriptor releases the flock
-        self.fd = None
+
+def _headlabs(fd: int) -> bool:
+    """Whether the lock file open as `fd` is headlab's: empty, or naming a holder as headlab does."""
+    return os.fstat(fd).st_size == 0 or os.pread(fd, 4, 0) == b"pid "
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether `path` still names the file open as `fd` (not replaced since it was opened)."""
+    try:
+        now = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def being_written(folder: Path) -> bool:

@@ -124,6 +124,16 @@ def test_a_discard_entry_naming_the_current_checkpoint_keeps_the_weights(finishe
     assert load_run(finished_run).step == TINY.steps  # weights and state still verify
 
 
+def test_a_discard_entry_naming_a_users_empty_folder_keeps_it(finished_run):
+    """Only a folder headlab made is removed once empty: a discard entry hand-edited to name the
+    user's empty folder leaves it (the superseded checkpoints' folders are gone all the same)."""
+    (finished_run / "my-empty-folder").mkdir()
+    edit_manifest(finished_run / MANIFEST, lambda m: m["discard"].append("my-empty-folder"))
+    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
+          progress=False)
+    assert (finished_run / "my-empty-folder").is_dir()
+    assert [p.name for p in finished_run.glob("checkpoint-*")] == [current_checkpoint(finished_run).name]
+
 
 # ---- 2. figures, report.md and docs: atomic, owned, never through a link -----------------------
 
@@ -362,6 +372,19 @@ def test_resuming_a_run_leaves_a_hard_linked_backup_as_it_was(finished_run, tmp_
     assert snapshot(backup) == before
     assert (finished_run / "starts.jsonl").read_bytes().startswith((backup / "starts.jsonl").read_bytes())
 
+
+def test_resuming_a_run_leaves_the_lock_a_hard_linked_backup_shares_as_it_was(finished_run, tmp_path):
+    """The lock's text names its holder: a `.lock` shared with a `cp -al` backup is replaced by
+    the run's own before it is written, so the backup's keeps its bytes."""
+    backup = tmp_path / "backup"
+    shutil.copytree(finished_run, backup, copy_function=os.link)
+    holder = "pid 1 on elsewhere since 2020-01-01 00:00:00\n"
+    (backup / ".lock").write_text(holder)  # one inode: the run's lock reads the same
+    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
+          progress=False)
+    assert (backup / ".lock").read_text() == holder
+    lock = finished_run / ".lock"
+    assert lock.stat().st_nlink == 1 and lock.read_text().startswith(f"pid {os.getpid()} ")
 
 
 @pytest.mark.parametrize("blank", ["", " "])
