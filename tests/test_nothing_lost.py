@@ -12,11 +12,12 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
+import treediff
 from headlab import load_corpus, preset, train, train_preset
 from headlab.analysis.similarity import Analysis
 from headlab.cli import main
 from headlab.data import sources
-from headlab.io import ScratchFolder, make_folder
+from headlab.io import LOCK, ScratchFolder, make_folder
 from headlab.runs.checkpoints import current_checkpoint
 from headlab.runs.layout import MANIFEST
 from headlab.study.study import MANIFEST as STUDY_MANIFEST
@@ -53,18 +54,8 @@ def study(tmp_path, study_folder):
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    """Every entry below `root`: a file's SHA-256, a link's target, or 'folder' (a lock's text
-    names its latest holder: not content)."""
-    entries = {}
-    for path in sorted(p for p in root.rglob("*") if p.name != ".lock"):
-        name = path.relative_to(root).as_posix()
-        if path.is_symlink():
-            entries[name] = "-> " + os.readlink(path)
-        elif path.is_dir():
-            entries[name] = "folder"
-        else:
-            entries[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return entries
+    """`treediff.snapshot` but for locks (a lock's text names its latest holder: not content)."""
+    return treediff.snapshot(root, skip=lambda path: path.name == LOCK)
 
 
 def refused_in_one_line(capsys, argv) -> str:

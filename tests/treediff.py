@@ -25,12 +25,35 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from headlab.cli import main
 from headlab.io import LOCK, TEMPORARY
 
 MANIFESTS = ("manifest.json", "analysis.json", "study.json", "docs.json", "sweep.json")
 APPEND_ONLY = ("starts.jsonl",)  # a run's log of its starts: headlab only appends to it, never rewrites it
+
+
+def snapshot(root: Path, skip: Callable[[Path], bool] = lambda path: False) -> dict[str, str]:
+    """Every entry below `root` but those `skip` names: a file's SHA-256, '-> target' of a link,
+    or 'folder' (a FIFO or socket has no content: left out)."""
+    entries = {}
+    for path in sorted(root.rglob("*")):
+        if skip(path):
+            continue
+        name = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            entries[name] = "-> " + os.readlink(path)
+        elif path.is_dir():
+            entries[name] = "folder"
+        elif path.is_file():
+            entries[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return entries
+
+
+def not_content(path: Path) -> bool:
+    """A lock (its text names the last holder) or a temporary of a killed write."""
+    return path.name == LOCK or bool(TEMPORARY.match(path.name))
 
 
 @dataclass
@@ -44,17 +67,7 @@ class Tree:
 
     @classmethod
     def read(cls, root: Path) -> "Tree":
-        entries = {}
-        for path in sorted(root.rglob("*")):
-            name = path.relative_to(root).as_posix()
-            if path.name == LOCK or TEMPORARY.match(path.name):
-                continue
-            if path.is_symlink():
-                entries[name] = "-> " + os.readlink(path)
-            elif path.is_dir():
-                entries[name] = "folder"
-            elif path.is_file():
-                entries[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+        entries = snapshot(root, skip=not_content)
         listed, complete, pending = {}, set(), set()
         for name, digest in entries.items():
             path = Path(name)
