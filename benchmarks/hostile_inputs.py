@@ -2,6 +2,11 @@
 
     PYTHONPATH=. python benchmarks/hostile_inputs.py [--out /tmp/hostile]
 
+The faults (links, swaps, truncations, manifest edits, a full disk, kill -9) are tests/faults.py's,
+the same the tree-diff test (tests/test_treediff.py) inflicts. Issue 28's classes (confinement,
+writes outside the writer, a failed rewrite, identity and reuse, the sweep's grid, unbounded
+inputs, error paths) are generators of members, one function each.
+
 Every case is a bad input (which must be refused with one clear line, exit status 2 on the
 CLI), or a fault (kill -9, full disk, a second writer) after which the run must resume to the
 uninterrupted result. Outcomes:
@@ -19,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import hashlib
 import io
 import json
@@ -45,6 +49,12 @@ from headlab.model.gpt import GPT
 from headlab.runs.checkpoints import current_checkpoint
 from headlab.runs.layout import MANIFEST, run_manifest
 from headlab.runs.metrics import read_metrics
+
+try:
+    import faults
+except ImportError:  # run as a script: the faults the tree-diff test inflicts live in tests/
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import faults
 
 TINY = train_preset("tiny", steps=8, batch_size=4, eval_every=4, checkpoint_every=2, log_every=1)
 TINY_FLAGS = ["--steps", "8", "--batch-size", "4", "--eval-every", "4", "--checkpoint-every", "2", "--log-every", "1"]
@@ -488,34 +498,17 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
     for trial in range(10):
         folder = root / f"kill-{trial}"
         for attempt in range(100):
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    train(preset("tiny", "gqa"), every_step, corpus, out=folder, resume=True, progress=False)
-                finally:
-                    os._exit(0)
-            time.sleep(rng.uniform(0, 0.03 + 0.01 * attempt))
-            os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-            if os.WIFEXITED(status):
+            if not faults.kill_while_writing(lambda: train(preset("tiny", "gqa"), every_step, corpus, out=folder,
+                                                           resume=True, progress=False),
+                                             folder, rng.uniform(0, 0.03 + 0.01 * attempt)):
                 break
         record(f"SIGKILL x{attempt} then resume (trial {trial})", same_run(folder, reference_every))
 
     import headlab.runs.checkpoints
-    real_save_file = headlab.runs.checkpoints.serialize_safetensors
     for nth in range(1, 5):  # a full disk while writing the nth checkpoint's weights
-        calls = {"n": 0}
-
-        def full_disk(*args, **kwargs):
-            calls["n"] += 1
-            if calls["n"] == nth:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return real_save_file(*args, **kwargs)
-
         folder = root / f"enospc-{nth}"
-        headlab.runs.checkpoints.serialize_safetensors = full_disk
-        outcome = api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=folder, progress=False))
-        headlab.runs.checkpoints.serialize_safetensors = real_save_file
+        with faults.failing_call(headlab.runs.checkpoints, "serialize_safetensors", nth):
+            outcome = api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=folder, progress=False))
         if outcome[0] == "clear":
             train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True, progress=False)
             outcome = same_run(folder, reference)
@@ -543,33 +536,10 @@ def main_cases(root: Path) -> list[tuple[str, str, str]]:
 
 
 def issue28_classes(root: Path, corpus, copy_of_finished, record) -> None:
-    """Issue 28's classes, each over generated members: names that are not a file strictly below
-    the folder, writes that would go through a link or over a user's file, a rewrite failing
-    midway, two sources one label, unbounded counts, and damaged or odd document corpora."""
-    import gzip
-
-    import pandas as pd
-
+    """Issue 28's classes, each a generator of members (tests/faults.py inflicts the faults)."""
     from headlab.report.writer import write_report
     from headlab.study.study import Study
     from headlab.study.tables import tabulate_study
-    # confinement: every non-strict name, in every listed field of a run's manifest
-    for field in ("discard", "files"):
-        for name in (".", "./", "", "checkpoint-00000008/.", "x/..", "a//b", "./config.json"):
-            folder = copy_of_finished(f"strict-{field}-{len(name)}-{abs(hash(name)) % 1000}")
-            manifest_path, kept = folder / MANIFEST, current_checkpoint(folder).folder
-            payload = json.loads(manifest_path.read_text())
-            if field == "discard":
-                payload["discard"].append(name)
-            else:
-                payload["files"][name] = {"bytes": 1, "sha256": "0" * 64}
-            manifest_path.write_text(json.dumps(payload))
-            (folder / "notes.md").write_text("the user's notes beside the run's files")
-            record(f"train --resume, manifest {field} {name!r}",
-                   untouched(lambda: api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True,
-                                                       progress=False)), folder.parent / "outside",
-                             folder / "notes.md", kept))
-    # owned writes: a study's report and docs through links and over a user's files
     study = Study("tiny", 2, root / "study28", corpus="synthetic", only=("mha", "mla"))
     write_report(tabulate_study(study.train(seeds=1, progress=False, log=lambda m: None), study.load_corpus(), "tiny",
                                 study.folder), study.folder)
@@ -577,67 +547,119 @@ def issue28_classes(root: Path, corpus, copy_of_finished, record) -> None:
     user.mkdir()
     (user / "headline.md").write_text("the user's own headline")
     (user / "photo.png").write_bytes(b"the user's photo")
-    record("docs --out <a user's folder with headline.md>",
-           untouched(lambda: cli("docs", study.folder, "--out", user), user))
-    for what in ("figures", "figures/spectra_uncentered.png", "report.md"):
-        target = study.folder / what
-        saved = root / f"saved28-{what.replace('/', '_')}"
-        shutil.move(target, saved)
-        target.symlink_to(user if what == "figures" else user / "photo.png")
-        outcome = untouched(lambda: cli("report", study.folder), user)
+    for members in (confinement(root, corpus, copy_of_finished), writes_outside_the_writer(root, study.folder, user),
+                    failed_rewrite(root, copy_of_finished), identity_and_reuse(root, study.folder),
+                    sweep_grid(root), unbounded_inputs(root), error_paths(root)):
+        for name, outcome in members:
+            record(name, outcome)
+
+
+NOT_STRICTLY_BELOW = (".", "./", "", "x/..", "a//b", "./config.json", "..", "../outside/victim.txt", "/etc/hostname")
+
+
+def confinement(root: Path, corpus, copy_of_finished):
+    """Every name that is not a regular file strictly below the folder, in every listed field of
+    a run's manifest, and the current checkpoint named for deletion: nothing outside, no user's
+    file and no current weights are touched."""
+    for field in ("discard", "files"):
+        for name in (*NOT_STRICTLY_BELOW, "checkpoint-00000008/.", "checkpoint-00000008"):
+            folder = copy_of_finished(f"strict-{field}-{abs(hash(name)) % 10 ** 6}")
+            kept = current_checkpoint(folder).folder
+            faults.list_in_manifest(folder, field, name)
+            (folder / "notes.md").write_text("the user's notes beside the run's files")
+            yield (f"train --resume, manifest {field} {name!r}",
+                   untouched(lambda: api(lambda: train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True,
+                                                       progress=False)), root / "outside", folder / "notes.md", kept))
+
+
+def writes_outside_the_writer(root: Path, study: Path, user: Path):
+    """Every file kind `report` and `docs` write (figure, report, docs) where a link to a user's
+    file or folder, or a user's own file, stands: written around, never through or over."""
+    yield "docs --out <a user's folder with headline.md>", untouched(lambda: cli("docs", study, "--out", user), user)
+    for what in ("figures", "figures/spectra_uncentered.png", "report.md", "headline.md"):
+        target, saved = study / what, root / f"saved28-{what.replace('/', '_')}"
+        if os.path.lexists(target):
+            shutil.move(target, saved)
+        faults.link(target, user if what == "figures" else user / "photo.png")
+        outcome = untouched(lambda: cli("report", study), user)
         if outcome[0] == "silent" and not target.is_symlink():
             outcome = ("clear", "the link was replaced, not written through")
-        record(f"report with {what} a link to a user's file", outcome)
-        target.unlink(missing_ok=True) if target.is_symlink() else None
+        yield f"report with {what} a link to a user's file", outcome
+        faults.remove(target) if target.is_symlink() else None
         if saved.exists() and not target.exists():
             shutil.move(saved, target)
-    # a rewrite failing midway keeps the earlier version
+
+
+def failed_rewrite(root: Path, copy_of_finished):
+    """A rewrite that fails at its nth table (a full disk) keeps the earlier version loadable."""
+    import pandas as pd
     analysis = root / "analysis28"
     cli("analyze", copy_of_finished("analysis28-source"), "--out", analysis)
     good = Analysis.load(analysis).summary
-    original = pd.DataFrame.to_csv
     for nth in (1, 3, 5):
-        calls = []
-
-        def full_disk(self, *args, **kwargs):
-            calls.append(1)
-            if len(calls) == nth:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return original(self, *args, **kwargs)
-        pd.DataFrame.to_csv = full_disk
-        outcome = cli("analyze", root / "analysis28-source", "--out", analysis, "--circuit", "both")
-        pd.DataFrame.to_csv = original
+        with faults.failing_call(pd.DataFrame, "to_csv", nth):
+            outcome = cli("analyze", root / "analysis28-source", "--out", analysis, "--circuit", "both")
         try:
             kept = Analysis.load(analysis).summary.equals(good)
         except ValueError as error:
             kept, outcome = False, ("lost", str(error)[:200])
-        record(f"analyze rewrite, full disk at table {nth}", outcome if kept else ("lost", outcome[1]))
-    # identity: sources that share a label are distinct models, or refused
+        yield f"analyze rewrite, full disk at table {nth}", outcome if kept else ("lost", outcome[1])
+
+
+def identity_and_reuse(root: Path, study: Path):
+    """Sources that share a base name are distinct models (or refused); a study.json stating what
+    its tables are not (another preset or shape, other seeds) is never reported."""
     for a, b in (("e3a/run", "e3b/run"), ("x/y/run", "z/y/run")):
         for part in (a, b):
             shutil.copytree(root / "analysis28-source", root / "same28" / part)
         out_ = root / f"same28-{a.replace('/', '_')}"
         outcome = cli("analyze", root / "same28" / a, root / "same28" / b, "--out", out_)
         if outcome[0] == "silent":
-            two = Analysis.load(out_).summary["model"].nunique() == 2
-            outcome = ("clear", "two models") if two else ("silent", "one model")
-        record(f"analyze {a} {b}", outcome)
-    # unbounded counts
-    for flags in (["--tokens", str(2 ** 62), "--plan"], ["--steps", str(2 ** 40), "--plan"],
-                  ["--jobs", "9664", "--plan"],
-                  ["--jobs", "9664", "--steps", "2"]):
-        record(f"reproduce {' '.join(flags)}",
-               cli("reproduce", "--preset", "tiny", "--out", root / "unbounded28", *flags))
-    # damaged or odd document corpora
+            outcome = ("clear", "two models") if Analysis.load(out_).summary["model"].nunique() == 2 else (
+                "silent", "one model")
+        yield f"analyze {a} {b}", outcome
+    for edit in ({"preset": "paper-6.3b"}, {"preset": "cpu-small", "n_layer": 4, "n_head": 6, "d_model": 128},
+                 {"seeds": [0, 1, 2], "n_runs": 6}, {"preset": None}):
+        edited = root / f"meta28-{abs(hash(str(edit))) % 10 ** 6}"
+        shutil.copytree(study, edited, symlinks=True)
+        faults.edit_study_meta(edited, **edit)
+        outcome = cli("report", edited)
+        if outcome[0] == "silent" and str(edit.get("preset")) in (edited / "report.md").read_text():
+            outcome = ("silent", f"the report states {edit}")
+        yield f"report after study.json edited to {edit}", outcome
+
+
+def sweep_grid(root: Path):
+    """Grids that are not what they say: lengths that round to one step count, duplicates,
+    values that map to one folder, a depth overridden by --set, lengths too long to train."""
+    base = ["sweep", "--preset", "tiny", "--seeds", "1", "--only", "mha", "mla", "--out", root / "sweep28"]
+    for flags in (["--lengths", "0.001", "0.01"], ["--lengths", "1", "1"], ["--lengths", "0.5", "0.50001"],
+                  ["--depths", "2", "--set", "n_layer=1,2"], ["--set", "rope_base=100000,100000.4"],
+                  ["--lengths", "1e9"], ["--set", "lr=0.003,0.003"]):
+        yield f"sweep {' '.join(flags)}", cli(*base, *flags, "--jobs", "1")
+
+
+def unbounded_inputs(root: Path):
+    """Counts so large that planning or training them would run for ever: refused at once."""
+    for flag, value in (("--tokens", 2 ** 62), ("--steps", 2 ** 40), ("--jobs", 9664), ("--tokens", 10 ** 30)):
+        for plan in (["--plan"], []):
+            yield (f"reproduce {flag} {value} {' '.join(plan)}",
+                   cli("reproduce", "--preset", "tiny", "--out", root / "unbounded28", flag, value, *plan))
+
+
+def error_paths(root: Path):
+    """Every way a document corpus can be damaged or odd: one line, status 2."""
+    import gzip
     documents = "".join(json.dumps({"text": f"document {i} " + "word " * 60}) + "\n" for i in range(30)).encode()
     corpora = {"truncated.jsonl.gz": gzip.compress(documents)[:-40], "gzip.jsonl.zst": gzip.compress(documents),
                "latin1.jsonl": documents.replace(b"document 7 ", b"document 7 \xe9", 1),
                "number.jsonl": documents + b'{"text": 5}\n', "null.jsonl": b'{"text": null}\n' + documents,
-               "list.jsonl": b'{"text": ["a"]}\n' + documents, "three.jsonl": documents[:300]}
+               "list.jsonl": b'{"text": ["a"]}\n' + documents, "three.jsonl": documents[:300],
+               "not-json.jsonl": documents + b"{oops\n", "empty.jsonl.gz": gzip.compress(b"")}
     for name, data in corpora.items():
         (root / name).write_bytes(data)
-        record(f"train --corpus {name}", cli("train", "--preset", "tiny", "--corpus", root / name, "--steps", "1",
-                                              "--no-progress"))
+        yield f"train --corpus {name}", cli("train", "--preset", "tiny", "--corpus", root / name, "--steps", "1",
+                                            "--no-progress")
 
 
 if __name__ == "__main__":

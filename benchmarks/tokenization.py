@@ -38,6 +38,7 @@ from headlab.data.bpe import BPETokenizer
 from headlab.data.shards import write_shards
 from headlab.data.sources import document_files, document_texts
 from headlab.data.tokenizers import get_tokenizer
+from headlab.io import ScratchFolder
 
 FORMATS = ("parquet", "jsonl", "jsonl.gz", "jsonl.zst")
 TOKENS_PER_CORE = 1e6
@@ -87,8 +88,9 @@ def time_shards(folder: Path, tokenizer, workers: int, out: Path) -> tuple[float
     """Wall seconds, CPU seconds, text bytes and tokens of writing `folder`'s shards."""
     files = document_files(str(folder))
     start, start_cpu = time.perf_counter(), cpu_seconds()
-    write_shards(document_texts(files, "train"), tokenizer, out, val_texts=document_texts(files, "val"),
-                 workers=workers, documents=True)
+    with ScratchFolder(out) as scratch:
+        write_shards(document_texts(files, "train"), tokenizer, scratch, val_texts=document_texts(files, "val"),
+                     workers=workers, documents=True)
     seconds, cpu = time.perf_counter() - start, cpu_seconds() - start_cpu
     meta = json.loads((out / "meta.json").read_text())
     n_bytes = sum(len(t.encode()) for t in document_texts(files, "train")) + sum(

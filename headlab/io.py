@@ -12,6 +12,13 @@ only what its manifest names and deletes only a file whose content still matches
 recorded: a non-empty folder without one is not headlab's and is refused. A name read from a
 file must name a path strictly below its folder, reached through no link (`inside`).
 
+Scratch folders: the token cache is built in a private folder (`ScratchFolder`) that is renamed
+into place whole, so a reader sees no cache or a complete one; only the files it made there are
+ever deleted from it.
+
+Nothing else in headlab writes, renames or deletes a path (tests/test_one_writer.py checks it):
+folders are made by `make_folder`, files by the writers below.
+
 Locks: `FolderLock` holds an flock on `<folder>/.lock` while one process writes the folder; the
 kernel drops it when that process dies, so a dead writer's lock is never obeyed."""
 
@@ -27,8 +34,8 @@ import secrets
 import socket
 import stat
 import time
-from pathlib import Path
-from typing import Callable
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Callable
 
 TEMPORARY_SUFFIX = ".tmp"
 TEMPORARY = re.compile(r"^\.(.+)\.[0-9a-f]{8}\.tmp$")  # what `temporary_path` names
@@ -146,10 +153,15 @@ def open_regular(path: Path) -> int:
 
 
 def append_line(path: Path, line: bytes) -> None:
-    """Append `line` to `path` (created if missing) in one write, never through a symlink."""
+    """Append `line` to `path` (created if missing) in one write, never through a symlink. A
+    file with other names (hard links: a `cp -al` or `rsync --link-dest` backup) is rewritten
+    under this name instead, so the other names keep what they hold."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
-        os.write(fd, line)
+        if os.fstat(fd).st_nlink > 1:
+            atomic_write_bytes(path, read_regular(path) + line)
+        else:
+            os.write(fd, line)
     finally:
         os.close(fd)
 
@@ -197,6 +209,22 @@ def inside(folder: Path, name) -> Path:
     return path
 
 
+def make_folder(path: Path) -> Path:
+    """Create folder `path` (and its missing parents) where headlab is told to write, refused if
+    `path` is a link or a file: headlab writes into a folder, never through a link named as one.
+    Folders above it that exist are the user's to choose (a linked home is theirs)."""
+    path = Path(path)
+    try:
+        if not path.is_symlink():
+            path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        pass  # judged below
+    if path.is_symlink() or not path.is_dir():
+        raise ValueError(f"{path} cannot be used as a folder: a symbolic link or a file is in the way (headlab "
+                         "never writes through links); choose another path, or move it away")
+    return path
+
+
 def make_folders(folder: Path, name: str) -> Path:
     """Create the folders between `folder` and file `name` below it (none through a link)."""
     path = inside(folder, name)
@@ -218,6 +246,80 @@ def remove_verified(path: Path, entry: dict) -> bool:
         return False
     path.unlink()
     return True
+
+
+def open_new(path: Path) -> BinaryIO:
+    """`path`, a new file opened for writing: never one already there, never through a link."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666), "wb")
+
+
+class ScratchFolder:
+    """`with ScratchFolder(final) as scratch:` a private folder beside `final` (made by an
+    exclusive mkdir, so no other process shares it) that the block fills through `new_file`,
+    `update` and `remove`; renamed to `final` whole when the block ends without error, so a
+    reader sees no folder or a complete one. If another process published `final` first, or the
+    block fails, exactly the files this folder made are deleted, then the folder: never a file it
+    did not make. A process killed meanwhile leaves `.<final>.<8 hex>.tmp/`, which no reader takes
+    for the folder."""
+
+    def __init__(self, final: Path):
+        self.final = Path(final)
+        self.path = temporary_path(self.final)
+        self.made: list[str] = []
+
+    def __enter__(self) -> "ScratchFolder":
+        make_folder(self.final.parent)
+        os.mkdir(self.path)
+        return self
+
+    def file(self, name: str) -> Path:
+        return below(self.path, name)
+
+    def _made(self, name: str) -> Path:
+        if name not in self.made:
+            raise ValueError(f"{self.path} did not make {name!r}: refusing to change it")
+        return self.file(name)
+
+    def new_file(self, name: str) -> BinaryIO:
+        """A new file `name` in the folder, opened for writing."""
+        file = open_new(self.file(name))
+        self.made.append(name)
+        return file
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        with self.new_file(name) as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+
+    def update(self, name: str) -> BinaryIO:
+        """File `name`, which this folder made, opened to read, overwrite and truncate in place."""
+        return os.fdopen(os.open(self._made(name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC), "r+b")
+
+    def remove(self, name: str) -> None:
+        self._made(name).unlink()
+        self.made.remove(name)
+
+    def discard(self) -> None:
+        for name in self.made:
+            self.file(name).unlink(missing_ok=True)
+        self.made = []
+        try:
+            os.rmdir(self.path)
+        except OSError:  # something this folder did not make was put there: it stays, with the folder
+            pass
+
+    def __exit__(self, kind, error, trace) -> None:
+        if kind is not None:
+            self.discard()
+            return
+        fsync_path(self.path)
+        try:
+            os.rename(self.path, self.final)  # fails if another process published a (non-empty) folder first
+        except OSError:
+            self.discard()
+            return
+        fsync_path(self.final.parent)
 
 
 def refuse_foreign(folder: Path, name: str) -> None:
@@ -243,15 +345,18 @@ class Manifest:
     state), files it wrote that are not (or not yet) part of that state (`retired`, same
     entries: deleted at the next write if their content still matches), names it is writing
     now (`discard`: at the next write only their temporaries, and a folder among them once
-    empty, are removed; nothing there is deleted on a name alone), and `meta`."""
+    empty if headlab made it, are removed; nothing there is deleted on a name alone), the
+    folders it made (`folders`, recorded before each is made), and `meta`."""
 
     def __init__(self, folder: Path, name: str, kind: str, files: dict | None = None,
-                 discard: list | None = None, meta: dict | None = None, retired: dict | None = None):
+                 discard: list | None = None, meta: dict | None = None, retired: dict | None = None,
+                 folders: list | None = None):
         self.folder, self.name, self.kind = Path(folder), name, kind
         self.files: dict[str, dict] = files or {}
         self.discard: list[str] = discard or []
         self.meta: dict = meta or {}
         self.retired: dict[str, dict] = retired or {}
+        self.folders: list[str] = folders or []
 
     @property
     def path(self) -> Path:
@@ -271,12 +376,14 @@ class Manifest:
         if not (isinstance(payload, dict) and payload.get("format") == FORMAT and payload.get("kind") == kind
                 and isinstance(payload.get("files"), dict) and isinstance(payload.get("discard"), list)
                 and isinstance(payload.get("meta"), dict) and isinstance(payload.get("retired", {}), dict)
+                and isinstance(payload.get("folders", []), list)
                 and all(map(_is_entry, payload["files"].values()))
                 and all(map(_is_entry, payload.get("retired", {}).values()))):
-            raise ValueError(f"{path} is not the manifest of {kind} (format, kind, files, discard, retired, meta)")
+            raise ValueError(f"{path} is not the manifest of {kind} (format, kind, files, discard, retired, folders, "
+                             "meta)")
         manifest = cls(folder, name, kind, payload["files"], payload["discard"], payload["meta"],
-                       payload.get("retired"))
-        for listed in [*manifest.files, *manifest.retired, *manifest.discard]:
+                       payload.get("retired"), payload.get("folders"))
+        for listed in [*manifest.files, *manifest.retired, *manifest.discard, *manifest.folders]:
             below(folder, listed)  # the folder itself, its parent or an odd name: refused before anything is done
             if listed.split("/")[0] in (name, LOCK):
                 raise ValueError(f"{path} lists {listed!r}, its own manifest or lock: refusing it")
@@ -296,7 +403,7 @@ class Manifest:
 
     def save(self) -> None:
         payload = {"format": FORMAT, "kind": self.kind, "files": self.files, "discard": self.discard,
-                   "retired": self.retired, "meta": self.meta}
+                   "retired": self.retired, "folders": self.folders, "meta": self.meta}
         atomic_write_text(self.path, json.dumps(payload, indent=1))
 
     def file(self, name: str) -> Path:
@@ -305,6 +412,12 @@ class Manifest:
     def _target(self, name: str) -> Path:
         """The path headlab is about to write as `name`: refused if something headlab did not
         write (not listed, not being written) is already there."""
+        inside(self.folder, name)
+        missing = [parent.as_posix() for parent in reversed(PurePosixPath(name).parents[:-1])
+                   if not os.path.lexists(self.folder / parent)]
+        if missing:  # recorded as headlab's before they exist, so a kill leaves none it disowns
+            self.folders += [f for f in missing if f not in self.folders]
+            self.save()
         path = make_folders(self.folder, name)
         if (os.path.lexists(path) and name not in self.files and name not in self.retired
                 and name not in self.discard):
@@ -394,14 +507,15 @@ class Manifest:
                 removed.append(name)
         for name in sorted(self.discard, key=lambda n: -n.count("/")):
             path = self.file(name)
-            if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+            if name in self.folders and path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
                 path.rmdir()
                 removed.append(name)
         # A name still there may be a file renamed into place just before a kill: headlab may
         # overwrite it, but nothing on a name alone is deleted.
         pending = [name for name in dict.fromkeys(self.discard) if os.path.lexists(self.file(name))]
-        if pending != self.discard or self.retired:
-            self.discard, self.retired = pending, {}
+        made = [name for name in self.folders if os.path.isdir(self.file(name))]
+        if pending != self.discard or self.retired or made != self.folders:
+            self.discard, self.retired, self.folders = pending, {}, made
             self.save()
         return removed
 
@@ -413,13 +527,39 @@ class FolderLocked(RuntimeError):
 class FolderLock:
     """An exclusive flock on `folder/.lock`, held while this process writes the folder. The
     lock file is opened without following links; its text (pid, host, start) only names the
-    holder in the error."""
+    holder in the error, and is written only into a file of this folder alone (one a hard-linked
+    backup shares is first replaced by the folder's own)."""
 
     def __init__(self, folder: Path, writer: str):
         self.path, self.writer = Path(folder) / LOCK, writer
         self.fd: int | None = None
 
     def __enter__(self) -> "FolderLock":
+        fd = self._locked()
+        while not _names(self.path, fd) or (os.fstat(fd).st_nlink > 1 and _headlabs(fd)):
+            if _names(self.path, fd):  # shared with a hard-linked backup (`cp -al`): the backup's keeps its
+                own = temporary_path(self.path)  # bytes, this folder gets a lock of its own
+                try:
+                    with open_new(own):
+                        pass
+                    os.replace(own, self.path)
+                finally:
+                    own.unlink(missing_ok=True)
+            os.close(fd)  # (or another writer replaced it meanwhile) lock the file the name holds now
+            fd = self._locked()
+        if _headlabs(fd):  # never overwrite another tool's file
+            os.ftruncate(fd, 0)
+            since = time.strftime("%Y-%m-%d %H:%M:%S")
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)  # closing the descriptor releases the flock
+        self.fd = None
+
+    def _locked(self) -> int:
+        """A descriptor of the lock file (created if missing, never through a link) holding its flock."""
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
         except OSError as error:
@@ -438,16 +578,22 @@ class FolderLock:
                 raise
             raise FolderLocked(f"{self.path.parent} is being written by another {self.writer} ({holder}): wait for "
                                "it to finish, then retry, or choose another folder") from None
-        if os.fstat(fd).st_size == 0 or os.pread(fd, 4, 0) == b"pid ":  # never overwrite another tool's file
-            os.ftruncate(fd, 0)
-            since = time.strftime("%Y-%m-%d %H:%M:%S")
-            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode())
-        self.fd = fd
-        return self
+        return fd
 
-    def __exit__(self, *exc) -> None:
-        os.close(self.fd)  # closing the descriptor releases the flock
-        self.fd = None
+
+def _headlabs(fd: int) -> bool:
+    """Whether the lock file open as `fd` is headlab's: empty, or naming a holder as headlab does."""
+    return os.fstat(fd).st_size == 0 or os.pread(fd, 4, 0) == b"pid "
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether `path` still names the file open as `fd` (not replaced since it was opened)."""
+    try:
+        now = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def being_written(folder: Path) -> bool:
@@ -476,7 +622,7 @@ class writing:
 
     def __enter__(self) -> Manifest:
         refuse_foreign(self.folder, self.name)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_folder(self.folder)
         self.lock = FolderLock(self.folder, self.writer).__enter__()
         try:
             self.manifest = Manifest.claim(self.folder, self.name, self.kind)

@@ -8,6 +8,7 @@ from headlab import data
 from headlab.data import sources
 from headlab.data.bpe import BPETokenizer, split_at_character, utf8_texts
 from headlab.data.corpus import load_corpus
+from headlab.io import ScratchFolder
 
 TEXTS = ["To be, or not to be: that is the question.\n", "Wherefore art thou Roméo? — Ü 你好\n"] * 50
 
@@ -26,18 +27,17 @@ def test_bpe_round_trips_any_text_with_exactly_the_chosen_vocabulary(tmp_path):
         ids = tokenizer.encode(text)
         assert tokenizer.decode(ids) == text and ids.max() < 300
     assert len(tokenizer.encode(TEXTS[0])) < len(TEXTS[0]) / 2  # merges learned from the text
-    tokenizer.save(tmp_path / "tokenizer.json")
-    reloaded = BPETokenizer.load(tmp_path / "tokenizer.json")
+    with ScratchFolder(tmp_path / "bpe") as folder:
+        tokenizer.save(folder)
+    reloaded = BPETokenizer.load(tmp_path / "bpe" / "tokenizer.json")
     assert reloaded.vocab_size == 300 and np.array_equal(reloaded.encode(unseen), tokenizer.encode(unseen))
     with pytest.raises(ValueError, match="the training text yields only .* distinct tokens"):
         BPETokenizer.train(TEXTS, 5000)
 
 
-def test_bpe_training_is_deterministic(tmp_path):
+def test_bpe_training_is_deterministic():
     texts = list(data.synthetic_texts(n_chars=20_000))  # many merges tie in count
-    BPETokenizer.train(texts, 600).save(tmp_path / "a.json")
-    BPETokenizer.train(iter(texts), 600).save(tmp_path / "b.json")
-    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    assert BPETokenizer.train(texts, 600).to_json() == BPETokenizer.train(iter(texts), 600).to_json()
 
 
 def test_utf8_stream_is_cut_only_between_characters():

@@ -11,6 +11,7 @@ from headlab.data import shards, sources
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import random_windows
 from headlab.data.tokenizers import ByteTokenizer
+from headlab.io import ScratchFolder
 
 
 @pytest.fixture
@@ -68,13 +69,15 @@ def test_shards_are_written_as_the_stream_goes_with_the_same_layout_and_no_scrat
     val_texts = ["yz" * 800, "é" * 400] if given_validation else None
     stream = "".join(texts + (val_texts or [])).encode()
     cut = len("".join(texts).encode()) if given_validation else int(len(stream) * (1 - shards.VAL_FRACTION))
-    shards.write_shards(texts, ByteTokenizer(), tmp_path, val_texts=val_texts)
-    corpus = shards.read_shards(tmp_path, "test")
+    with ScratchFolder(tmp_path / "shards") as folder:
+        shards.write_shards(texts, ByteTokenizer(), folder, val_texts=val_texts)
+    corpus = shards.read_shards(tmp_path / "shards", "test")
     assert np.concatenate(corpus.train).tobytes() == stream[:cut]
     assert np.concatenate(corpus.val).tobytes() == stream[cut:]
     for split in (corpus.train, corpus.val):  # full shards, then one partial shard
         assert [len(s) for s in split[:-1]] == [1000] * (len(split) - 1) and 0 < len(split[-1]) <= 1000
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"]
+    assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == sorted(
         ["meta.json"] + [f"train_{i:03d}.bin" for i in range(len(corpus.train))]
         + [f"val_{i:03d}.bin" for i in range(len(corpus.val))])
 

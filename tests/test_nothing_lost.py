@@ -12,10 +12,12 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
+import treediff
 from headlab import load_corpus, preset, train, train_preset
 from headlab.analysis.similarity import Analysis
 from headlab.cli.main import main
 from headlab.data import sources
+from headlab.io import LOCK, ScratchFolder, make_folder
 from headlab.runs.checkpoints import current_checkpoint
 from headlab.runs.layout import MANIFEST
 from headlab.study.study import MANIFEST as STUDY_MANIFEST
@@ -52,18 +54,8 @@ def study(tmp_path, study_folder):
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    """Every entry below `root`: a file's SHA-256, a link's target, or 'folder' (a lock's text
-    names its latest holder: not content)."""
-    entries = {}
-    for path in sorted(p for p in root.rglob("*") if p.name != ".lock"):
-        name = path.relative_to(root).as_posix()
-        if path.is_symlink():
-            entries[name] = "-> " + os.readlink(path)
-        elif path.is_dir():
-            entries[name] = "folder"
-        else:
-            entries[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return entries
+    """`treediff.snapshot` but for locks (a lock's text names its latest holder: not content)."""
+    return treediff.snapshot(root, skip=lambda path: path.name == LOCK)
 
 
 def refused_in_one_line(capsys, argv) -> str:
@@ -121,6 +113,17 @@ def test_a_discard_entry_naming_the_current_checkpoint_keeps_the_weights(finishe
           progress=False)  # nothing left to train: the run is opened, cleaned and closed
     assert current_checkpoint(finished_run).name == checkpoint.name
     assert load_run(finished_run).step == TINY.steps  # weights and state still verify
+
+
+def test_a_discard_entry_naming_a_users_empty_folder_keeps_it(finished_run):
+    """Only a folder headlab made is removed once empty: a discard entry hand-edited to name the
+    user's empty folder leaves it (the superseded checkpoints' folders are gone all the same)."""
+    (finished_run / "my-empty-folder").mkdir()
+    edit_manifest(finished_run / MANIFEST, lambda m: m["discard"].append("my-empty-folder"))
+    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
+          progress=False)
+    assert (finished_run / "my-empty-folder").is_dir()
+    assert [p.name for p in finished_run.glob("checkpoint-*")] == [current_checkpoint(finished_run).name]
 
 
 # ---- 2. figures, report.md and docs: atomic, owned, never through a link -----------------------
@@ -306,3 +309,87 @@ def test_a_damaged_or_odd_document_corpus_is_one_line_with_status_2(tmp_path, ca
     line = refused_in_one_line(capsys, ["train", "--preset", "tiny", "--corpus", tmp_path / name, "--steps", "1",
                                         "--no-progress"])
     assert expected in line, line
+
+
+def test_a_scratch_folder_that_loses_the_race_deletes_only_what_it_made(tmp_path):
+    """The token cache is built privately and renamed into place: the second builder's folder
+    is removed, but a file it did not make (dropped into it meanwhile) stays."""
+    final = tmp_path / "cache" / "tokens"
+    first, second = ScratchFolder(final).__enter__(), ScratchFolder(final).__enter__()
+    first.write_bytes("meta.json", b"first")
+    second.write_bytes("meta.json", b"second")
+    (second.path / "users.txt").write_text("not the builder's")
+    first.__exit__(None, None, None)
+    second.__exit__(None, None, None)
+    assert (final / "meta.json").read_bytes() == b"first"
+    assert sorted(p.name for p in second.path.iterdir()) == ["users.txt"]
+    with pytest.raises(ValueError, match="did not make"):
+        second.remove("users.txt")
+
+
+def test_a_link_where_headlab_makes_a_folder_is_refused(tmp_path, capsys):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "run").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match="symbolic link or a file is in the way"):
+        make_folder(tmp_path / "run")
+    assert main(["train", "--preset", "tiny", "--steps", "1", "--corpus", "synthetic", "--no-progress",
+                 "--out", str(tmp_path / "run")]) == 2
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert "symbolic link" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit", [
+    {"preset": "paper-6.3b"},  # the study's shape kept: the preset is not this shape
+    {"preset": "paper-6.3b", "n_layer": 32, "n_head": 32, "d_model": 4096, "head_dim": 128},  # tables: 2 layers
+    {"preset": "no-such-preset"},
+    {"seeds": [0, 1, 2]},
+])
+def test_a_hand_edited_study_meta_is_refused_not_reported(study, capsys, edit):
+    edit_manifest(study / STUDY_MANIFEST, lambda payload: payload["meta"]["meta"].update(edit))
+    before = snapshot(study)
+    assert "edited by hand" in refused_in_one_line(capsys, ["report", study])
+    assert "paper-6.3b" not in (study / "report.md").read_text()
+    assert snapshot(study) == before
+
+
+def test_resuming_a_run_leaves_a_hard_linked_backup_as_it_was(finished_run, tmp_path):
+    """`cp -al run backup` (or `rsync --link-dest`) shares every file's inode with the backup:
+    what headlab appends to the run's logs must not appear in the backup."""
+    backup = tmp_path / "backup"
+    shutil.copytree(finished_run, backup, copy_function=os.link)
+    before = snapshot(backup)
+    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
+          progress=False)
+    assert snapshot(backup) == before
+    assert (finished_run / "starts.jsonl").read_bytes().startswith((backup / "starts.jsonl").read_bytes())
+
+
+def test_resuming_a_run_leaves_the_lock_a_hard_linked_backup_shares_as_it_was(finished_run, tmp_path):
+    """The lock's text names its holder: a `.lock` shared with a `cp -al` backup is replaced by
+    the run's own before it is written, so the backup's keeps its bytes."""
+    backup = tmp_path / "backup"
+    shutil.copytree(finished_run, backup, copy_function=os.link)
+    holder = "pid 1 on elsewhere since 2020-01-01 00:00:00\n"
+    (backup / ".lock").write_text(holder)  # one inode: the run's lock reads the same
+    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
+          progress=False)
+    assert (backup / ".lock").read_text() == holder
+    lock = finished_run / ".lock"
+    assert lock.stat().st_nlink == 1 and lock.read_text().startswith(f"pid {os.getpid()} ")
+
+
+@pytest.mark.parametrize("blank", ["", " "])
+def test_a_blank_cache_variable_means_the_default_cache_not_the_working_folder(tmp_path, monkeypatch, blank):
+    monkeypatch.setenv(sources.CACHE_ENV, blank)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert sources.cache_dir() == tmp_path / "home" / ".cache" / "headlab"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]
+
+
+def test_a_start_log_cut_mid_line_gets_its_next_record_on_a_line_of_its_own(finished_run):
+    starts = finished_run / "starts.jsonl"
+    os.truncate(starts, 5)
+    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
+          progress=False)
+    assert json.loads(starts.read_text().splitlines()[-1])["step"] == TINY.steps

@@ -2,7 +2,6 @@
 manifest says it wrote, verifies content (not size) on every read, never writes through a
 link, and lets one writer at a time into an analysis folder."""
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from headlab.runs.checkpoints import current_checkpoint
 from headlab.runs.layout import MANIFEST
 from headlab.study.study import MANIFEST as STUDY_MANIFEST
 from headlab.study.study import STUDY, Study
+from treediff import snapshot
 
 TINY = train_preset("tiny", steps=4, batch_size=4, eval_every=2, eval_batches=1, checkpoint_every=2, log_every=1)
 TRAIN = ["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "2", "--no-progress"]
@@ -38,20 +38,6 @@ def isolated_cache(tmp_path, monkeypatch):
 def finished_run(tmp_path):
     return train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=tmp_path / "run",
                  progress=False).path
-
-
-def snapshot(folder: Path) -> dict[str, str]:
-    """Every entry below `folder`: a file's SHA-256, a link's target, or 'folder'."""
-    entries = {}
-    for path in sorted(folder.rglob("*")):
-        name = path.relative_to(folder).as_posix()
-        if path.is_symlink():
-            entries[name] = "-> " + os.readlink(path)
-        elif path.is_dir():
-            entries[name] = "folder"
-        else:
-            entries[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return entries
 
 
 def refused_in_one_line(capsys, argv) -> str:

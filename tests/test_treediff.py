@@ -1,30 +1,36 @@
-"""Sequences of CLI commands (train, resume, analyze, report, docs) and hostile edits (manifest
-fields, links, truncations, a user's files) on the tiny preset, each command judged by the
-tree-diff checker (`treediff.check`): nothing headlab did not write changes, nothing good is lost
-unless a verified version replaces it, every error is one line with status 2 (or 130).
+"""Sequences of CLI commands (train, resume, analyze, reproduce, sweep, report, docs) and hostile
+edits (manifest fields, a hand-edited study.json, links, swaps, truncations, a user's files, a
+file-size limit, kill -9) on the tiny preset, each command judged by the tree-diff checker
+(`treediff.check`): nothing headlab did not write changes, nothing good is lost unless a verified
+version replaces it, every error is one line with status 2 (or 130), no report states a preset
+the study was not trained with, and a command killed midway resumes to the weights it would
+have reached. The faults come from tests/faults.py, which benchmarks/hostile_inputs.py shares.
 Derandomized (a fixed sequence of examples) when the CI environment variable is set, exploring
 otherwise (the profiles of tests/conftest.py)."""
 
-import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
-from headlab import train_preset
+import faults
 from headlab.data import sources
-from headlab.report.writer import write_report
-from headlab.study.study import Study
-from headlab.study.tables import tabulate_study
+from headlab.training.runs import load_run
 from treediff import Tree, check, run_cli
 
-TINY = train_preset("tiny", steps=4, batch_size=4, eval_every=2, eval_batches=1, checkpoint_every=2, log_every=1)
 TRAIN = ["train", "--preset", "tiny", "--corpus", "synthetic", "--batch-size", "4", "--eval-every", "2",
          "--checkpoint-every", "2", "--log-every", "1", "--no-progress"]
+STUDY = ["--preset", "tiny", "--corpus", "synthetic", "--seeds", "1", "--only", "mha", "mla", "--jobs", "1"]
+KILLED = [*TRAIN, "--steps", "8", "--resume"]  # killed midway, then given again: it resumes where it was
+REPRODUCE = ["reproduce", *STUDY, "--steps", "4"]
+SWEEP = ["sweep", "--preset", "tiny", "--seeds", "1", "--only", "mha", "mla", "--jobs", "1",
+         "--lengths", "0.1"]  # a tenth of tiny's 40 steps, on the default corpus (sweep takes no other)
 # Each example trains and analyses tiny runs: a sixth of the profile's examples (tests/conftest.py: 3 in CI).
 EXAMPLES = settings(max_examples=max(1, settings.default.max_examples // 6),
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -32,15 +38,15 @@ EXAMPLES = settings(max_examples=max(1, settings.default.max_examples // 6),
 
 @pytest.fixture(scope="module")
 def templates(tmp_path_factory):
-    """A finished tiny run (trained as `TRAIN` trains it) and a two-variant study with its report."""
+    """A finished tiny run (trained as `TRAIN` trains it), an 8-step one trained as `KILLED`
+    without a kill, a two-variant study with its report and a one-point sweep of the same variants."""
     root = tmp_path_factory.mktemp("templates")
     os.environ[sources.CACHE_ENV] = str(root / "cache")
     try:
-        status, err = run_cli([*TRAIN, "--steps", "4", "--out", root / "run"])
-        assert status == 0, err
-        study = Study("tiny", 4, root / "study", corpus="synthetic", only=("mha", "mla"))
-        runs = study.train(seeds=1, progress=False, log=lambda m: None)
-        write_report(tabulate_study(runs, study.load_corpus(), "tiny", study.folder), study.folder)
+        for argv in ([*TRAIN, "--steps", "4", "--out", root / "run"], [*KILLED, "--out", root / "run8"],
+                     [*REPRODUCE, "--out", root / "study"], [*SWEEP, "--out", root / "sweep"]):
+            status, err = run_cli(argv)
+            assert status == 0, (argv, err)
     finally:
         del os.environ[sources.CACHE_ENV]
     return root
@@ -60,18 +66,24 @@ class Disk(RuleBasedStateMachine):
         shutil.rmtree(self.root, ignore_errors=True)
         box = self.root / "box"
         box.mkdir(parents=True)
-        for name in ("run", "study"):
+        for name in ("run", "study", "sweep"):
             shutil.copytree(self.templates / name, box / name, symlinks=True)
         (self.root / "outside.txt").write_text("a user's file beside the box")
         (box / "notes.md").write_text("a user's notes")
         (box / "study" / "notes.md").write_text("a user's notes inside the study")
         self.box = box
 
-    def command(self, argv):
+    def command(self, argv, file_size: int | None = None):
         before = Tree.read(self.root)
-        status, err = run_cli(argv)
+        if file_size is None:
+            status, err = run_cli(argv)
+        else:
+            status, err = faults.with_file_size_limit(lambda: run_cli(argv), file_size)
         broken = check(before, Tree.read(self.root), status, err)
-        assert not broken, (argv, broken)
+        assert not broken, (argv, file_size, broken)
+        stated = {preset for report in self.box.glob("*/*.md") if report.is_file() and not report.is_symlink()
+                  for preset in re.findall(r"[Pp]reset `([^`]+)`", report.read_text(errors="replace"))}
+        assert stated <= {"tiny"}, (argv, stated)  # every study here is tiny, whatever a study.json says
 
     # ---- commands ----
     @rule(steps=st.sampled_from([4, 6]))
@@ -94,43 +106,71 @@ class Disk(RuleBasedStateMachine):
     def docs(self, out):
         self.command(["docs", self.box / "study", "--out", self.box / out])
 
-    # ---- hostile edits (they are the user's: not judged) ----
-    @rule(folder=st.sampled_from(["run", "study", "analysis", "docs"]), field=st.sampled_from(["discard", "files"]),
-          name=HOSTILE_NAMES)
-    def edit_manifest(self, folder, field, name):
-        manifests = [p for p in (self.box / folder).glob("*.json") if p.name in ("manifest.json", "study.json",
-                                                                                 "analysis.json", "docs.json")]
-        if not manifests or manifests[0].is_symlink():
-            return
-        payload = json.loads(manifests[0].read_text())
-        if field == "discard":
-            payload["discard"].append(name)
-        else:
-            payload["files"][name] = {"bytes": 1, "sha256": "0" * 64}
-        manifests[0].write_text(json.dumps(payload))
+    @rule()
+    def reproduce(self):
+        self.command([*REPRODUCE, "--out", self.box / "study"])
 
-    @rule(where=st.sampled_from(["study/figures", "docs", "analysis", "study/report.md", "run/config.json"]))
+    @rule()
+    def sweep(self):
+        self.command([*SWEEP, "--out", self.box / "sweep"])
+
+    @rule(command=st.sampled_from(["report", "analyze", "resume", "docs"]),
+          file_size=st.sampled_from([0, 2_000, 60_000, 1_000_000]))
+    def under_a_file_size_limit(self, command, file_size):
+        argv = {"report": ["report", self.box / "study"],
+                "analyze": ["analyze", self.box / "run", "--out", self.box / "analysis"],
+                "resume": [*TRAIN, "--steps", 6, "--resume", "--out", self.box / "run"],
+                "docs": ["docs", self.box / "study", "--out", self.box / "docs"]}[command]
+        self.command(argv, file_size)
+
+    @rule(delay=st.sampled_from([0.0, 0.05, 0.2, 0.6]))
+    def killed_then_resumed(self, delay):
+        """kill -9 an 8-step run at some point of its writing, then the same command finishes it:
+        the weights of the uninterrupted run, and nothing good lost on the way."""
+        killed = self.box / "killed"
+        faults.remove(killed)
+        argv = [*KILLED, "--out", killed]
+        before = Tree.read(self.root)
+        faults.kill_while_writing(lambda: run_cli(argv), killed, delay)
+        broken = check(before, Tree.read(self.root), 0, "")
+        assert not broken, ("kill -9", delay, broken)
+        self.command(argv)
+        reference = load_run(self.templates / "run8").model.state_dict()
+        assert all(torch.equal(t, reference[n]) for n, t in load_run(killed).model.state_dict().items())
+
+    # ---- hostile edits (they are the user's: not judged) ----
+    @rule(folder=st.sampled_from(["run", "study", "analysis", "docs", "sweep"]),
+          field=st.sampled_from(["discard", "files"]), name=HOSTILE_NAMES)
+    def edit_manifest(self, folder, field, name):
+        faults.list_in_manifest(self.box / folder, field, name)
+
+    @rule(preset=st.sampled_from(["paper-6.3b", "cpu-small", "nope"]), shape=st.booleans())
+    def edit_study_meta(self, preset, shape):
+        """A hand states another preset in study.json, maybe with that preset's shape too."""
+        size = {"n_layer": 32, "n_head": 32, "d_model": 4096, "head_dim": 128} if shape else {}
+        faults.edit_study_meta(self.box / "study", preset=preset, **size)
+
+    @rule(where=st.sampled_from(["study/figures", "docs", "analysis", "study/report.md", "run/config.json",
+                                 "sweep/sweep.csv"]))
     def link_to_the_user(self, where):
         path = self.box / where
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.symlink_to(self.root / "outside.txt" if path.suffix else self.root)
+        faults.link(path, self.root / "outside.txt" if path.suffix else self.root)
+
+    @rule(pair=st.sampled_from([("study/summary.csv", "study/training.csv"), ("run/config.json", "study/report.md"),
+                                ("study/figures", "sweep"), ("analysis/summary.csv", "analysis/spectra.csv")]))
+    def swap(self, pair):
+        faults.swap(self.box / pair[0], self.box / pair[1])
 
     @rule(where=st.sampled_from(["study/summary.csv", "study/figures/loss_curves.png", "run/metrics.jsonl",
-                                  "study/study.json", "analysis/summary.csv"]), keep=st.sampled_from([0, 10, 100]))
+                                  "study/study.json", "analysis/summary.csv", "sweep/sweep.json"]),
+          keep=st.sampled_from([0, 10, 100]))
     def truncate(self, where, keep):
-        path = self.box / where
-        if path.is_file() and not path.is_symlink():
-            path.write_bytes(path.read_bytes()[:keep])
+        faults.truncate(self.box / where, keep)
 
-    @rule(where=st.sampled_from(["docs/headline.md", "analysis/similarity.csv", "study/figures/sweep.png"]))
+    @rule(where=st.sampled_from(["docs/headline.md", "analysis/similarity.csv", "study/figures/sweep.png",
+                                 "sweep/sweep.md"]))
     def users_file_where_headlab_writes(self, where):
-        path = self.box / where
-        if not path.exists() and not path.is_symlink() and path.parent.is_dir() and not path.parent.is_symlink():
-            path.write_text("the user's own")
+        faults.users_file(self.box / where)
 
     def teardown(self):
         shutil.rmtree(getattr(self, "root", Path("/nonexistent")), ignore_errors=True)
@@ -140,3 +180,26 @@ def test_no_sequence_of_commands_and_hostile_edits_loses_or_leaks_anything(templ
     monkeypatch.setenv(sources.CACHE_ENV, str(templates / "cache"))
     Disk.templates = templates
     run_state_machine_as_test(Disk, settings=EXAMPLES)
+
+
+# Sequences every run checks, whatever the draw: each hostile edit or fault of this file that an
+# earlier version of headlab failed (a report stating a hand-written preset; a kill; a size limit).
+PINNED = [
+    [("edit_study_meta", {"preset": "paper-6.3b", "shape": False}), ("report", {})],
+    [("edit_study_meta", {"preset": "paper-6.3b", "shape": True}), ("docs", {"out": "docs"}), ("reproduce", {})],
+    [("killed_then_resumed", {"delay": 0.05}), ("under_a_file_size_limit", {"command": "report", "file_size": 2_000}),
+     ("sweep", {})],
+]
+
+
+@pytest.mark.parametrize("sequence", PINNED, ids=lambda sequence: "-".join(step for step, _ in sequence))
+def test_pinned_sequences_lose_or_leak_nothing(templates, monkeypatch, sequence):
+    monkeypatch.setenv(sources.CACHE_ENV, str(templates / "cache"))
+    Disk.templates = templates
+    machine = Disk()
+    try:
+        machine.scratch()
+        for step, arguments in sequence:
+            getattr(machine, step)(**arguments)
+    finally:
+        machine.teardown()

@@ -11,6 +11,8 @@ judge the difference by the invariants of `headlab.io`.
 - A file a manifest listed with matching content ("good") stays as it was, unless the folder's
   manifest afterwards lists a complete, verified state (every listed file present and matching):
   a verified new version replaced it. A manifest itself changes only into one that verifies.
+- A file a manifest names as being written (its `discard`) may change only into a verified
+  listed file. A folder that appears holding nothing (a writer killed after making it) is no file.
 Locks (their text names the last holder) and headlab's temporaries of a killed write are not
 content; a run's starts.jsonl may only grow."""
 
@@ -23,6 +25,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from headlab.cli.main import main
 from headlab.io import LOCK, TEMPORARY
@@ -31,36 +34,50 @@ MANIFESTS = ("manifest.json", "analysis.json", "study.json", "docs.json", "sweep
 APPEND_ONLY = ("starts.jsonl",)  # a run's log of its starts: headlab only appends to it, never rewrites it
 
 
+def snapshot(root: Path, skip: Callable[[Path], bool] = lambda path: False) -> dict[str, str]:
+    """Every entry below `root` but those `skip` names: a file's SHA-256, '-> target' of a link,
+    or 'folder' (a FIFO or socket has no content: left out)."""
+    entries = {}
+    for path in sorted(root.rglob("*")):
+        if skip(path):
+            continue
+        name = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            entries[name] = "-> " + os.readlink(path)
+        elif path.is_dir():
+            entries[name] = "folder"
+        elif path.is_file():
+            entries[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return entries
+
+
+def not_content(path: Path) -> bool:
+    """A lock (its text names the last holder) or a temporary of a killed write."""
+    return path.name == LOCK or bool(TEMPORARY.match(path.name))
+
+
 @dataclass
 class Tree:
     root: Path
     entries: dict[str, str]  # name below root -> SHA-256, '-> target' of a link, or 'folder'
     listed: dict[str, str]  # name below root -> SHA-256 a manifest recorded for it
     complete: set[str]  # folders (below root) whose manifest's every file is present and matches
+    pending: set[str]  # names below root a manifest lists as being written (its `discard`)
     logs: dict[str, bytes]  # the content of every `APPEND_ONLY` file
 
     @classmethod
     def read(cls, root: Path) -> "Tree":
-        entries = {}
-        for path in sorted(root.rglob("*")):
-            name = path.relative_to(root).as_posix()
-            if path.name == LOCK or TEMPORARY.match(path.name):
-                continue
-            if path.is_symlink():
-                entries[name] = "-> " + os.readlink(path)
-            elif path.is_dir():
-                entries[name] = "folder"
-            elif path.is_file():
-                entries[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-        listed, complete = {}, set()
+        entries = snapshot(root, skip=not_content)
+        listed, complete, pending = {}, set(), set()
         for name, digest in entries.items():
             path = Path(name)
             if path.name not in MANIFESTS or digest.startswith("->") or digest == "folder":
                 continue
             try:
-                files = json.loads((root / name).read_text())["files"]
+                payload = json.loads((root / name).read_text())
                 folder = path.parent.as_posix()
-                recorded = {(path.parent / f).as_posix(): e["sha256"] for f, e in files.items()}
+                recorded = {(path.parent / f).as_posix(): e["sha256"] for f, e in payload["files"].items()}
+                pending |= {(path.parent / f).as_posix() for f in payload["discard"] if isinstance(f, str)}
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # a manifest a hostile edit made unreadable lists nothing
             listed.update(recorded)
@@ -68,7 +85,7 @@ class Tree:
                 complete.add(folder)
         logs = {name: (root / name).read_bytes() for name, digest in entries.items()
                 if Path(name).name in APPEND_ONLY and not digest.startswith("->") and digest != "folder"}
-        return cls(root, entries, listed, complete, logs)
+        return cls(root, entries, listed, complete, pending, logs)
 
     def owned(self, name: str) -> bool:
         """Whether `name` lies in a folder holding a headlab manifest (or is one)."""
@@ -103,10 +120,11 @@ def check(before: Tree, after: Tree, status: int, err: str) -> list[str]:
             folder = next((p.as_posix() for p in Path(name).parents if p.as_posix() in after.complete), None)
             if folder is None:
                 broken.append(f"good {name} changed or vanished without a verified new version")
-        elif name not in before.listed:
+        elif name not in before.listed and not (name in before.pending and after.good(name)):
             broken.append(f"{name}, which headlab did not write, changed or vanished")
     for name in after.entries.keys() - before.entries.keys():
-        if not after.owned(name):
+        empty_folder = after.entries[name] == "folder" and not any(n.startswith(name + "/") for n in after.entries)
+        if not after.owned(name) and not empty_folder:  # a writer killed after making its folder leaves it empty
             broken.append(f"{name} appeared outside every headlab folder")
     return broken
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from headlab.io import FolderLock, Manifest, being_written, refuse_foreign
+from headlab.io import FolderLock, Manifest, being_written, make_folder, refuse_foreign
 
 TEXT_COLUMNS = ("model", "role", "kind", "circuit", "measure", "mla_rope", "part", "loss_unit")
 
@@ -25,7 +25,7 @@ def save_tables(folder: str | Path, tables: dict[str, pd.DataFrame], manifest: s
     `what` names the folder's kind."""
     folder = Path(folder)
     refuse_foreign(folder, manifest)
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder)
     with FolderLock(folder, "writer of tables"):
         written = Manifest.claim(folder, manifest, what)
         written.remove_leftovers()

@@ -209,6 +209,9 @@ def reproduce_arguments(reproduce: argparse.ArgumentParser) -> None:
     reproduce.add_argument("--set", type=sweep_values, action="append", metavar="FIELD=VALUE",
                            help="a ModelConfig or TrainConfig setting that replaces the preset's, e.g. "
                                 "optimizer=adamw or weight_decay=0 (repeatable; recorded in study.json and the report)")
+    reproduce.add_argument("--only", nargs="+", choices=ROLES, metavar="ROLE",
+                           help=f"train these roles only (default: all six: {' '.join(ROLES)})")
+
 
 def sweep_arguments(sweep: argparse.ArgumentParser) -> None:
     sweep.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),

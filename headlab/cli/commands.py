@@ -224,7 +224,7 @@ def cmd_reproduce(args) -> int:
         raise ValueError(f"{', '.join(both)} given both as a flag and with --set: give it once")
     study = Study(args.preset, args.steps, Path(args.out), corpus=args.corpus, tokenizer=args.tokenizer,
                   corpus_options=source_options, tokens=args.tokens, model_overrides=model_overrides,
-                  train_overrides={**train_overrides, **flags})
+                  train_overrides={**train_overrides, **flags}, only=tuple(args.only) if args.only else None)
     jobs = args.jobs or study.default_jobs(args.seeds)
     check_jobs(jobs, len(study.variants) * args.seeds)
     if args.plan:  # the whole table even when it does not fit: a study's cost is worth seeing either way

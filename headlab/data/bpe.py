@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import tokenizers
 
-from headlab.io import atomic_write_text
+from headlab.io import ScratchFolder
 
 MIN_VOCAB = 256  # the byte alphabet
 MAX_TRAINING_BYTES = 1 << 30  # the first GiB of the training split trains the merges
@@ -73,9 +73,12 @@ class BPETokenizer:
     def decode(self, tokens) -> str:
         return self._tokenizer.decode([int(t) for t in tokens])
 
-    def save(self, path: str | Path) -> None:
-        """Write the tokenizer as a Hugging Face `tokenizer.json` (atomically)."""
-        atomic_write_text(Path(path), self._tokenizer.to_str())
+    def to_json(self) -> str:
+        """The tokenizer as a Hugging Face `tokenizer.json`."""
+        return self._tokenizer.to_str()
+
+    def save(self, folder: ScratchFolder) -> None:
+        folder.write_bytes(TOKENIZER_FILE, self.to_json().encode("utf-8"))
 
     @classmethod
     def load(cls, path: str | Path) -> "BPETokenizer":

@@ -26,15 +26,12 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 
 import tokenizers
 
 from headlab.data.bpe import (
     MAX_TRAINING_BYTES,
-    TOKENIZER_FILE,
     BPETokenizer,
     parse_bpe_vocab,
     split_at_character,
@@ -54,7 +51,7 @@ from headlab.data.sources import (
     text_path_texts,
 )
 from headlab.data.tokenizers import get_tokenizer
-from headlab.io import file_digest
+from headlab.io import ScratchFolder, file_digest
 
 
 def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", workers: int | None = None,
@@ -99,20 +96,16 @@ def load_corpus(name: str = "shakespeare", tokenizer: str = "byte", workers: int
         key = f"text-{_options_key({'files': files, **source_options})}"
     folder = cache_dir() / TOKENS_FOLDER / f"{key}-{tok.name if tok else _bpe_key(tokenizer)}"
     if not (folder / "meta.json").exists():
-        # Build in a private folder and rename it into place: concurrent processes (DDP ranks)
+        # Built in a private folder renamed into place whole: concurrent processes (DDP ranks)
         # may all build, and the first rename wins; a killed build leaves only a scratch folder.
-        scratch = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-        if kind == "documents":
-            write_document_shards(documents, tok or parse_bpe_vocab(tokenizer), scratch, workers, **source_options)
-        elif tok is None:
-            write_bpe_shards(load_corpus(name, "byte", workers, **source_options), parse_bpe_vocab(tokenizer), scratch,
-                             workers)
-        else:
-            write_shards(texts(), tok, scratch, workers=workers)
-        try:
-            os.rename(scratch, folder)
-        except OSError:
-            shutil.rmtree(scratch)
+        with ScratchFolder(folder) as scratch:
+            if kind == "documents":
+                write_document_shards(documents, tok or parse_bpe_vocab(tokenizer), scratch, workers, **source_options)
+            elif tok is None:
+                write_bpe_shards(load_corpus(name, "byte", workers, **source_options), parse_bpe_vocab(tokenizer),
+                                 scratch, workers)
+            else:
+                write_shards(texts(), tok, scratch, workers=workers)
     return read_shards(folder, name)
 
 
@@ -132,27 +125,26 @@ def _options_key(options: dict) -> str:
     return hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def write_bpe_shards(byte_corpus, vocab_size: int, folder: Path, workers: int = 1) -> None:
+def write_bpe_shards(byte_corpus, vocab_size: int, folder: ScratchFolder, workers: int = 1) -> None:
     """Train a BPE on `byte_corpus`'s training split, save it as `folder/tokenizer.json`, and
     write the corpus's shards with it (same train/validation cut as the bytes)."""
     train, val = split_at_character(list(byte_corpus.train), list(byte_corpus.val))
     tokenizer = BPETokenizer.train(utf8_texts(train, MAX_TRAINING_BYTES), vocab_size)
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(folder / TOKENIZER_FILE)
+    tokenizer.save(folder)
     write_shards(utf8_texts(train), tokenizer, folder, val_texts=utf8_texts(val), workers=workers)
 
 
-def write_document_shards(files: list[Path], tokenizer, folder: Path, workers: int, text_field: str = "text") -> None:
+def write_document_shards(files: list[Path], tokenizer, folder: ScratchFolder, workers: int,
+                          text_field: str = "text") -> None:
     """Tokenize document files into shards, each document followed by the tokenizer's end-of-text
     token, every VAL_EVERY-th document in the validation split. `tokenizer` is a tokenizer, or
     the vocabulary size of a BPE to train first on (the first MAX_TRAINING_BYTES of) the
     training documents, streamed: no intermediate copy of the corpus."""
     train, val = ((lambda: document_texts(files, "train", text_field)),
                   (lambda: document_texts(files, "val", text_field)))
-    folder.mkdir(parents=True, exist_ok=True)
     if isinstance(tokenizer, int):
         tokenizer = BPETokenizer.train(_first_bytes(train(), MAX_TRAINING_BYTES), tokenizer, end_of_text=True)
-        tokenizer.save(folder / TOKENIZER_FILE)
+        tokenizer.save(folder)
     write_shards(train(), tokenizer, folder, val_texts=val(), workers=workers, documents=True)
 
 

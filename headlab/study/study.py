@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus
 from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
-from headlab.io import LOCK, Manifest, being_written
+from headlab.io import LOCK, Manifest, being_written, make_folder
 from headlab.model.config import ModelConfig, preset
 from headlab.runs.checkpoints import checkpoint_step, has_checkpoint
 from headlab.runs.layout import MANIFEST as RUN_MANIFEST
@@ -279,7 +279,7 @@ def claim_study_folder(folder: Path) -> Manifest:
     content is runs/ of headlab runs, each vouched for by its own manifest, is a study begun by
     training a variant into `Study.run_folder` before `Study.train` (notebook 01 does): headlab
     wrote all of it, so it is taken up, whichever came first. Anything else there is refused."""
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder)
     if not (folder / MANIFEST).exists() and holds_only_runs(folder):
         Manifest(folder, MANIFEST, STUDY).save()
     return Manifest.claim(folder, MANIFEST, STUDY)

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from headlab.analysis.tables import load_tables, save_tables
-from headlab.io import Manifest
+from headlab.io import Manifest, make_folder
 from headlab.model.config import ModelConfig, preset
 from headlab.schema import FLAGSHIP_MLA_ROPE
 from headlab.study.claims import METRICS, difference_to_mha, per_seed_metrics, variant_name, variant_rows
@@ -162,7 +162,7 @@ def sweep_table(points: list[GridPoint], seeds: int, folder: Path, log=print, jo
 def claim_sweep_folder(folder: Path) -> None:
     """Create `folder` and make it a sweep folder, refusing one headlab did not write before
     anything is trained in it."""
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder)
     Manifest.claim(folder, SWEEP_MANIFEST, SWEEP)
 
 

@@ -30,7 +30,7 @@ copies them there), so a notebook installed without the repository (Colab) shows
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +45,7 @@ from headlab.analysis.similarity import analyze, concat
 from headlab.analysis.snapshots import analyze_snapshots
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.shards import Corpus, random_windows
+from headlab.model.config import PRESETS, ModelConfig
 from headlab.runs.layout import EXECUTION_FIELDS, resume_differences, run_identity
 from headlab.schema import CIRCUITS, FLAGSHIP_MLA_ROPE, MLA_ROPE
 from headlab.study.paths import shown_path
@@ -280,9 +281,46 @@ def write_study_tables(tables: StudyTables, folder: str | Path) -> Path:
 
 
 def read_study_tables(folder: str | Path) -> StudyTables:
-    """The tables `write_study_tables` left in `folder`, each checked against study.json."""
+    """The tables `write_study_tables` left in `folder`, each checked against study.json, and
+    the meta against the tables (`unsupported_meta`)."""
     tables, meta = load_tables(folder, MANIFEST, STUDY)
+    problem = unsupported_meta(tables, meta)
+    if problem:
+        raise ValueError(f"{Path(folder) / MANIFEST} says {problem} (edited by hand?): the report would state what "
+                         "the study is not; write the study's tables again (headlab reproduce)")
     return StudyTables(tables, meta)
+
+
+def unsupported_meta(tables: dict[str, pd.DataFrame], meta: dict) -> str | None:
+    """What a study's meta claims that its preset or its tables contradict, else None. The
+    tables are hashed but the meta beside them in study.json is not, so it is checked by what
+    it states: a headlab preset which, with the settings the meta says were changed, has the
+    meta's shape (layers, heads, widths), and tables of that many layers and heads, of the meta's
+    seeds and number of runs."""
+    preset_name = meta.get("preset")
+    if not isinstance(preset_name, str) or preset_name not in PRESETS:
+        return f"preset {preset_name!r}, which headlab has not"
+    model_fields = {f.name for f in fields(ModelConfig)}
+    changed = meta.get("changed") if isinstance(meta.get("changed"), dict) else {}
+    try:
+        shape = PRESETS[preset_name].replace(**{k: v for k, v in changed.items() if k in model_fields})
+    except (TypeError, ValueError) as error:
+        return f"preset {preset_name!r} with changed settings it cannot take ({error})"
+    for field in ("n_layer", "n_head", "d_model", "head_dim"):
+        if meta.get(field) != getattr(shape, field):
+            return f"{field} = {meta.get(field)!r}, but preset {preset_name!r} has {getattr(shape, field)!r}"
+    summary, training = tables.get("summary"), tables.get("training")
+    if summary is not None and len(summary):
+        if (int(summary["layer"].max()) + 1, int(summary["n_heads"].max())) != (meta["n_layer"], meta["n_head"]):
+            return (f"{meta['n_layer']} layers x {meta['n_head']} heads, but its tables hold "
+                    f"{int(summary['layer'].max()) + 1} x {int(summary['n_heads'].max())}")
+    if training is not None and len(training):
+        seeds = sorted(int(s) for s in training["seed"].unique())
+        runs = len(training[["role", "seed"]].drop_duplicates())
+        if (meta.get("seeds"), meta.get("n_runs")) != (seeds, runs):
+            return (f"seeds {meta.get('seeds')} and {meta.get('n_runs')} runs, but its tables hold seeds {seeds} "
+                    f"({runs} runs)")
+    return None
 
 
 def tabulate_study(runs: list[StudyRun], corpus: Corpus, preset: str, folder: str | Path,

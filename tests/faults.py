@@ -1,0 +1,174 @@
+"""What a careful or a tired user, or the machine, does to headlab's folders: links, swaps,
+truncations, hand edits of a manifest, a file-size limit, a full disk, kill -9. Shared by the
+tree-diff test (tests/test_treediff.py) and the hostile-input benchmark
+(benchmarks/hostile_inputs.py), so both inflict the same faults the same way.
+
+The edits are the user's, made with plain file operations on purpose: they are what headlab
+must survive, not something headlab does."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import resource
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Callable
+
+from headlab.io import being_written
+
+MANIFESTS = ("manifest.json", "analysis.json", "study.json", "docs.json", "sweep.json")
+
+
+# ---- edits of files and folders ----------------------------------------------------------------
+
+def remove(path: Path) -> None:
+    """Whatever is at `path` (a folder with all it holds, a file, a link), gone."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+
+
+def link(path: Path, target: Path) -> None:
+    """Replace whatever is at `path` by a symbolic link to `target`."""
+    remove(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(target)
+
+
+def swap(a: Path, b: Path) -> bool:
+    """Exchange two entries (files or folders) by name; False if either is missing."""
+    if not (os.path.lexists(a) and os.path.lexists(b)):
+        return False
+    parked = a.with_name(a.name + ".swapping")
+    os.rename(a, parked)
+    os.rename(b, a)
+    os.rename(parked, b)
+    return True
+
+
+def truncate(path: Path, keep: int) -> bool:
+    """Cut regular file `path` to its first `keep` bytes (a link or folder is left alone)."""
+    if not path.is_file() or path.is_symlink():
+        return False
+    os.truncate(path, min(keep, path.stat().st_size))
+    return True
+
+
+def users_file(path: Path, text: str = "the user's own") -> bool:
+    """A user's file at `path`, if nothing is there and its folder is a real one."""
+    if os.path.lexists(path) or not path.parent.is_dir() or path.parent.is_symlink():
+        return False
+    path.write_text(text)
+    return True
+
+
+def manifest_of(folder: Path) -> Path | None:
+    """The headlab manifest in `folder` (a regular file), if there is one."""
+    return next((folder / name for name in MANIFESTS
+                 if (folder / name).is_file() and not (folder / name).is_symlink()), None)
+
+
+def edit_json(path: Path, change: Callable[[dict], None]) -> bool:
+    """Apply `change` to the JSON object in `path` and write it back by hand; False if unreadable."""
+    try:
+        payload = json.loads(path.read_text())
+        change(payload)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    path.write_text(json.dumps(payload))
+    return True
+
+
+def list_in_manifest(folder: Path, field: str, name) -> bool:
+    """Add `name` to a manifest's `discard` list or (with a made-up entry) its `files`."""
+    manifest = manifest_of(folder)
+    if manifest is None:
+        return False
+    return edit_json(manifest, lambda payload: payload["discard"].append(name) if field == "discard"
+                     else payload["files"].__setitem__(name, {"bytes": 1, "sha256": "0" * 64}))
+
+
+def edit_study_meta(folder: Path, **fields) -> bool:
+    """Change what a study's study.json states about it (its preset, shape, seeds), by hand."""
+    return edit_json(folder / "study.json", lambda payload: payload["meta"]["meta"].update(fields))
+
+
+# ---- the machine: a full disk, a file-size limit, kill -9 ------------------------------------------
+
+@contextlib.contextmanager
+def failing_call(owner, attribute: str, nth: int, error: OSError | None = None):
+    """`owner.attribute` fails with `error` (default: a full disk) on its `nth` call in the block."""
+    real = getattr(owner, attribute)
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == nth:
+            raise error or OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+    setattr(owner, attribute, failing)
+    try:
+        yield calls
+    finally:
+        setattr(owner, attribute, real)
+
+
+def in_child(work: Callable[[], int], file_size: int | None = None) -> tuple[int, int]:
+    """Fork a child that runs `work()` (optionally under RLIMIT_FSIZE = `file_size` bytes, so a
+    write beyond it fails with EFBIG, as on a full quota) and exits with its status; returns its
+    pid and the read end of a pipe that carries its stderr."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's code
+        status = 1
+        try:
+            os.close(read)
+            os.dup2(write, 2)
+            if file_size is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+            status = work()
+        finally:
+            os._exit(status if isinstance(status, int) else 1)
+    os.close(write)
+    return pid, read
+
+
+def _finish(pid: int, read: int) -> tuple[int, str]:
+    with os.fdopen(read, "rb") as pipe:
+        err = pipe.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    return (os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)), err
+
+
+def with_file_size_limit(work: Callable[[], tuple[int, str]], file_size: int) -> tuple[int, str]:
+    """(exit status, stderr) of `work()` (which returns its status and stderr) run in a child
+    process whose files may not grow beyond `file_size` bytes."""
+    def child() -> int:
+        status, err = work()
+        os.write(2, err.encode())
+        return status
+    return _finish(*in_child(child, file_size))
+
+
+def kill_while_writing(work: Callable[[], object], folder: Path, delay: float, timeout: float = 120) -> bool:
+    """Run `work()` in a child process and kill -9 it `delay` seconds after it starts writing
+    `folder` (holds its lock); returns whether it was killed before it finished."""
+    pid, read = in_child(lambda: (work(), 0)[1])
+    try:
+        start = time.monotonic()
+        while not being_written(folder) and time.monotonic() - start < timeout:
+            if os.waitpid(pid, os.WNOHANG) != (0, 0):
+                return False  # finished (or refused) before it wrote anything
+            time.sleep(0.005)
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        return os.WIFSIGNALED(status)
+    finally:
+        os.close(read)
