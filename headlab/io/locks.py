@@ -1,0 +1,73 @@
+"""Folder locks: an flock on `<folder>/.lock` held while one process writes the folder. The kernel
+drops it when that process dies, so a dead writer's lock is never obeyed."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import socket
+import stat
+import time
+from pathlib import Path
+
+LOCK = ".lock"
+
+
+class FolderLocked(RuntimeError):
+    """Another live process is writing this folder."""
+
+
+class FolderLock:
+    """An exclusive flock on `folder/.lock`, held while this process writes the folder. The
+    lock file is opened without following links; its text (pid, host, start) only names the
+    holder in the error."""
+
+    def __init__(self, folder: Path, writer: str):
+        self.path, self.writer = Path(folder) / LOCK, writer
+        self.fd: int | None = None
+
+    def __enter__(self) -> "FolderLock":
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            raise ValueError(f"{self.path} is a symbolic link: headlab never writes through links; remove it") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ValueError(f"{self.path} is not a regular file: remove it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "unknown process"
+            os.close(fd)
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise FolderLocked(f"{self.path.parent} is being written by another {self.writer} ({holder}): wait for "
+                               "it to finish, then retry, or choose another folder") from None
+        if os.fstat(fd).st_size == 0 or os.pread(fd, 4, 0) == b"pid ":  # never overwrite another tool's file
+            os.ftruncate(fd, 0)
+            since = time.strftime("%Y-%m-%d %H:%M:%S")
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)  # closing the descriptor releases the flock
+        self.fd = None
+
+
+def being_written(folder: Path) -> bool:
+    """Whether a live process holds `folder`'s lock (so a failed read may be a write in progress)."""
+    try:
+        fd = os.open(Path(folder) / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
