@@ -22,7 +22,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "headlab"
 LAYERS = ("package", "schema", "io", "model", "data", "runs", "training", "analysis", "study", "report", "cli",
           "__main__", "__init__")
-PACKAGES = ("model", "data", "runs", "training", "analysis", "study", "report")
+PACKAGES = ("io", "model", "data", "runs", "training", "analysis", "study", "report")
 
 
 def module_name(path: Path) -> str:
@@ -192,8 +192,11 @@ def test_the_spectrum_math_loads_no_torch():
 
 
 def test_headlab_io_loads_no_torch_importing_module():
-    loaded = loaded_modules("headlab.io")
-    assert headlab_modules(loaded) == {"headlab", "headlab.package", "headlab.io"} and "torch" not in loaded
+    loaded = loaded_modules("headlab.io.manifest")  # the io module that reaches the most of it
+    assert {name for name in headlab_modules(loaded) if not name.startswith("headlab.io")} == {"headlab",
+                                                                                             "headlab.package"}
+    assert "torch" not in loaded
+
 
 
 def test_the_tables_vocabulary_imports_only_the_standard_library():

@@ -1,0 +1,231 @@
+"""Files that are never half-written and never reached through a link.
+
+A file is written under a temporary name beside it (`.<name>.<8 hex>.tmp`), fsynced and renamed
+over its target, so a reader sees the old file or the new one; it gets the usual permissions
+(0666 less the umask). New files are opened with O_EXCL | O_NOFOLLOW and replaced by rename, so
+a write never follows a symbolic link. A name read from a file must name a path strictly below
+its folder, reached through no link (`inside`)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import secrets
+import stat
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+TEMPORARY_SUFFIX = ".tmp"
+TEMPORARY = re.compile(r"^\.(.+)\.[0-9a-f]{8}\.tmp$")  # what `temporary_path` names
+CHUNK = 1 << 24
+
+
+def temporary_path(path: Path) -> Path:
+    """A fresh hidden name beside `path` that `Manifest.remove_leftovers` recognises."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's (or a folder's entries') data to disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class HashingFile:
+    """A new file (never through a link) that hashes what is written to it: what `torch.save`
+    and the other writers are handed, so the hash costs no second pass over the data."""
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        self.digest, self.size = hashlib.sha256(), 0
+        self.failure: OSError | None = None  # what the disk said, when a caller (torch) rewords it
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self.digest.update(view)
+        written = 0
+        try:
+            while written < len(view):
+                written += os.write(self.fd, view[written:written + (1 << 30)])
+        except OSError as error:
+            self.failure = error
+            raise
+        self.size += len(view)
+        return len(view)
+
+    def flush(self) -> None:  # writes go straight to the descriptor
+        pass
+
+    @property
+    def entry(self) -> dict:
+        return {"bytes": self.size, "sha256": self.digest.hexdigest()}
+
+
+def stage_file(path: Path, write: Callable[[HashingFile], None]) -> tuple[Path, dict]:
+    """Write the content of `path` through `write(file)` into a new temporary beside it; returns
+    the temporary and the manifest entry (size and SHA-256, hashed as it was written). `path`
+    itself is not touched until `commit_file`."""
+    path = Path(path)
+    tmp = temporary_path(path)
+    try:
+        file = HashingFile(tmp)
+        try:
+            write(file)
+            os.fsync(file.fd)
+        except Exception:
+            if file.failure is not None:
+                raise file.failure from None
+            raise
+        finally:
+            os.close(file.fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp, file.entry
+
+
+def commit_file(tmp: Path, path: Path) -> None:
+    """Rename a staged temporary over `path` (a link there is replaced, never followed)."""
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(Path(path).parent)
+
+
+def write_file(path: Path, write: Callable[[HashingFile], None]) -> dict:
+    """Write `path` atomically through `write(file)`; returns its manifest entry."""
+    tmp, entry = stage_file(path, write)
+    commit_file(tmp, path)
+    return entry
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> dict:
+    return write_file(path, lambda file: file.write(data))
+
+
+def atomic_write_text(path: Path, text: str) -> dict:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def open_regular(path: Path) -> int:
+    """A read descriptor of `path`, refused unless it is a regular file reached without a link
+    (a FIFO or device would block or never end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise ValueError(f"{path} is a symbolic link: headlab reads only the files it wrote, never through "
+                             "links; replace the link by the file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"{path} is not a regular file (a FIFO, device or folder): remove it")
+    return fd
+
+
+def append_line(path: Path, line: bytes) -> None:
+    """Append `line` to `path` (created if missing) in one write, never through a symlink. A
+    file with other names (hard links: a `cp -al` or `rsync --link-dest` backup) is rewritten
+    under this name instead, so the other names keep what they hold."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        if os.fstat(fd).st_nlink > 1:
+            atomic_write_bytes(path, read_regular(path) + line)
+        else:
+            os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_regular(path: Path) -> bytes:
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a regular file, read in chunks (for files too large to hold twice)."""
+    digest = hashlib.sha256()
+    with os.fdopen(open_regular(path), "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def mismatch(path: Path, manifest: Path) -> ValueError:
+    return ValueError(f"{path} does not match the SHA-256 recorded in {manifest} when headlab wrote it (edited, "
+                      "corrupted, or copied from elsewhere): restore the original, or write the folder again")
+
+
+def below(folder: Path, name) -> Path:
+    """`folder / name` for a name read from a file in `folder`, refused unless it names a path
+    strictly below it in plain form: relative, '/'-separated parts none of which is empty, '.'
+    or '..' (so never the folder itself nor its parent; links are the reader's to judge)."""
+    folder = Path(folder)
+    if (not isinstance(name, str) or not name or os.path.isabs(name) or "\\" in name or "\0" in name
+            or any(part in ("", ".", "..") for part in name.split("/"))):
+        raise ValueError(f"{name!r} (read from a file in {folder}) is not the name of a path strictly below "
+                         f"{folder}: refusing it")
+    return folder / name
+
+
+def inside(folder: Path, name) -> Path:
+    """`folder / name` for a name read from a file in `folder`, refused unless it is strictly
+    below `folder` and every folder between them is a real folder, not a link."""
+    path = below(folder, name)
+    for parent in reversed(path.relative_to(folder).parents[:-1]):
+        if (folder / parent).is_symlink() or ((folder / parent).exists() and not (folder / parent).is_dir()):
+            raise ValueError(f"{folder / parent} is a symbolic link or not a folder: headlab never reads or writes "
+                             "through links; replace it by a folder")
+    return path
+
+
+def make_folder(path: Path) -> Path:
+    """Create folder `path` (and its missing parents) where headlab is told to write, refused if
+    `path` is a link or a file: headlab writes into a folder, never through a link named as one.
+    Folders above it that exist are the user's to choose (a linked home is theirs)."""
+    path = Path(path)
+    try:
+        if not path.is_symlink():
+            path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        pass  # judged below
+    if path.is_symlink() or not path.is_dir():
+        raise ValueError(f"{path} cannot be used as a folder: a symbolic link or a file is in the way (headlab "
+                         "never writes through links); choose another path, or move it away")
+    return path
+
+
+def make_folders(folder: Path, name: str) -> Path:
+    """Create the folders between `folder` and file `name` below it (none through a link)."""
+    path = inside(folder, name)
+    for parent in reversed(path.relative_to(folder).parents[:-1]):
+        try:
+            os.mkdir(folder / parent)
+        except FileExistsError:
+            inside(folder, name)  # lost a race to a link: refused
+    return path
+
+
+def remove_verified(path: Path, entry: dict) -> bool:
+    """Delete regular file `path` if its content still is what `entry` recorded (a link, an
+    edited file or someone else's file in its place is kept); returns whether it was deleted."""
+    try:
+        if file_digest(path) != entry["sha256"]:
+            return False
+    except (OSError, ValueError):
+        return False
+    path.unlink()
+    return True
+
+
+def open_new(path: Path) -> BinaryIO:
+    """`path`, a new file opened for writing: never one already there, never through a link."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666), "wb")

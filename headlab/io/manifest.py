@@ -1,0 +1,260 @@
+"""Manifests: every folder headlab writes (a run, an analysis, a study's tables, report and
+figures, the README's docs) holds a manifest naming each file headlab wrote there with its size
+and SHA-256, hashed while it was written. Every read is verified against it, and headlab
+overwrites only what its manifest names and deletes only a file whose content still matches what
+it recorded: a non-empty folder without one is not headlab's and is refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path, PurePosixPath
+from typing import Callable
+
+from headlab.io.files import (
+    TEMPORARY,
+    HashingFile,
+    atomic_write_text,
+    below,
+    commit_file,
+    file_digest,
+    inside,
+    make_folder,
+    make_folders,
+    mismatch,
+    read_regular,
+    remove_verified,
+    stage_file,
+)
+from headlab.io.locks import LOCK, FolderLock, being_written
+
+FORMAT = "headlab"
+
+
+def refuse_foreign(folder: Path, name: str) -> None:
+    """Refuse a folder holding files but no manifest `name`: headlab did not write it. Writers
+    call it before taking the folder's lock too, so a refused folder does not even get a `.lock`."""
+    folder = Path(folder)
+    if (folder / name).exists() or (folder / name).is_symlink() or not folder.is_dir() or being_written(folder):
+        return  # a manifest to read, nothing yet, or a writer at work (whose lock will say so)
+    stale_manifest = re.compile(rf"^\.{re.escape(name)}\.[0-9a-f]{{8}}\.tmp$")  # a claim killed mid-write
+    foreign = sorted(p.name for p in folder.iterdir() if p.name != LOCK and not stale_manifest.match(p.name))
+    if foreign:
+        raise ValueError(f"{folder} holds files headlab did not write ({', '.join(foreign[:3])}"
+                         f"{', ...' if len(foreign) > 3 else ''}; no {name}): headlab writes only into a new or "
+                         "empty folder, or one it wrote; choose another")
+
+
+def _is_entry(entry) -> bool:
+    return isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)
+
+
+class Manifest:
+    """What headlab wrote in one folder: each file's size and SHA-256 (`files`, the folder's
+    state), files it wrote that are not (or not yet) part of that state (`retired`, same
+    entries: deleted at the next write if their content still matches), names it is writing
+    now (`discard`: at the next write only their temporaries, and a folder among them once
+    empty if headlab made it, are removed; nothing there is deleted on a name alone), the
+    folders it made (`folders`, recorded before each is made), and `meta`."""
+
+    def __init__(self, folder: Path, name: str, kind: str, files: dict | None = None,
+                 discard: list | None = None, meta: dict | None = None, retired: dict | None = None,
+                 folders: list | None = None):
+        self.folder, self.name, self.kind = Path(folder), name, kind
+        self.files: dict[str, dict] = files or {}
+        self.discard: list[str] = discard or []
+        self.meta: dict = meta or {}
+        self.retired: dict[str, dict] = retired or {}
+        self.folders: list[str] = folders or []
+
+    @property
+    def path(self) -> Path:
+        return self.folder / self.name
+
+    @classmethod
+    def read(cls, folder: Path, name: str, kind: str) -> "Manifest":
+        """The manifest of `folder`, which must be `kind` ('a headlab run', 'an analysis folder', ...)."""
+        path = Path(folder) / name
+        try:
+            payload = json.loads(read_regular(path))
+        except FileNotFoundError:
+            raise ValueError(f"{folder} is not {kind} written by headlab (no {name}): write it again, or check "
+                             "the path") from None
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{path} is not a readable manifest ({error}): write the folder again") from None
+        if not (isinstance(payload, dict) and payload.get("format") == FORMAT and payload.get("kind") == kind
+                and isinstance(payload.get("files"), dict) and isinstance(payload.get("discard"), list)
+                and isinstance(payload.get("meta"), dict) and isinstance(payload.get("retired", {}), dict)
+                and isinstance(payload.get("folders", []), list)
+                and all(map(_is_entry, payload["files"].values()))
+                and all(map(_is_entry, payload.get("retired", {}).values()))):
+            raise ValueError(f"{path} is not the manifest of {kind} (format, kind, files, discard, retired, folders, "
+                             "meta)")
+        manifest = cls(folder, name, kind, payload["files"], payload["discard"], payload["meta"],
+                       payload.get("retired"), payload.get("folders"))
+        for listed in [*manifest.files, *manifest.retired, *manifest.discard, *manifest.folders]:
+            below(folder, listed)  # the folder itself, its parent or an odd name: refused before anything is done
+            if listed.split("/")[0] in (name, LOCK):
+                raise ValueError(f"{path} lists {listed!r}, its own manifest or lock: refusing it")
+        return manifest
+
+    @classmethod
+    def claim(cls, folder: Path, name: str, kind: str) -> "Manifest":
+        """The manifest of `folder` for writing into it: a new one if the folder is empty (but for
+        its lock). A folder holding anything else without a manifest is not headlab's: refused."""
+        folder = Path(folder)
+        if (folder / name).exists() or (folder / name).is_symlink():
+            return cls.read(folder, name, kind)
+        refuse_foreign(folder, name)
+        manifest = cls(folder, name, kind)
+        manifest.save()
+        return manifest
+
+    def save(self) -> None:
+        payload = {"format": FORMAT, "kind": self.kind, "files": self.files, "discard": self.discard,
+                   "retired": self.retired, "folders": self.folders, "meta": self.meta}
+        atomic_write_text(self.path, json.dumps(payload, indent=1))
+
+    def file(self, name: str) -> Path:
+        return inside(self.folder, name)
+
+    def _target(self, name: str) -> Path:
+        """The path headlab is about to write as `name`: refused if something headlab did not
+        write (not listed, not being written) is already there."""
+        inside(self.folder, name)
+        missing = [parent.as_posix() for parent in reversed(PurePosixPath(name).parents[:-1])
+                   if not os.path.lexists(self.folder / parent)]
+        if missing:  # recorded as headlab's before they exist, so a kill leaves none it disowns
+            self.folders += [f for f in missing if f not in self.folders]
+            self.save()
+        path = make_folders(self.folder, name)
+        if (os.path.lexists(path) and name not in self.files and name not in self.retired
+                and name not in self.discard):
+            raise ValueError(f"{path} exists but {self.path} does not list it (not written by headlab): headlab "
+                             "never overwrites it; move it away or choose another folder")
+        return path
+
+    def write(self, name: str, write: Callable[[HashingFile], None]) -> None:
+        """Write file `name` atomically and record it (saved with the manifest's next `save`)."""
+        self.write_all({name: write})
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        self.write(name, lambda file: file.write(data))
+
+    def write_all(self, writes: dict[str, Callable[[HashingFile], None]]) -> None:
+        """Write every file of `writes` into temporaries first and only then rename them over
+        their names, so a failure while writing leaves every earlier version in place. The
+        names are recorded (saved with the next `save`)."""
+        new = [name for name in writes if name not in self.files and name not in self.retired
+               and name not in self.discard]
+        if new:  # listed as being written first, so a kill after a rename leaves no file headlab disowns
+            for name in new:
+                self._target(name)
+            self.discard += new
+            self.save()
+        staged = {}
+        try:
+            for name, write in writes.items():
+                staged[name] = stage_file(self._target(name), write)
+        except BaseException:
+            for tmp, _ in staged.values():
+                tmp.unlink(missing_ok=True)
+            raise
+        for name, (tmp, entry) in staged.items():
+            commit_file(tmp, self.file(name))
+            self.files[name] = entry
+            self.retired.pop(name, None)
+        self.discard = [name for name in self.discard if name not in writes]
+
+    def retire(self, name: str) -> None:
+        """Move a listed file out of the folder's state: deleted at the next `remove_leftovers`."""
+        self.retired[name] = self.files.pop(name)
+
+    def entry(self, name: str) -> dict:
+        if name not in self.files:
+            raise ValueError(f"{self.path} does not list {name}: it was not written by headlab; write the folder again")
+        return self.files[name]
+
+    def read_bytes(self, name: str) -> bytes:
+        """The content of file `name`, verified against its recorded SHA-256."""
+        entry, path = self.entry(name), self.file(name)
+        try:
+            data = read_regular(path)
+        except FileNotFoundError:
+            raise ValueError(f"{path} is missing, but {self.path} lists it: restore it, or write the folder "
+                             "again") from None
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise mismatch(path, self.path)
+        return data
+
+    def verify(self, name: str) -> Path:
+        """The path of file `name` once its content is verified (read in chunks: for large files)."""
+        entry, path = self.entry(name), self.file(name)
+        if not path.exists():
+            raise ValueError(f"{path} is missing, but {self.path} lists it: restore it, or write the folder again")
+        if file_digest(path) != entry["sha256"]:
+            raise mismatch(path, self.path)
+        return path
+
+    def remove_leftovers(self) -> list[str]:
+        """Delete what a killed or superseded writer left: temporaries whose name says which
+        listed or discarded name they were becoming, retired files whose content still matches
+        their entry (never one the folder's state lists), and discarded folders once empty.
+        Nothing else is touched."""
+        ours = set(self.files) | set(self.retired) | set(self.discard) | {self.name}
+        folders = {self.folder} | {self.file(name).parent for name in ours} | {self.file(name) for name in self.discard}
+        removed = []
+        for folder in folders:
+            if folder.is_dir() and not folder.is_symlink():
+                for path in folder.iterdir():
+                    if ((m := TEMPORARY.match(path.name)) and not path.is_dir()
+                            and (path.parent / m.group(1)).relative_to(self.folder).as_posix() in ours):
+                        path.unlink(missing_ok=True)
+                        removed.append(path.name)
+        for name, entry in self.retired.items():
+            if name not in self.files and remove_verified(self.file(name), entry):
+                removed.append(name)
+        for name in sorted(self.discard, key=lambda n: -n.count("/")):
+            path = self.file(name)
+            if name in self.folders and path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+                path.rmdir()
+                removed.append(name)
+        # A name still there may be a file renamed into place just before a kill: headlab may
+        # overwrite it, but nothing on a name alone is deleted.
+        pending = [name for name in dict.fromkeys(self.discard) if os.path.lexists(self.file(name))]
+        made = [name for name in self.folders if os.path.isdir(self.file(name))]
+        if pending != self.discard or self.retired or made != self.folders:
+            self.discard, self.retired, self.folders = pending, {}, made
+            self.save()
+        return removed
+
+
+class writing:
+    """`with writing(folder, name, kind, writer) as manifest:` the manifest of `folder` to write
+    files into, claimed as `Manifest.claim` does (a folder holding files but no manifest is
+    refused), under the folder's lock and with a killed writer's leftovers removed; saved when
+    the block ends without error (what it wrote is then listed)."""
+
+    def __init__(self, folder: Path, name: str, kind: str, writer: str):
+        self.folder, self.name, self.kind, self.writer = Path(folder), name, kind, writer
+
+    def __enter__(self) -> Manifest:
+        refuse_foreign(self.folder, self.name)
+        make_folder(self.folder)
+        self.lock = FolderLock(self.folder, self.writer).__enter__()
+        try:
+            self.manifest = Manifest.claim(self.folder, self.name, self.kind)
+            self.manifest.remove_leftovers()
+        except BaseException:
+            self.lock.__exit__()
+            raise
+        return self.manifest
+
+    def __exit__(self, kind, error, trace) -> None:
+        try:
+            if kind is None:
+                self.manifest.save()
+        finally:
+            self.lock.__exit__()
