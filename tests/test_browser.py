@@ -7,6 +7,7 @@ tests/output/browser/ (look at them when a change touches the explorer)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 import socket
@@ -61,6 +62,10 @@ def lab(tmp_path):
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    # no "get notified about Jupyter news?" toast over the figures, and no request for it
+    notification = tmp_path / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    notification.parent.mkdir(parents=True)
+    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     log = (tmp_path / "jupyter.log").open("w")
     server = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
                                "--ip=127.0.0.1",
