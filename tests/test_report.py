@@ -323,6 +323,7 @@ def test_the_report_states_the_training_recipe_and_what_changed_from_the_preset(
 def test_reproduce_set_replaces_preset_settings_and_records_them(tmp_path, capsys):
     out = tmp_path / "study"
     assert main(["reproduce", "--preset", "tiny", "--steps", "2", "--seeds", "1", "--corpus", "synthetic",
+                 "--jobs", "1",  # worker processes would each import torch again: more than these runs cost
                  "--set", "weight_decay=0", "--set", "n_layer=1", "--out", str(out)]) == 0
     meta = read_study_tables(out).meta
     assert meta["changed"] == {"weight_decay": 0.0, "n_layer": 1} and meta["n_layer"] == 1

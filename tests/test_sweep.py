@@ -20,7 +20,10 @@ from headlab.study.tables import analysis_tables, training_table
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
-    assert main(["sweep", "--preset", "tiny", "--lengths", "0.25", "0.5", "--seeds", "2", "--out", str(out)]) == 0
+    # One job: worker processes would each import torch again, which costs more than these tiny runs
+    # (the sweep of some roles below keeps the default, runs in worker processes).
+    assert main(["sweep", "--preset", "tiny", "--lengths", "0.25", "0.5", "--seeds", "2", "--jobs", "1",
+                 "--out", str(out)]) == 0
     tables, _ = load_tables(out, "sweep.json", "a sweep folder")
     return out, tables["sweep"]
 
