@@ -30,7 +30,7 @@ copies them there), so a notebook installed without the repository (Colab) shows
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +41,7 @@ from headlab.analysis.heads import load_heads
 from headlab.analysis.lrkv import deviation_table, factor_table, rank_r_model
 from headlab.analysis.measures import measure_agreement, measure_views
 from headlab.analysis.qk_norm import norm_scale_effect
-from headlab.analysis.similarity import analyze, concat
+from headlab.analysis.similarity import analyze, concat, stack_tables
 from headlab.analysis.snapshots import analyze_snapshots
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.shards import Corpus, random_windows
@@ -52,6 +52,7 @@ from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
 from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit, settings_key
 from headlab.training.config import train_preset
+from headlab.training.runs import Run
 
 # The figures and claims use the whole pre-softmax score of MLA, as for every other family (see
 # `headlab.analysis.similarity`); the paper's latent-only definition is in the tables beside it.
@@ -154,9 +155,9 @@ def rope_ratio_table(runs: list[StudyRun]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["seed", "rope_to_latent"])
 
 
-def measures_tables(runs: list[StudyRun], corpus: Corpus) -> tuple[pd.DataFrame, pd.DataFrame, float, int]:
+def measures_table(runs: list[StudyRun], corpus: Corpus) -> tuple[pd.DataFrame, float, int]:
     """The three views of every run (`measure_views`, at `FLAGSHIP_MLA_ROPE`, with seed and role),
-    the Spearman agreement between them, the seconds spent estimating Σ and its tokens in total."""
+    the seconds spent estimating Σ and its tokens in total."""
     pieces, seconds, tokens = [], 0.0, 0
     for r in runs:
         summary, spent, n = measure_views(
@@ -165,8 +166,7 @@ def measures_tables(runs: list[StudyRun], corpus: Corpus) -> tuple[pd.DataFrame,
             text=f"{corpus.name} validation windows")
         pieces.append(summary.assign(seed=r.seed, role=r.role))
         seconds, tokens = seconds + spent, tokens + n
-    summary = pd.concat(pieces, ignore_index=True)
-    return summary, measure_agreement(summary, pair_pattern_with="qk"), seconds, tokens
+    return pd.concat(pieces, ignore_index=True), seconds, tokens
 
 
 def snapshot_tables(runs: list[StudyRun]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -198,13 +198,18 @@ def lrkv_factor_table(runs: list[StudyRun]) -> pd.DataFrame:
                  "angle_random", "seed", "role", "rank"])
 
 
-def rank_bound_table(runs: list[StudyRun]) -> pd.DataFrame:
+def lrkv_ranks(runs: list[StudyRun]) -> tuple[int, ...]:
+    return tuple(sorted({r.config.kv_rank for r in runs if r.config.attention == "lrkv"}))
+
+
+def rank_bound_table(runs: list[StudyRun], ranks: tuple[int, ...] | None = None) -> pd.DataFrame:
     """The best a rank-r residual could do, for every Standard MHA run and each LRKV rank r of
     the study (`headlab.analysis.lrkv`): per layer the mean over heads of the key and value
     deviation energy W_h − W̄ that the rank-r truncated SVD keeps, and the QK effective rank (% of
-    H, both kinds) of MHA rebuilt as W̄ + [W_h − W̄]_r. Columns: model, seed, role, layer, rank,
+    H, both kinds) of MHA rebuilt as W̄ + [W_h − W̄]_r (`ranks`: the LRKV ranks, default those of
+    `runs`). Columns: model, seed, role, layer, rank,
     key_energy_kept, value_energy_kept, kind, effective_rank_pct_of_heads."""
-    ranks = tuple(sorted({r.config.kv_rank for r in runs if r.config.attention == "lrkv"}))
+    ranks = lrkv_ranks(runs) if ranks is None else ranks
     rows = []
     for r in runs:
         if r.role != "mha" or not ranks:
@@ -233,17 +238,18 @@ def corpus_description(corpus: Corpus) -> str:
 NOT_RECIPE = ("seed", "steps", *EXECUTION_FIELDS)
 
 
-def training_recipe(runs: list[StudyRun]) -> dict:
-    """The TrainConfig fields that move a number, as the runs were trained (one recipe per study)."""
-    return {k: v for k, v in asdict(runs[0].run.train_config).items() if k not in NOT_RECIPE}
+def training_recipe(run: Run) -> dict:
+    """The TrainConfig fields that move a number, as `run` was trained (one recipe per study)."""
+    return {k: v for k, v in asdict(run.train_config).items() if k not in NOT_RECIPE}
 
 
-def changed_settings(runs: list[StudyRun], preset_name: str) -> dict:
-    """Every model or training setting in which the runs differ from `preset_name`'s own (besides the
-    vocabulary, which follows the tokenizer, and the steps, which the meta states): 'field': value."""
+def changed_settings(runs: list[StudyRun], recipe: dict, preset_name: str) -> dict:
+    """Every model or training setting in which the runs (trained with `recipe`) differ from
+    `preset_name`'s own (besides the vocabulary, which follows the tokenizer, and the steps,
+    which the meta states): 'field': value."""
     roles = comparison_roles(preset_name)
     preset_recipe = {k: v for k, v in asdict(train_preset(preset_name)).items() if k not in NOT_RECIPE}
-    changed = {k: v for k, v in training_recipe(runs).items() if preset_recipe[k] != v}
+    changed = {k: v for k, v in recipe.items() if preset_recipe[k] != v}
     for r in runs:
         ours, theirs = r.config.to_dict(), roles[r.role].replace(vocab_size=r.config.vocab_size).to_dict()
         changed.update({k: v for k, v in ours.items() if theirs[k] != v and k != "label"})
@@ -252,14 +258,25 @@ def changed_settings(runs: list[StudyRun], preset_name: str) -> dict:
 
 def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: float | None = None) -> StudyTables:
     """Every table of the study of `runs` (trained on `corpus`), and its meta; `started` is the
-    `time.perf_counter()` at which the study began, for the minutes it records."""
-    unit = loss_unit(corpus.tokenizer_name)
-    tables = analysis_tables(runs)
-    measures, agreement, moment_seconds, moment_tokens = measures_tables(runs, corpus)
-    tables.update(training=training_table(runs, unit), cache=cache_table(runs),
-                  norm_effect=norm_effect_table(runs, corpus), rope_ratio=rope_ratio_table(runs), measures=measures,
-                  measure_agreement=agreement,
-                  lrkv_factors=lrkv_factor_table(runs), rank_bound=rank_bound_table(runs))
+    `time.perf_counter()` at which the study began, for the minutes it records. Each run's model
+    is read from its folder once and dropped before the next is read."""
+    unit, ranks = loss_unit(corpus.tokenizer_name), lrkv_ranks(runs)
+    pieces: dict[str, list[pd.DataFrame]] = {}
+    moment_seconds, moment_tokens, steps, recipe = 0.0, 0, 0, None
+    for r in runs:
+        one = [replace(r, held=r.run)]
+        measures, seconds, tokens = measures_table(one, corpus)
+        moment_seconds, moment_tokens = moment_seconds + seconds, moment_tokens + tokens
+        steps, recipe = max(steps, one[0].run.step), recipe or training_recipe(one[0].run)
+        for name, table in {**analysis_tables(one), "training": training_table(one, unit),
+                            "norm_effect": norm_effect_table(one, corpus), "rope_ratio": rope_ratio_table(one),
+                            "measures": measures, "lrkv_factors": lrkv_factor_table(one),
+                            "rank_bound": rank_bound_table(one, ranks)}.items():
+            pieces.setdefault(name, []).append(table)
+        del one
+    tables = {name: stack_tables(tables) for name, tables in pieces.items()}
+    tables.update(cache=cache_table(runs), measure_agreement=measure_agreement(tables["measures"],
+                                                                                pair_pattern_with="qk"))
     tables["snapshot_summary"], tables["factor_training"] = snapshot_tables(runs)
     config = runs[0].config
     meta = {
@@ -267,9 +284,9 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
         "head_dim": config.head_dim, "n_runs": len(runs), "seeds": sorted({r.seed for r in runs}),
         "corpus": corpus.name, "tokenizer": corpus.tokenizer_name, "corpus_description": corpus_description(corpus),
         "bytes_per_token": corpus.bytes_per_token, "loss_unit": unit, "flagship_mla_rope": FLAGSHIP_MLA_ROPE,
-        "circuits": list(CIRCUITS), "train": training_recipe(runs), "changed": changed_settings(runs, preset),
+        "circuits": list(CIRCUITS), "train": recipe, "changed": changed_settings(runs, recipe, preset),
         "moment_seconds": moment_seconds, "moment_tokens": moment_tokens,
-        "steps": max(r.run.step for r in runs), "runs": {r.folder.name: run_identity(r.folder) for r in runs},
+        "steps": steps, "runs": {r.folder.name: run_identity(r.folder) for r in runs},
         "minutes": None if started is None else (time.perf_counter() - started) / 60,
     }
     return StudyTables(tables, meta)
