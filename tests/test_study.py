@@ -211,6 +211,35 @@ def test_a_study_keeps_no_trained_model_after_its_run_and_reads_each_back_from_i
     assert next(first.model.parameters()).device == torch.device("cpu")
 
 
+def test_a_studys_tables_read_each_run_once_and_hold_one_model_at_a_time(tmp_path, monkeypatch):
+    """Every table needs each run's model (spectra, the three measures, factors, rank bounds):
+    analysing a study reads each run from its folder once, and frees it before reading the next."""
+    import gc
+    import weakref
+
+    from headlab.data.corpus import load_corpus
+    from headlab.study import study as study_module
+    from headlab.study.tables import analyze_study
+
+    study = Study("tiny", 2, tmp_path / "study", corpus="synthetic", only=("mha", "lrkv-small", "mla"))
+    runs = study.train(seeds=1, progress=False, log=lambda line: None)
+    read, alive_before = [], []
+    load_run = study_module.load_run
+
+    def counted(folder, *args, **kwargs):
+        gc.collect()
+        alive_before.append(sum(model() is not None for _, model in read))
+        run = load_run(folder, *args, **kwargs)
+        read.append((Path(folder).name, weakref.ref(run.model)))
+        return run
+
+    monkeypatch.setattr(study_module, "load_run", counted)
+    tables = analyze_study(runs, load_corpus("synthetic"), "tiny")
+    assert sorted(name for name, _ in read) == sorted(r.folder.name for r in runs)
+    assert alive_before == [0] * len(runs)
+    assert set(tables["summary"]["role"]) == {"mha", "lrkv-small", "mla"}
+
+
 def test_an_imported_kernel_module_is_not_a_person_watching():
     """A test runner that executed notebooks has ipykernel loaded; only a running kernel draws bars."""
     import ipykernel.ipkernel  # noqa: F401
