@@ -160,7 +160,7 @@ def test_reproduce_trains_three_seeds_by_default(capsys):
     assert "--seeds: 0 is invalid: must be a positive integer" in capsys.readouterr().err
 
 
-def test_a_study_gives_the_same_bits_whatever_its_jobs(tmp_path):
+def test_a_study_gives_the_same_bits_whatever_its_jobs(tmp_path, monkeypatch):
     """Every run trains on the study's own thread count, so `jobs` (runs at once) never moves a number."""
     import torch
 
@@ -172,7 +172,9 @@ def test_a_study_gives_the_same_bits_whatever_its_jobs(tmp_path):
         assert one.run.final_val_loss == two.run.final_val_loss
         weights = two.run.model.state_dict()
         assert all(torch.equal(tensor, weights[name]) for name, tensor in one.run.model.state_dict().items())
-    assert alone.default_jobs(seeds=1) == min(2, os.cpu_count())  # one run per core, at most one per run
+    assert alone.default_jobs(seeds=1) == min(2, len(os.sched_getaffinity(0)))  # one run per core, one per run
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # a batch scheduler's one core of many
+    assert alone.default_jobs(seeds=3) == 1
 
 
 def test_a_study_keeps_no_trained_model_after_its_run_and_reads_each_back_from_its_folder(tmp_path, monkeypatch):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -35,6 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headlab.data.corpus import load_corpus
+from headlab.data.encoding import available_cores
 from headlab.data.shards import Corpus
 from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
 from headlab.io import LOCK, Manifest, being_written, make_folder
@@ -194,13 +194,14 @@ class Study:
                 "so this happens once")
 
     def default_jobs(self, seeds: int = 1) -> int:
-        """Runs to train at once when none is said: one per CPU core (at most one per run), since
+        """Runs to train at once when none is said: one per CPU core this process may run on (its
+        affinity, e.g. under a batch scheduler; at most one per run), since
         every run trains on `RUN_THREADS`; 1 under torchrun or on a GPU, where each run has the device."""
         on_gpu = self.train_config(0).device.startswith("cuda") or (self.train_config(0).device == "auto"
                                                                     and torch.cuda.is_available())
         if on_gpu or launched_processes().world_size > 1:
             return 1
-        return max(1, min(os.cpu_count() or 1, seeds * len(self.roles)))
+        return max(1, min(available_cores(), seeds * len(self.roles)))
 
     def train(self, seeds: int = 1, progress: bool = True, log=print, jobs: int = 1) -> list[StudyRun]:
         """Every variant for seeds 0 … seeds − 1, seed by seed: finished runs are loaded,
