@@ -1,5 +1,5 @@
 """Ship a finished study's tables (not its runs) inside the package, as headlab/study/demo_tables/
-(`headlab.study.tables.SHIPPED`), so notebooks installed without the repository (Colab) show
+(`headlab.study.table_files.SHIPPED`), so notebooks installed without the repository (Colab) show
 that study's results without training (`headlab.study.tables.shipped_tables`).
 
     python scripts/ship_demo_tables.py runs/reproduce     # make ship-demo: after make demo
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from headlab.io import read_regular
 from headlab.study.study import Study, settings_digest, settings_key
-from headlab.study.tables import SHIPPED, StudyTables, read_study_tables, write_study_tables
+from headlab.study.table_files import SHIPPED, StudyTables, read_study_tables, write_study_tables
 
 LIMIT_BYTES = 3 << 20  # the package stays small: a wheel with the tables, not a data set
 

@@ -5,9 +5,9 @@ Read from the source (ast), so the check sees every import, including ones insid
 no module imports a higher layer, no two modules import each other through any path (a
 circle), no function-level import of a headlab module, and no private name crosses modules.
 And in a fresh interpreter, as Python runs: a package's __init__ loads none of its modules, so a
-module loads only what its own imports reach (no analysis module any training module, the spectrum
-math no torch, headlab.io no torch, headlab.schema, the tables' vocabulary, nothing outside the
-standard library)."""
+module loads only what its own imports reach (no analysis module any training module, no report
+module any training module or torch, the spectrum math no torch, headlab.io no torch,
+headlab.schema, the tables' vocabulary, nothing outside the standard library)."""
 
 from __future__ import annotations
 
@@ -117,6 +117,7 @@ def upward(edges: dict[str, dict[str, list]]) -> list[str]:
 
 EDGES = graph()
 ANALYSIS_MODULES = sorted(module_name(path) for path in (PACKAGE / "analysis").glob("*.py"))
+REPORT_MODULES = sorted(module_name(path) for path in (PACKAGE / "report").rglob("*.py"))
 
 
 def test_every_headlab_module_has_a_layer():
@@ -185,6 +186,14 @@ def training_modules(modules: set[str]) -> list[str]:
 def test_no_analysis_module_loads_a_training_module(module):
     """Analysis reads run folders through `headlab.runs`: the trainer, its configs and FSDP stay unloaded."""
     assert training_modules(loaded_modules(module)) == []
+
+
+@pytest.mark.parametrize("module", REPORT_MODULES)
+def test_no_report_module_loads_training_or_torch(module):
+    """A report is a function of a study's tables: drawing one loads neither the trainer nor torch."""
+    loaded = loaded_modules(module)
+    assert training_modules(loaded) == []
+    assert "torch" not in loaded
 
 
 def test_the_spectrum_math_loads_no_torch():

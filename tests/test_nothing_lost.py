@@ -20,8 +20,8 @@ from headlab.data import sources
 from headlab.io import LOCK, ScratchFolder, make_folder
 from headlab.runs.checkpoints import current_checkpoint
 from headlab.runs.layout import MANIFEST
-from headlab.study.study import MANIFEST as STUDY_MANIFEST
 from headlab.study.study import Study
+from headlab.study.table_files import MANIFEST as STUDY_MANIFEST
 from headlab.study.tables import tabulate_study
 from headlab.training.runs import load_run
 

@@ -20,8 +20,9 @@ from headlab.data.bpe import TOKENIZER_FILE
 from headlab.io import Manifest
 from headlab.runs.checkpoints import current_checkpoint
 from headlab.runs.layout import MANIFEST
-from headlab.study.study import MANIFEST as STUDY_MANIFEST
-from headlab.study.study import STUDY, Study
+from headlab.study.study import Study
+from headlab.study.table_files import MANIFEST as STUDY_MANIFEST
+from headlab.study.table_files import STUDY
 from treediff import snapshot
 
 TINY = train_preset("tiny", steps=4, batch_size=4, eval_every=2, eval_batches=1, checkpoint_every=2, log_every=1)

@@ -21,7 +21,8 @@ from headlab.study.claims import claims, per_seed_metrics, rule_text
 from headlab.study.paper import PAPER
 from headlab.study.roles import comparison_roles
 from headlab.study.study import Study
-from headlab.study.tables import read_study_tables, rope_ratio_table, tabulate_study
+from headlab.study.table_files import read_study_tables
+from headlab.study.tables import rope_ratio_table, tabulate_study
 
 STEPS = 12
 ROLES = comparison_roles("tiny")

@@ -1,4 +1,4 @@
-"""The demo study's tables shipped inside the package (headlab.study.tables.SHIPPED): what
+"""The demo study's tables shipped inside the package (headlab.study.table_files.SHIPPED): what
 scripts/ship_demo_tables.py copies there (tables, never runs, with the settings and commits
 behind them), when `study_tables` reads them (nothing of the study on disk, the same settings),
 and a non-editable install outside the repository (as on Colab) showing notebook 03 from them
@@ -19,7 +19,8 @@ from nbclient import NotebookClient
 from headlab.study import tables as tables_module
 from headlab.study.notebook import NotebookStudy
 from headlab.study.study import Study, settings_key
-from headlab.study.tables import read_study_tables, shipped_tables, study_tables, tabulate_study
+from headlab.study.table_files import read_study_tables
+from headlab.study.tables import shipped_tables, study_tables, tabulate_study
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))

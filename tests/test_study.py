@@ -10,7 +10,8 @@ import headlab
 from headlab.study.notebook import NotebookStudy, default_study_folder
 from headlab.study.paths import project_root
 from headlab.study.roles import comparison_roles
-from headlab.study.study import MANIFEST, Study, StudyRun, claim_study_folder, settings_key
+from headlab.study.study import Study, StudyRun, claim_study_folder, settings_key
+from headlab.study.table_files import MANIFEST
 from headlab.training.config import train_preset
 
 STEPS = 4

@@ -12,8 +12,9 @@ from headlab.report import plots
 from headlab.report.sweep_page import write_sweep_report
 from headlab.study.claims import difference_to_mha, per_seed_metrics
 from headlab.study.roles import comparison_roles
-from headlab.study.study import loss_unit
-from headlab.study.sweep import GridPoint, grid, sweep_sentences, verdict
+from headlab.study.sweep import GridPoint, grid
+from headlab.study.sweep_claims import sweep_sentences, verdict
+from headlab.study.table_files import loss_unit
 from headlab.study.tables import analysis_tables, training_table
 
 

@@ -23,7 +23,8 @@ from headlab.report.writer import write_docs, write_report
 from headlab.study.roles import comparison_variants
 from headlab.study.study import Study
 from headlab.study.sweep import claim_sweep_folder, grid, save_sweep, sweep_roles, sweep_table
-from headlab.study.tables import read_study_tables, tabulate_study
+from headlab.study.table_files import read_study_tables
+from headlab.study.tables import tabulate_study
 from headlab.training.config import train_preset
 from headlab.training.distributed import is_main_process, leave_process_group
 from headlab.training.hardware import RUN_THREADS, load_note, measure_step, parse_devices, visible_devices

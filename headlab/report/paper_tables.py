@@ -10,7 +10,7 @@ from headlab.schema import KINDS
 from headlab.study.claims import difference_to_mha, values, variant_name, variant_rows
 from headlab.study.paper import PAPER
 from headlab.study.stats import spread
-from headlab.study.study import loss_unit
+from headlab.study.table_files import loss_unit
 
 
 def layer_range(summary: pd.DataFrame, model: str, mla_rope: str, kind: str) -> tuple[float, float]:

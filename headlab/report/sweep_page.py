@@ -11,7 +11,8 @@ from headlab.report import plots
 from headlab.report.paper_tables import markdown_table
 from headlab.report.writer import FIGURES_FOLDER
 from headlab.schema import FLAGSHIP_MLA_ROPE
-from headlab.study.sweep import SWEEP, SWEEP_MANIFEST, grid_axes, sweep_sentences
+from headlab.study.sweep_claims import grid_axes, sweep_sentences
+from headlab.study.table_files import SWEEP, SWEEP_MANIFEST
 
 
 def write_sweep_report(table: pd.DataFrame, out: str | Path) -> Path:

@@ -1,4 +1,4 @@
-"""The report of a study, drawn from its tables alone (`headlab.study.tables`): report.md beside
+"""The report of a study, drawn from its tables alone (`headlab.study.table_files`): report.md beside
 the figures, our numbers (mean ± sd over seeds) next to the paper's, and prose generated from the
 statistics by a stated rule (`headlab.study.claims`).
 
@@ -35,8 +35,7 @@ from headlab.study.claims import (
     training_claims,
 )
 from headlab.study.stats import paired_difference, spread
-from headlab.study.study import MANIFEST, STUDY, loss_unit
-from headlab.study.tables import StudyTables
+from headlab.study.table_files import MANIFEST, STUDY, StudyTables, loss_unit
 
 FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "effective_rank_uncentered",
            "effective_rank_centered", "similarity_heatmaps", "loss_curves", "loss_vs_cache")

@@ -44,19 +44,12 @@ from headlab.runs.layout import MANIFEST as RUN_MANIFEST
 from headlab.runs.snapshots import study_snapshot_every
 from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
+from headlab.study.table_files import MANIFEST, STUDY, loss_unit
 from headlab.training.config import MAX_STEPS, TrainConfig, train_preset
 from headlab.training.distributed import is_main_process, launched_processes, training_device
 from headlab.training.hardware import RUN_THREADS, load_note, measure_step, run_seconds, step_fits
 from headlab.training.runs import Run, load_run
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
-
-MANIFEST = "study.json"  # the study folder's manifest: its tables (`headlab.study.tables`)
-STUDY = "a study folder"
-
-
-def loss_unit(tokenizer: str) -> str:
-    """What a validation loss is per: a byte for the byte tokenizer (a token is a byte), else a token."""
-    return "nats/byte" if tokenizer == "byte" else "nats/token"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ other ModelConfig or TrainConfig setting (the optimizer, learning rates, weight 
 Every grid point is an ordinary `Study` with its own folder (<folder>/<point key>/runs/...), so
 runs are reused and resumed like any study's. The table has one row per grid point, comparison
 (variant, metric) and the paired difference to Standard MHA: mean, 95% half-width, seeds, and
-whether the interval excludes zero (`decided`), by the rule of `headlab.study.stats`.
+whether the interval excludes zero (`decided`), by the rule of `headlab.study.stats`; what it says
+across the grid is read from the table alone (`headlab.study.sweep_claims`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from headlab.analysis.tables import load_tables, save_tables
@@ -29,14 +29,13 @@ from headlab.model.config import ModelConfig, preset
 from headlab.schema import FLAGSHIP_MLA_ROPE
 from headlab.study.claims import METRICS, difference_to_mha, per_seed_metrics, variant_name, variant_rows
 from headlab.study.roles import comparison_roles
-from headlab.study.study import Study, loss_unit
+from headlab.study.study import Study
+from headlab.study.table_files import SWEEP, SWEEP_MANIFEST, loss_unit
 from headlab.study.tables import analysis_tables, training_table
 from headlab.training.config import TrainConfig, train_preset
 
 # TrainConfig fields a grid cannot set: the lengths axis sets the steps, the seeds axis the seed.
 UNSWEPT_TRAIN_FIELDS = ("steps", "seed")
-# A sweep folder: <folder>/sweep.csv listed in <folder>/sweep.json (besides its points' study folders).
-SWEEP_MANIFEST, SWEEP = "sweep.json", "a sweep folder"
 
 
 def setting_text(value) -> str:
@@ -172,48 +171,3 @@ def save_sweep(folder: Path, table: pd.DataFrame) -> pd.DataFrame:
     save_tables(folder, {"sweep": table}, SWEEP_MANIFEST, SWEEP)
     tables, _ = load_tables(folder, SWEEP_MANIFEST, SWEEP)
     return tables["sweep"]
-
-
-def grid_axes(table: pd.DataFrame) -> list[str]:
-    """The grid's columns that vary across the sweep, training length first: the columns a row
-    carries before its comparison (length, n_layer, then any swept ModelConfig or TrainConfig field)."""
-    columns = list(table.columns[:table.columns.get_loc("role")])
-    return [c for c in columns if c not in ("point", "steps") and table[c].nunique() > 1]
-
-
-def verdict(rows: pd.DataFrame, axis: str = "length") -> str:
-    """What one comparison does across the grid, by the rule (an ordering only where decided):
-    'holds everywhere' (decided, one sign, at every point), 'changes sign' (decided both ways),
-    'shrinks toward zero' (decided at the smallest `axis` value, within noise at the largest, and
-    smaller in size there), 'appears' (the reverse), else 'decided at k of n points'."""
-    decided = rows[rows["decided"]]
-    signs = set(np.sign(decided["mean"]))
-    if len(decided) == len(rows) and len(signs) == 1:
-        return "holds everywhere"
-    if len(signs) > 1:
-        return "changes sign"
-    ordered = rows.sort_values(axis)
-    first, last = ordered.iloc[0], ordered.iloc[-1]
-    if first["decided"] and not last["decided"] and abs(last["mean"]) < abs(first["mean"]):
-        return "shrinks toward zero"
-    if last["decided"] and not first["decided"]:
-        return "appears"
-    return f"decided at {len(decided)} of {len(rows)} points"
-
-
-def sweep_sentences(table: pd.DataFrame) -> list[str]:
-    """One paragraph's sentences: for each verdict, the comparisons that get it (with the sign of
-    those that hold), along the grid's main axis (training length when it varies)."""
-    if table["seeds"].max() < 2:
-        return ["One seed per point: no orderings claimed."]
-    axis = (grid_axes(table) or ["length"])[0]
-    groups: dict[str, list[str]] = {}
-    for (comparison, metric), rows in table.groupby(["comparison", "metric"], sort=False):
-        what = verdict(rows, axis)
-        if what == "holds everywhere":
-            what += f" ({'higher' if rows['mean'].iloc[0] > 0 else 'lower'} than Standard MHA)"
-        groups.setdefault(what, []).append(f"{comparison}: {metric}")
-    points = table["point"].nunique()
-    sentences = [f"Across the {points} grid points (along {axis}), by the paired 95% rule:"]
-    sentences += [f"{what}: {'; '.join(items)}." for what, items in groups.items()]
-    return sentences

@@ -5,6 +5,9 @@ on disk, so the report, the figures, the widgets and the notebooks only ever rea
     write_study_tables(tables, folder)                         # CSVs + study.json (hashes), atomically
     tables = read_study_tables(folder)                         # what `headlab report DIR` starts from
 
+Writing and reading them (`headlab.study.table_files`) loads no torch, so the report layer
+imports that module, never this one.
+
 Tables (CSV, one row per observation):
     similarity, spectra, summary, norms   `analyze()` of every run at both `mla_rope` settings, both circuits,
                                           with `seed` and `role` columns
@@ -22,15 +25,14 @@ The meta (study.json) records the preset, the model's shape, the corpus and toke
 training recipe (`train`: every TrainConfig field that moves a number) and each setting changed
 from the preset (`changed`), the analysis options, and how long training and analysis took.
 
-headlab ships the tables of `make demo`'s study (not its runs) as package data in `SHIPPED`, with
-the commit and settings that produced them in their meta (`shipped`; scripts/ship_demo_tables.py
-copies them there), so a notebook installed without the repository (Colab) shows them untrained.
+headlab ships the tables of `make demo`'s study as package data (`table_files.SHIPPED`);
+`study_tables` reads them where nothing of the study is on disk yet.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -43,14 +45,13 @@ from headlab.analysis.measures import measure_agreement, measure_views
 from headlab.analysis.qk_norm import norm_scale_effect
 from headlab.analysis.similarity import analyze, concat, stack_tables
 from headlab.analysis.snapshots import analyze_snapshots
-from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.shards import Corpus, random_windows
-from headlab.model.config import PRESETS, ModelConfig
 from headlab.runs.layout import EXECUTION_FIELDS, resume_differences, run_identity
 from headlab.schema import CIRCUITS, FLAGSHIP_MLA_ROPE, MLA_ROPE
 from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
-from headlab.study.study import MANIFEST, STUDY, Study, StudyRun, loss_unit, settings_key
+from headlab.study.study import Study, StudyRun, settings_key
+from headlab.study.table_files import SHIPPED, StudyTables, loss_unit, read_study_tables, write_study_tables
 from headlab.training.config import train_preset
 from headlab.training.runs import Run
 
@@ -59,18 +60,6 @@ from headlab.training.runs import Run
 # `analysis_tables` analyses every one of CIRCUITS; recorded in study.json, so older tables are remade
 MOMENT_WINDOWS = 32  # validation windows Σ is estimated on (the data-aware view)
 BEHAVIOUR_WINDOWS = 8  # validation windows the attention maps are taken on (the behaviour view)
-SHIPPED = Path(__file__).resolve().parent / "demo_tables"  # the demo study's tables, inside the package
-
-
-@dataclass(frozen=True)
-class StudyTables:
-    """A study's tables by name and its meta (see the module docstring)."""
-
-    tables: dict[str, pd.DataFrame]
-    meta: dict
-
-    def __getitem__(self, name: str) -> pd.DataFrame:
-        return self.tables[name]
 
 
 def analysis_tables(runs: list[StudyRun]) -> dict[str, pd.DataFrame]:
@@ -93,7 +82,7 @@ def analysis_tables(runs: list[StudyRun]) -> dict[str, pd.DataFrame]:
 
 def training_table(runs: list[StudyRun], unit: str) -> pd.DataFrame:
     """Every validation record of every run: role, model, seed, step, tokens, val_loss, val_bpb,
-    kv_cache_pct and loss_unit (`unit`, the runs' tokenizer's: `headlab.study.study.loss_unit`)."""
+    kv_cache_pct and loss_unit (`unit`, the runs' tokenizer's: `headlab.study.table_files.loss_unit`)."""
     return pd.DataFrame([
         {"model": r.label, "role": r.role, "seed": r.seed, "step": m["step"], "tokens": m["tokens"],
          "val_loss": m["val_loss"], "val_bpb": m["val_bpb"], "kv_cache_pct": 100 * r.config.kv_cache_fraction_of_mha(),
@@ -290,54 +279,6 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
         "minutes": None if started is None else (time.perf_counter() - started) / 60,
     }
     return StudyTables(tables, meta)
-
-
-def write_study_tables(tables: StudyTables, folder: str | Path) -> Path:
-    """Every table as <name>.csv in `folder`, then study.json (meta, row counts, hashes) last."""
-    return save_tables(folder, tables.tables, MANIFEST, STUDY, tables.meta)
-
-
-def read_study_tables(folder: str | Path) -> StudyTables:
-    """The tables `write_study_tables` left in `folder`, each checked against study.json, and
-    the meta against the tables (`unsupported_meta`)."""
-    tables, meta = load_tables(folder, MANIFEST, STUDY)
-    problem = unsupported_meta(tables, meta)
-    if problem:
-        raise ValueError(f"{Path(folder) / MANIFEST} says {problem} (edited by hand?): the report would state what "
-                         "the study is not; write the study's tables again (headlab reproduce)")
-    return StudyTables(tables, meta)
-
-
-def unsupported_meta(tables: dict[str, pd.DataFrame], meta: dict) -> str | None:
-    """What a study's meta claims that its preset or its tables contradict, else None. The
-    tables are hashed but the meta beside them in study.json is not, so it is checked by what
-    it states: a headlab preset which, with the settings the meta says were changed, has the
-    meta's shape (layers, heads, widths), and tables of that many layers and heads, of the meta's
-    seeds and number of runs."""
-    preset_name = meta.get("preset")
-    if not isinstance(preset_name, str) or preset_name not in PRESETS:
-        return f"preset {preset_name!r}, which headlab has not"
-    model_fields = {f.name for f in fields(ModelConfig)}
-    changed = meta.get("changed") if isinstance(meta.get("changed"), dict) else {}
-    try:
-        shape = PRESETS[preset_name].replace(**{k: v for k, v in changed.items() if k in model_fields})
-    except (TypeError, ValueError) as error:
-        return f"preset {preset_name!r} with changed settings it cannot take ({error})"
-    for field in ("n_layer", "n_head", "d_model", "head_dim"):
-        if meta.get(field) != getattr(shape, field):
-            return f"{field} = {meta.get(field)!r}, but preset {preset_name!r} has {getattr(shape, field)!r}"
-    summary, training = tables.get("summary"), tables.get("training")
-    if summary is not None and len(summary):
-        if (int(summary["layer"].max()) + 1, int(summary["n_heads"].max())) != (meta["n_layer"], meta["n_head"]):
-            return (f"{meta['n_layer']} layers x {meta['n_head']} heads, but its tables hold "
-                    f"{int(summary['layer'].max()) + 1} x {int(summary['n_heads'].max())}")
-    if training is not None and len(training):
-        seeds = sorted(int(s) for s in training["seed"].unique())
-        runs = len(training[["role", "seed"]].drop_duplicates())
-        if (meta.get("seeds"), meta.get("n_runs")) != (seeds, runs):
-            return (f"seeds {meta.get('seeds')} and {meta.get('n_runs')} runs, but its tables hold seeds {seeds} "
-                    f"({runs} runs)")
-    return None
 
 
 def tabulate_study(runs: list[StudyRun], corpus: Corpus, preset: str, folder: str | Path,
