@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/hostile_inputs.py [--out /tmp/hostile]
 
 The faults (links, swaps, truncations, manifest edits, a full disk, kill -9) are tests/faults.py's,
-the same the tree-diff test (tests/test_treediff.py) inflicts. Issue 28's classes (confinement,
+the same the tree-diff test (tests/disk/test_treediff.py) inflicts. Issue 28's classes (confinement,
 writes outside the writer, a failed rewrite, identity and reuse, the sweep's grid, unbounded
 inputs, error paths) are generators of members, one function each.
 

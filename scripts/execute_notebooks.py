@@ -8,7 +8,7 @@ metadata (`headlab.mode`), so a saved notebook says what made its outputs.
 The mode is set like papermill's parameter injection, offline with nbclient: `SMALL = ...` and a
 line printing the mode are appended to the `parameters` cell for the run, and the cell's source is
 put back afterwards, so the .ipynb still holds exactly the cells of its .py
-(tests/test_notebooks_paired.py) while the cell's output says which mode made the outputs."""
+(tests/notebooks/test_notebooks_paired.py) while the cell's output says which mode made the outputs."""
 
 import sys
 from pathlib import Path

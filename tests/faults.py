@@ -1,6 +1,6 @@
 """What a careful or a tired user, or the machine, does to headlab's folders: links, swaps,
 truncations, hand edits of a manifest, a file-size limit, a full disk, kill -9. Shared by the
-tree-diff test (tests/test_treediff.py) and the hostile-input benchmark
+tree-diff test (tests/disk/test_treediff.py) and the hostile-input benchmark
 (benchmarks/hostile_inputs.py), so both inflict the same faults the same way.
 
 The edits are the user's, made with plain file operations on purpose: they are what headlab

@@ -1,5 +1,5 @@
 """Files that are never half-written, never mistaken and never someone else's: the one part of
-headlab that writes, renames or deletes a path (tests/test_one_writer.py checks that nothing
+headlab that writes, renames or deletes a path (tests/disk/test_one_writer.py checks that nothing
 else does). Folders are made by `make_folder`, files by the writers of `files`.
 
 - `files`: atomic, no-follow writes and reads, hashes, names confined below their folder;

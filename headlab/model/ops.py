@@ -19,7 +19,7 @@ passes:
 Statistics are taken in at least float32 (bf16 autocast); outputs keep the input dtype. The
 backward passes are not themselves differentiable (no double backward). Where no gradient is
 needed (decoding, evaluation) each function calls torch's fused kernels instead: same values,
-fewer ops. `tests/test_ops.py` holds every value and gradient equal to autograd of the plain
+fewer ops. `tests/model/test_ops.py` holds every value and gradient equal to autograd of the plain
 formula, and both paths equal.
 """
 

@@ -22,7 +22,7 @@ import tomllib
 
 jupytext = pytest.importorskip("jupytext")
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 SOURCES = sorted(NOTEBOOKS.glob("*.py"))
 REGENERATE = "regenerate it with `make notebooks`"
 PUBLISHED = re.search(r'^Repository = "(.+)"$', (NOTEBOOKS.parent / "pyproject.toml").read_text(), re.M)

@@ -22,7 +22,7 @@ from headlab.training.config import train_preset
 from headlab.training.distributed import join_process_group, training_device
 from headlab.training.trainer import train
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _saved(runs: Path) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "headlab"
+PACKAGE = Path(__file__).resolve().parents[2] / "headlab"
 
 # Module functions that change the file system (module, function).
 CHANGING_FUNCTIONS = {

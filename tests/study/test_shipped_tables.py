@@ -22,7 +22,7 @@ from headlab.study.study import Study, settings_key
 from headlab.study.table_files import read_study_tables
 from headlab.study.tables import shipped_tables, study_tables, tabulate_study
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import ship_demo_tables
 

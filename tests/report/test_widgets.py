@@ -16,10 +16,10 @@ import ipywidgets as widgets
 import matplotlib.image
 import pandas as pd
 import pytest
+from test_plots import FIGURE_ORDER, TAB10, legend_labels, line_colours, synthetic_tables, synthetic_training
 
 import headlab.report.widgets
 from headlab.report.widgets import NO_METHOD, choice_columns, explore
-from test_plots import FIGURE_ORDER, TAB10, legend_labels, line_colours, synthetic_tables, synthetic_training
 
 THREE_PANELS = ["Early Layer (L=0)", "Middle Layer (L=2)", "Late Layer (L=3)"]
 

@@ -1,4 +1,4 @@
-"""Issue 14, items 1 and 3: the behaviour view's effective rank, pairing attention maps with the
+"""The behaviour view's effective rank, pairing attention maps with the
 QK circuit, and the report sentences on diversity through training and on whether the measures
 agree, generated from synthetic statistics where each claim must appear and must vanish."""
 

@@ -1,4 +1,4 @@
-"""Issue 28, one test per class: names read from a manifest reach only files strictly below the
+"""Nothing is lost, one test per way it was: names read from a manifest reach only files strictly below the
 folder that headlab wrote; every byte of a figure, report or docs page goes through one atomic,
 owned, no-follow write; a failed rewrite keeps the good version."""
 

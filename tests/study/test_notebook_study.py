@@ -4,7 +4,7 @@ from pathlib import Path
 
 from headlab.study import notebook, paths, study
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_full_mode_reads_make_demos_study_and_writes_beside_it(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
 """Every CLI option given hostile values ends in one line and a documented exit status, never a
-traceback (issue 22, invariant 4). `--plan` keeps train and reproduce from training."""
+traceback. `--plan` keeps train and reproduce from training."""
 
 import json
 import os

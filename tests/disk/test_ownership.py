@@ -1,4 +1,4 @@
-"""The invariants of issue 22, one test each: headlab deletes or overwrites only what its
+"""The ownership invariants, one test each: headlab deletes or overwrites only what its
 manifest says it wrote, verifies content (not size) on every read, never writes through a
 link, and lets one writer at a time into an analysis folder."""
 

@@ -21,8 +21,8 @@ import nbformat
 import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "03_compare_layers.ipynb"
-SCREENSHOTS = Path(__file__).resolve().parent / "output" / "browser"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "03_compare_layers.ipynb"
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "output" / "browser"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]

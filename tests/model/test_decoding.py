@@ -3,11 +3,11 @@ LRKV key-rebuild bill, on tiny models."""
 
 import pytest
 import torch
+from test_cache_sizes import _formula
 
 from headlab.model import decoding
 from headlab.model.gpt import GPT
 from headlab.study.roles import comparison_variants
-from test_cache_sizes import _formula
 
 
 @pytest.fixture(scope="module")

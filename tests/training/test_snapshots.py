@@ -1,4 +1,4 @@
-"""Analysis snapshots through training (issue 14, item 1): schedule, kill-and-resume, per-step tables."""
+"""Analysis snapshots through training: schedule, kill-and-resume, per-step tables."""
 
 import importlib
 

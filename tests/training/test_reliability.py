@@ -1,4 +1,4 @@
-"""A run folder never loses work, and no bad input gives a silent wrong answer (issue 11).
+"""A run folder never loses work, and no bad input gives a silent wrong answer.
 
 One test (or more) per numbered finding of the issue, then faults at many instants: random
 SIGKILLs of a checkpoint-every-step run, a full disk at each write of a checkpoint (simulated),
@@ -84,7 +84,7 @@ def _full_disk(*_, **__):
 
 # ---- 1. a checkpoint is one unit --------------------------------------------------------------
 
-def test_1_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp_path, corpus, reference, monkeypatch):
+def test_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp_path, corpus, reference, monkeypatch):
     import headlab.runs.checkpoints
 
     real, calls = headlab.runs.checkpoints.serialize_safetensors, {"n": 0}
@@ -105,7 +105,7 @@ def test_1_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp
 
 # ---- 2. killed before the first checkpoint ------------------------------------------------------
 
-def test_2_a_run_cut_short_inside_its_first_checkpoint_resumes_from_step_0(tmp_path, corpus, reference, monkeypatch):
+def test_a_run_cut_short_inside_its_first_checkpoint_resumes_from_step_0(tmp_path, corpus, reference, monkeypatch):
     import headlab.runs.checkpoints
 
     with monkeypatch.context() as patch:
@@ -117,7 +117,7 @@ def test_2_a_run_cut_short_inside_its_first_checkpoint_resumes_from_step_0(tmp_p
     _assert_same_run(tmp_path / "run", reference)
 
 
-def test_2_a_run_killed_before_any_checkpoint_restarts_with_or_without_resume(tmp_path, corpus, reference, monkeypatch):
+def test_a_run_killed_before_any_checkpoint_restarts_with_or_without_resume(tmp_path, corpus, reference, monkeypatch):
     for resume in (True, False):
         folder = tmp_path / f"resume-{resume}"
         with monkeypatch.context() as patch:
@@ -130,7 +130,7 @@ def test_2_a_run_killed_before_any_checkpoint_restarts_with_or_without_resume(tm
 
 # ---- 3. resume never silently starts over with other settings -----------------------------------
 
-def test_3_resume_without_a_checkpoint_checks_the_saved_config(tmp_path, corpus, monkeypatch):
+def test_resume_without_a_checkpoint_checks_the_saved_config(tmp_path, corpus, monkeypatch):
     with monkeypatch.context() as patch:
         _interrupt_at_step(patch, 2)
         with pytest.raises(_Interrupt):
@@ -144,7 +144,7 @@ def test_3_resume_without_a_checkpoint_checks_the_saved_config(tmp_path, corpus,
     assert (tmp_path / "run" / "config.json").read_text() == saved
 
 
-def test_3_resume_with_weights_but_no_training_state_is_refused_and_keeps_the_metrics(tmp_path, corpus):
+def test_resume_with_weights_but_no_training_state_is_refused_and_keeps_the_metrics(tmp_path, corpus):
     train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
     for state in (tmp_path / "run").rglob("state.pt"):
@@ -184,7 +184,7 @@ def _child_error(pid: int) -> str:
 
 
 @needs_fork
-def test_4_a_second_trainer_on_a_busy_folder_is_refused_and_a_dead_ones_lock_is_not_obeyed(tmp_path, corpus, reference):
+def test_a_second_trainer_on_a_busy_folder_is_refused_and_a_dead_ones_lock_is_not_obeyed(tmp_path, corpus, reference):
     def slow_trainer():
         original = GPT.forward
         GPT.forward = lambda self, *a, **k: (time.sleep(0.05), original(self, *a, **k))[1]
@@ -213,7 +213,7 @@ def test_4_a_second_trainer_on_a_busy_folder_is_refused_and_a_dead_ones_lock_is_
 
 # ---- 5. metrics are validated ---------------------------------------------------------------------
 
-def test_5_a_corrupt_metrics_line_is_an_error_naming_file_and_line_and_a_torn_last_line_is_dropped(tmp_path, corpus):
+def test_a_corrupt_metrics_line_is_an_error_naming_file_and_line_and_a_torn_last_line_is_dropped(tmp_path, corpus):
     train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
     path = tmp_path / "run" / "metrics.jsonl"
     lines = path.read_text().splitlines(keepends=True)
@@ -234,7 +234,7 @@ def test_5_a_corrupt_metrics_line_is_an_error_naming_file_and_line_and_a_torn_la
 
 # ---- 6. resume checks the data ------------------------------------------------------------------------
 
-def test_6_resuming_on_other_data_is_refused_naming_the_difference(tmp_path, corpus, monkeypatch):
+def test_resuming_on_other_data_is_refused_naming_the_difference(tmp_path, corpus, monkeypatch):
     with monkeypatch.context() as patch:
         _interrupt_at_step(patch, 6)
         with pytest.raises(_Interrupt):
@@ -252,7 +252,7 @@ def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))
 
 
-def test_7_a_file_rewritten_in_place_is_tokenized_again(tmp_path, isolated_cache):
+def test_a_file_rewritten_in_place_is_tokenized_again(tmp_path, isolated_cache):
     folder = tmp_path / "texts"
     folder.mkdir()
     (folder / "a.txt").write_text("old words " * 200)
@@ -264,7 +264,7 @@ def test_7_a_file_rewritten_in_place_is_tokenized_again(tmp_path, isolated_cache
     assert bytes(load_corpus(str(folder)).train[0][:9]) == b"new words"
 
 
-def test_8_invalid_utf8_is_an_error_naming_file_and_offset_unless_lossy_is_asked_for(tmp_path, isolated_cache):
+def test_invalid_utf8_is_an_error_naming_file_and_offset_unless_lossy_is_asked_for(tmp_path, isolated_cache):
     path = tmp_path / "latin1.txt"
     path.write_bytes("café ".encode() * 100 + "naïve".encode("latin-1") + b" end" * 300)
     with pytest.raises(ValueError, match=r"latin1\.txt is not valid UTF-8: byte 0xef at byte offset 602"):
@@ -288,7 +288,7 @@ def _gpt2_folder(folder: Path, n_layer: int, n_head: int, layers_on_disk: int = 
     return folder
 
 
-def test_9_a_head_count_that_does_not_fit_the_weights_is_refused(tmp_path):
+def test_a_head_count_that_does_not_fit_the_weights_is_refused(tmp_path):
     torch.manual_seed(0)
     model = GPT(preset("tiny", "mha"))  # 4 heads of width 8
     with pytest.raises(ValueError, match=r"c_q\.weight has shape \(32, 32\), but the ModelConfig .*n_head=2"):
@@ -298,12 +298,12 @@ def test_9_a_head_count_that_does_not_fit_the_weights_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("n_layer", [0, -1, 3])
-def test_9_a_layer_count_that_does_not_fit_the_weights_is_refused(tmp_path, n_layer):
+def test_a_layer_count_that_does_not_fit_the_weights_is_refused(tmp_path, n_layer):
     with pytest.raises(ValueError, match="num_hidden_layers|layer count"):
         analyze(_gpt2_folder(tmp_path / "gpt2", n_layer=n_layer, n_head=2))
 
 
-def test_9_non_finite_weights_are_named(tmp_path):
+def test_non_finite_weights_are_named(tmp_path):
     torch.manual_seed(0)
     model = GPT(preset("tiny", "mha"))
     with torch.no_grad():
@@ -312,7 +312,7 @@ def test_9_non_finite_weights_are_named(tmp_path):
         analyze(write_run(tmp_path / "run", model))
 
 
-def test_9_a_truncated_analysis_table_is_refused(tmp_path):
+def test_a_truncated_analysis_table_is_refused(tmp_path):
     torch.manual_seed(0)
     folder = analyze(GPT(preset("tiny", "mha"))).save(tmp_path / "analysis")
     spectra = folder / "spectra.csv"
@@ -323,7 +323,7 @@ def test_9_a_truncated_analysis_table_is_refused(tmp_path):
     assert [p.name for p in folder.glob(".*")] == [".lock"]  # no temporary files left behind
 
 
-def test_9_analysing_very_many_heads_warns_about_size(monkeypatch):
+def test_analysing_very_many_heads_warns_about_size(monkeypatch):
     import headlab.analysis.similarity
 
     monkeypatch.setattr(headlab.analysis.similarity, "LARGE_SIMILARITY_ROWS", 16)

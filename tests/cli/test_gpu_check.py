@@ -18,7 +18,7 @@ from headlab.model.config import preset
 from headlab.model.gpt import GPT
 from headlab.runs.checkpoints import has_checkpoint
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 
 
 @pytest.fixture
