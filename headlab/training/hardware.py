@@ -3,6 +3,7 @@ training step timed here (what a plan's wall time on this machine is made of).""
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import os
@@ -107,6 +108,14 @@ def measure_peak_flops(device: str | torch.device = "cpu", dtype: torch.dtype = 
     return 2 * size ** 3 / best
 
 
+@functools.cache
+def cpu_peak_flops(dtype: torch.dtype, threads: int) -> float:
+    """`measure_peak_flops` of this CPU in `dtype` on `threads` torch threads, measured once per
+    process: a session that plans many studies (a notebook, the CLI called in-process) would
+    otherwise spend a second re-measuring the same peak for each."""
+    return measure_peak_flops("cpu", dtype)
+
+
 def visible_devices(peak_tflops: float | None = None, dtype: str = "bfloat16") -> Devices:
     """The GPUs torch sees (their table peak unless `peak_tflops` is stated), or this CPU with
     its measured matmul peak in the training dtype (or the stated one) and its RAM."""
@@ -125,7 +134,7 @@ def visible_devices(peak_tflops: float | None = None, dtype: str = "bfloat16") -
     if peak_tflops:
         return Devices("cpu", 1, memory, peak_tflops * 1e12, "stated")
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    return Devices("cpu", 1, memory, measure_peak_flops("cpu", torch_dtype), "measured")
+    return Devices("cpu", 1, memory, cpu_peak_flops(torch_dtype, torch.get_num_threads()), "measured")
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,25 @@ def test_gpu_names_match_the_most_specific_table_entry():
     assert measure_peak_flops("cpu", size=64, seconds=0.02) > 0
 
 
+def test_a_process_measures_this_cpus_peak_once_per_dtype_and_thread_count(monkeypatch):
+    """Each plan states the CPU's measured matmul peak; a session planning many studies measures
+    it once (a second each), again only for another dtype or thread count."""
+    import torch
+
+    from headlab.training import hardware
+
+    measured = []
+    monkeypatch.setattr(hardware, "measure_peak_flops", lambda device, dtype: measured.append(dtype) or 1e9)
+    hardware.cpu_peak_flops.cache_clear()
+    try:
+        peaks = [hardware.visible_devices(None, dtype).peak_flops for dtype in ("float32", "float32", "bfloat16")]
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 64)
+        hardware.visible_devices(None, "float32")
+    finally:
+        hardware.cpu_peak_flops.cache_clear()
+    assert peaks == [1e9] * 3 and measured == [torch.float32, torch.bfloat16, torch.float32]
+
+
 def test_train_plan_prints_without_training_and_refuses_in_one_line(capsys, tmp_path):
     out = tmp_path / "run"
     assert main(["train", "--preset", "paper-128m", "--tokenizer", "bpe:8192", "--attention", "gqa", "--plan",
