@@ -12,7 +12,9 @@ judge the difference by the invariants of `headlab.io`.
   manifest afterwards lists a complete, verified state (every listed file present and matching):
   a verified new version replaced it. A manifest itself changes only into one that verifies.
 - A file a manifest names as being written (its `discard`) may change only into a verified
-  listed file. A folder that appears holding nothing (a writer killed after making it) is no file.
+  listed file, or anything inside a folder the manifest records headlab made; one it retired
+  (superseded, recorded with its hash) may be deleted while it matches. A folder that appears
+  holding nothing (a writer killed after making it) is no file.
 Locks (their text names the last holder) and headlab's temporaries of a killed write are not
 content; a run's starts.jsonl may only grow."""
 
@@ -63,12 +65,14 @@ class Tree:
     listed: dict[str, str]  # name below root -> SHA-256 a manifest recorded for it
     complete: set[str]  # folders (below root) whose manifest's every file is present and matches
     pending: set[str]  # names below root a manifest lists as being written (its `discard`)
+    retired: dict[str, str]  # name below root -> SHA-256 of a file a manifest retired (to be deleted)
+    made: set[str]  # folders below root a manifest records headlab made (its `folders`)
     logs: dict[str, bytes]  # the content of every `APPEND_ONLY` file
 
     @classmethod
     def read(cls, root: Path) -> "Tree":
         entries = snapshot(root, skip=not_content)
-        listed, complete, pending = {}, set(), set()
+        listed, complete, pending, retired, made = {}, set(), set(), {}, set()
         for name, digest in entries.items():
             path = Path(name)
             if path.name not in MANIFESTS or digest.startswith("->") or digest == "folder":
@@ -78,6 +82,9 @@ class Tree:
                 folder = path.parent.as_posix()
                 recorded = {(path.parent / f).as_posix(): e["sha256"] for f, e in payload["files"].items()}
                 pending |= {(path.parent / f).as_posix() for f in payload["discard"] if isinstance(f, str)}
+                retired.update({(path.parent / f).as_posix(): e["sha256"]
+                                for f, e in payload.get("retired", {}).items()})
+                made |= {(path.parent / f).as_posix() for f in payload.get("folders", []) if isinstance(f, str)}
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # a manifest a hostile edit made unreadable lists nothing
             listed.update(recorded)
@@ -85,7 +92,7 @@ class Tree:
                 complete.add(folder)
         logs = {name: (root / name).read_bytes() for name, digest in entries.items()
                 if Path(name).name in APPEND_ONLY and not digest.startswith("->") and digest != "folder"}
-        return cls(root, entries, listed, complete, pending, logs)
+        return cls(root, entries, listed, complete, pending, retired, made, logs)
 
     def owned(self, name: str) -> bool:
         """Whether `name` lies in a folder holding a headlab manifest (or is one)."""
@@ -120,6 +127,10 @@ def check(before: Tree, after: Tree, status: int, err: str) -> list[str]:
             folder = next((p.as_posix() for p in Path(name).parents if p.as_posix() in after.complete), None)
             if folder is None:
                 broken.append(f"good {name} changed or vanished without a verified new version")
+        elif name in before.retired and digest == before.retired[name] and name not in after.entries:
+            continue  # a file headlab wrote and retired, deleted as its manifest said
+        elif name in before.pending and any(p.as_posix() in before.made for p in Path(name).parents):
+            continue  # being written in a folder headlab made: rewritten (and superseded) by headlab
         elif name not in before.listed and not (name in before.pending and after.good(name)):
             broken.append(f"{name}, which headlab did not write, changed or vanished")
     for name in after.entries.keys() - before.entries.keys():

@@ -13,7 +13,7 @@ from headlab.package import lazy_exports
 # Loaded on first use (PEP 562): importing one module of the package loads that module only.
 __getattr__, __all__ = lazy_exports(__name__, {
     "headlab.io.files": (
-        "TEMPORARY_SUFFIX", "TEMPORARY", "CHUNK", "temporary_path", "fsync_path", "HashingFile", "stage_file",
+        "TEMPORARY_SUFFIX", "TEMPORARY", "CHUNK", "BUFFER", "temporary_path", "fsync_path", "HashingFile", "stage_file",
         "commit_file", "write_file", "atomic_write_bytes", "atomic_write_text", "open_regular", "append_line",
         "read_regular", "file_digest", "mismatch", "below", "inside", "make_folder", "make_folders",
         "remove_verified", "open_new"),
