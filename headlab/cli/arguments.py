@@ -210,7 +210,7 @@ def reproduce_arguments(reproduce: argparse.ArgumentParser) -> None:
                            help="a ModelConfig or TrainConfig setting that replaces the preset's, e.g. "
                                 "optimizer=adamw or weight_decay=0 (repeatable; recorded in study.json and the report)")
     reproduce.add_argument("--only", nargs="+", choices=ROLES, metavar="ROLE",
-                           help=f"train these roles only (default: all six: {' '.join(ROLES)})")
+                           help=f"train these roles only, mha among them (default: all six: {' '.join(ROLES)})")
 
 
 def sweep_arguments(sweep: argparse.ArgumentParser) -> None:

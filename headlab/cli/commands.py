@@ -20,7 +20,7 @@ from headlab.model.config import ModelConfig, preset
 from headlab.model.gpt import describe
 from headlab.report.sweep_page import write_sweep_report
 from headlab.report.writer import write_docs, write_report
-from headlab.study.roles import comparison_variants
+from headlab.study.roles import compared_roles, comparison_variants
 from headlab.study.study import Study
 from headlab.study.sweep import claim_sweep_folder, grid, save_sweep, sweep_roles, sweep_table
 from headlab.study.table_files import read_study_tables
@@ -225,7 +225,8 @@ def cmd_reproduce(args) -> int:
         raise ValueError(f"{', '.join(both)} given both as a flag and with --set: give it once")
     study = Study(args.preset, args.steps, Path(args.out), corpus=args.corpus, tokenizer=args.tokenizer,
                   corpus_options=source_options, tokens=args.tokens, model_overrides=model_overrides,
-                  train_overrides={**train_overrides, **flags}, only=tuple(args.only) if args.only else None)
+                  train_overrides={**train_overrides, **flags},
+                  only=compared_roles(tuple(args.only) if args.only else None))
     jobs = args.jobs or study.default_jobs(args.seeds)
     check_jobs(jobs, len(study.variants) * args.seeds)
     if args.plan:  # the whole table even when it does not fit: a study's cost is worth seeing either way

@@ -271,6 +271,18 @@ def write_report(tables: StudyTables, out: str | Path) -> Path:
     return Path(out) / "report.md"
 
 
+
+def mla_rope_sentence(flagship: str, rope_ratio) -> str:
+    """What the flagship figure draws for MLA, and how large the RoPE part it includes is (`rope_ratio`:
+    the spread over seeds of ‖A_h^RoPE‖_F / ‖A_h^latent‖_F)."""
+    return (f" For MLA it uses `mla_rope = \"{flagship}\"`: the whole pre-softmax score form, as for every other "
+            "family. MLA's decoupled RoPE query/key parts are part of every head's score, and the key part is shared "
+            "by all heads, as in MQA; in these runs the RoPE part of a head's QK form is "
+            f"{rope_ratio.format(2)} times its latent part in Frobenius norm (mean over layers and heads), so leaving "
+            f"it out would describe MLA's heads by the {'smaller' if rope_ratio.mean > 1 else 'larger'} part of "
+            "their scores only. The paper's Table 4 defines MLA's key as W_down W_up,h (latent only), so the tables "
+            "show MLA both ways.")
+
 def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
     """report.md's lines; its figures are written into `manifest`'s folder on the way."""
     figure_paths = draw_figures(tables, manifest, FIGURES_FOLDER)
@@ -287,7 +299,7 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
     else:
         ours = (f"Our models were trained on {int(tables['training']['tokens'].max()):,} tokens of "
                 f"{meta['corpus_description']} each")
-    rope_ratio = spread(tables["rope_ratio"]["rope_to_latent"].to_numpy())
+    ratios = tables["rope_ratio"]["rope_to_latent"].to_numpy()
     norm_effect = tables["norm_effect"]
     n_head = meta["n_head"]
     lines = [
@@ -305,14 +317,8 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
         "![Eigenvalue spectra of head similarity matrices](figures/spectra_uncentered.png)",
         "",
         f"The flagship figure shows the uncentered spectra (eigenvalues sum to H, none is zero by construction), "
-        f"mean over {n_seeds} seed(s){' with a min–max band' if n_seeds > 1 else ''}. For MLA it uses "
-        f"`mla_rope = \"{flagship}\"`: the whole pre-softmax score form, as for every other family. "
-        "MLA's decoupled RoPE query/key parts are part of every head's score, and the key part is shared by all "
-        "heads, as in MQA; in these runs the RoPE part of a head's QK form is "
-        f"{rope_ratio.format(2)} times its latent part in Frobenius norm (mean over layers and heads), so leaving "
-        f"it out would describe MLA's heads by the {'smaller' if rope_ratio.mean > 1 else 'larger'} part of their "
-        "scores only. The paper's Table 4 defines MLA's key as W_down W_up,h (latent only), so the tables show MLA "
-        "both ways.",
+        f"mean over {n_seeds} seed(s){' with a min–max band' if n_seeds > 1 else ''}." + (
+            mla_rope_sentence(flagship, spread(ratios)) if len(ratios) else ""),
         "",
         "## Effective rank (the paper's Table 3)",
         "",

@@ -24,3 +24,12 @@ def comparison_roles(name: str = "cpu-small") -> dict[str, ModelConfig]:
 def comparison_variants(name: str = "cpu-small") -> list[ModelConfig]:
     """The configs of `comparison_roles`, in the flagship figure's order."""
     return list(comparison_roles(name).values())
+
+
+def compared_roles(only: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """`only`, the roles a study or sweep that is compared trains (None: all six), refused unless
+    it holds Standard MHA and at least one variant: every comparison is with MHA."""
+    if only is not None and ("mha" not in only or len(set(only)) < 2):
+        raise ValueError(f"only = {tuple(only)!r} is invalid: every comparison is with Standard MHA, so include 'mha' "
+                         "and at least one variant to compare with it")
+    return only

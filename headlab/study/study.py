@@ -37,7 +37,7 @@ from headlab.data.corpus import load_corpus
 from headlab.data.encoding import available_cores
 from headlab.data.shards import Corpus
 from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
-from headlab.io import LOCK, Manifest, being_written, make_folder
+from headlab.io import LOCK, Manifest, being_written, inside, make_folder
 from headlab.model.config import ModelConfig, preset
 from headlab.runs.checkpoints import checkpoint_step, has_checkpoint
 from headlab.runs.layout import MANIFEST as RUN_MANIFEST
@@ -153,8 +153,9 @@ class Study:
         return load_corpus(self.corpus, self.tokenizer, **self.corpus_options)
 
     def run_folder(self, config: ModelConfig, seed: int = 0) -> Path:
-        """Where one variant's run of `seed` lives: <folder>/runs/<ModelConfig.run_name>-seed<k>."""
-        return self.folder / "runs" / f"{config.run_name}-seed{seed}"
+        """Where one variant's run of `seed` lives: <folder>/runs/<ModelConfig.run_name>-seed<k>,
+        refused if runs/ is a link (it would lead into another study's runs) or not a folder."""
+        return inside(self.folder, f"runs/{config.run_name}-seed{seed}")
 
     def finished_runs(self, seed: int = 0) -> list[Path]:
         """The run folders of `seed` that hold trained weights, in variant order."""

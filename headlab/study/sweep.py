@@ -28,7 +28,7 @@ from headlab.io import Manifest, make_folder
 from headlab.model.config import ModelConfig, preset
 from headlab.schema import FLAGSHIP_MLA_ROPE
 from headlab.study.claims import METRICS, difference_to_mha, per_seed_metrics, variant_name, variant_rows
-from headlab.study.roles import comparison_roles
+from headlab.study.roles import compared_roles, comparison_roles
 from headlab.study.study import Study
 from headlab.study.table_files import SWEEP, SWEEP_MANIFEST, loss_unit
 from headlab.study.tables import analysis_tables, training_table
@@ -135,10 +135,7 @@ def point_rows(point: GridPoint, metrics: pd.DataFrame) -> list[dict]:
 def sweep_roles(preset_name: str, only: tuple[str, ...] | None = None) -> list[str]:
     """The roles a sweep trains: `only` (None: all six), which must include Standard MHA, since
     every comparison is with it."""
-    if only is not None and ("mha" not in only or len(set(only)) < 2):
-        raise ValueError(f"only = {tuple(only)!r} is invalid: every comparison is with Standard MHA, so include 'mha' "
-                         "and at least one variant to compare with it")
-    return list(Study(preset_name, None, Path("."), only=only).roles)
+    return list(Study(preset_name, None, Path("."), only=compared_roles(only)).roles)
 
 
 def sweep_table(points: list[GridPoint], seeds: int, folder: Path, log=print, jobs: int | None = None,

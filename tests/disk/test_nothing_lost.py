@@ -393,3 +393,26 @@ def test_a_start_log_cut_mid_line_gets_its_next_record_on_a_line_of_its_own(fini
     train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
           progress=False)
     assert json.loads(starts.read_text().splitlines()[-1])["step"] == TINY.steps
+
+
+def test_a_studys_runs_folder_linked_into_another_study_is_refused_and_that_study_is_untouched(tmp_path, capsys):
+    """A study's runs/ is headlab's own folder: replaced by a link (a copy made with the link kept,
+    a hand tidying up), neither its run folders nor the ones it points to are read or written."""
+    argv = ["reproduce", "--preset", "tiny", "--corpus", "synthetic", "--steps", "2", "--seeds", "1",
+            "--only", "mha", "mqa", "--jobs", "1"]
+    assert main([*argv, "--out", str(tmp_path / "first")]) == 0
+    capsys.readouterr()
+    shutil.copytree(tmp_path / "first", tmp_path / "second", ignore=shutil.ignore_patterns("runs"))
+    (tmp_path / "second" / "runs").symlink_to(tmp_path / "first" / "runs")
+    before = treediff.snapshot(tmp_path / "first")
+    assert "runs is a symbolic link" in refused_in_one_line(capsys, [*argv, "--out", tmp_path / "second"])
+    assert treediff.snapshot(tmp_path / "first") == before
+
+
+def test_reproduce_of_roles_without_a_comparison_is_refused_before_training(tmp_path, capsys):
+    """Every comparison is with Standard MHA: `--only` without it, or with it alone, is one line
+    before anything is trained (it trained, then failed to report)."""
+    for only in (["mha"], ["mqa", "gqa"]):
+        line = refused_in_one_line(capsys, ["reproduce", "--preset", "tiny", "--corpus", "synthetic", "--steps", "2",
+                                            "--only", *only, "--out", tmp_path / "study"])
+        assert "include 'mha' and at least one variant" in line and not (tmp_path / "study").exists()
