@@ -123,9 +123,11 @@ def pytest_collection_finish(session):
 def pytest_collection_modifyitems(items):
     """Under `pytest -n 2 --dist loadgroup` (make test), the notebooks and the browser test, which
     train and read the same small-mode runs under runs/notebooks/small/, run on one worker, one
-    after the other; everything else spreads over both cores."""
+    after the other; everything else spreads over both cores. The slow tests go first, so the
+    last minute is not one long test on one core while the other idles."""
     for item in items:
         if item.path.suffix == ".ipynb" or item.path.name == "test_browser.py":
             item.add_marker(pytest.mark.xdist_group("notebooks"))
         elif "torchrun_study" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("torchrun_study"))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

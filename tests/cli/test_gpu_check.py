@@ -37,6 +37,7 @@ def load_gpu_check(tmp_path, monkeypatch):
     return module
 
 
+@pytest.mark.slow
 def test_gpu_check_smoke_runs_every_stage(gpu_check, tmp_path, capsys):
     runs, results = tmp_path / "runs", tmp_path / "results.json"
     assert gpu_check.main(["--smoke", "--runs-dir", str(runs), "--json", str(results)]) == 0

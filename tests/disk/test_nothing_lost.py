@@ -71,7 +71,7 @@ def edit_manifest(path: Path, change) -> None:
     path.write_text(json.dumps(payload))
 
 
-# ---- 1. confinement: the folder itself, its parent, the current checkpoint, a user's file ----------
+# ---- confinement: the folder itself, its parent, the current checkpoint, a user's file ----------
 
 @pytest.mark.parametrize("name", [".", "./", "", "figures/.", "figures//report.md", "figures/..", "./report.md"])
 def test_a_discard_entry_that_is_not_a_file_strictly_below_is_refused_and_nothing_is_deleted(study, capsys, name):
@@ -126,7 +126,7 @@ def test_a_discard_entry_naming_a_users_empty_folder_keeps_it(finished_run):
     assert [p.name for p in finished_run.glob("checkpoint-*")] == [current_checkpoint(finished_run).name]
 
 
-# ---- 2. figures, report.md and docs: atomic, owned, never through a link -----------------------
+# ---- figures, report.md and docs: atomic, owned, never through a link -----------------------
 
 def test_docs_into_a_folder_holding_the_users_headline_is_refused_and_keeps_it(study, tmp_path, capsys):
     docs = tmp_path / "scratch" / "docs"
@@ -187,7 +187,7 @@ def test_a_figure_write_that_fails_midway_keeps_the_previous_figures_and_report(
     assert snapshot(study) == before
 
 
-# ---- 3. a failed rewrite keeps the good version -------------------------------------------------
+# ---- a failed rewrite keeps the good version -------------------------------------------------
 
 def test_an_analysis_rewrite_that_fails_midway_leaves_the_earlier_one_loadable(finished_run, tmp_path, capsys,
                                                                                monkeypatch):
@@ -210,7 +210,7 @@ def test_an_analysis_rewrite_that_fails_midway_leaves_the_earlier_one_loadable(f
     pd.testing.assert_frame_equal(again.summary, good.summary)
 
 
-# ---- 4. silent wrongs in identity and reuse ------------------------------------------------------
+# ---- silent wrongs in identity and reuse ------------------------------------------------------
 
 def test_two_runs_with_one_base_name_are_two_models(finished_run, tmp_path, capsys):
     for seed in ("e3a", "e3b"):
@@ -250,7 +250,7 @@ def test_a_folder_mixing_text_and_document_files_is_refused(tmp_path):
         load_corpus(str(tmp_path))
 
 
-# ---- 5. unbounded inputs ------------------------------------------------------------------------
+# ---- unbounded inputs ------------------------------------------------------------------------
 
 def test_a_token_budget_of_years_is_refused_at_once(capsys):
     assert "more than the" in refused_in_one_line(capsys, ["reproduce", "--preset", "tiny", "--tokens",
@@ -264,7 +264,7 @@ def test_more_jobs_than_runs_or_cores_are_refused_on_stderr(capsys, tmp_path, pl
     assert not (tmp_path / "study").exists()
 
 
-# ---- 6. one error path --------------------------------------------------------------------------
+# ---- one error path --------------------------------------------------------------------------
 
 def test_ctrl_c_while_the_command_line_loads_is_one_line_and_130():
     import signal

@@ -55,7 +55,7 @@ def flip_one_bit(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-# ---- 1. ownership -------------------------------------------------------------------------------------------------
+# ---- ownership -------------------------------------------------------------------------------------------------
 
 def test_a_foreign_folder_is_refused_as_train_out_and_left_unchanged(tmp_path, capsys):
     hf = tmp_path / "hf-trainer-output"
@@ -100,7 +100,7 @@ def test_a_run_killed_while_claiming_its_folder_resumes(tmp_path):
     assert current_checkpoint(run).step == TINY.steps and not list(run.glob(".*.tmp"))
 
 
-# ---- 3. confinement -----------------------------------------------------------------------------------------------
+# ---- confinement -----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("command", ["train", "analyze"])
 def test_a_symlinked_lock_is_refused_and_its_target_untouched(tmp_path, capsys, command):
@@ -127,7 +127,7 @@ def test_a_corpus_folder_with_a_txt_that_is_not_a_regular_file_is_refused(tmp_pa
     assert "x.txt" in line and "not regular files" in line
 
 
-# ---- 2. content, not size -----------------------------------------------------------------------------------------
+# ---- content, not size -----------------------------------------------------------------------------------------
 
 def test_a_bit_flip_in_the_weights_is_refused_naming_the_file(finished_run):
     checkpoint = current_checkpoint(finished_run)
@@ -170,7 +170,7 @@ def test_a_corrupted_token_shard_is_refused_and_not_trained_on(tmp_path, capsys)
     assert not (tmp_path / "run" / MANIFEST).exists()  # no step was trained
 
 
-# ---- 5. one writer per analysis folder ----------------------------------------------------------------------------
+# ---- one writer per analysis folder ----------------------------------------------------------------------------
 
 def test_a_second_analysis_into_the_same_folder_is_refused_while_the_first_writes(tmp_path, capsys, monkeypatch):
     first, second = write_run(tmp_path / "mha", tiny_model("mha")), write_run(tmp_path / "mqa", tiny_model("mqa"))

@@ -82,7 +82,7 @@ def _full_disk(*_, **__):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
-# ---- 1. a checkpoint is one unit --------------------------------------------------------------
+# ---- a checkpoint is one unit --------------------------------------------------------------
 
 def test_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp_path, corpus, reference, monkeypatch):
     import headlab.runs.checkpoints
@@ -103,7 +103,7 @@ def test_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp_p
     _assert_same_run(tmp_path / "run", reference)
 
 
-# ---- 2. killed before the first checkpoint ------------------------------------------------------
+# ---- killed before the first checkpoint ------------------------------------------------------
 
 def test_a_run_cut_short_inside_its_first_checkpoint_resumes_from_step_0(tmp_path, corpus, reference, monkeypatch):
     import headlab.runs.checkpoints
@@ -128,7 +128,7 @@ def test_a_run_killed_before_any_checkpoint_restarts_with_or_without_resume(tmp_
         _assert_same_run(folder, reference)
 
 
-# ---- 3. resume never silently starts over with other settings -----------------------------------
+# ---- resume never silently starts over with other settings -----------------------------------
 
 def test_resume_without_a_checkpoint_checks_the_saved_config(tmp_path, corpus, monkeypatch):
     with monkeypatch.context() as patch:
@@ -155,7 +155,7 @@ def test_resume_with_weights_but_no_training_state_is_refused_and_keeps_the_metr
     assert load_run(tmp_path / "run").step == TINY.steps  # the weights are still there
 
 
-# ---- 4. one writer per run folder -------------------------------------------------------------------
+# ---- one writer per run folder -------------------------------------------------------------------
 
 needs_fork = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks a trainer (Linux only)")
 
@@ -211,7 +211,7 @@ def test_a_second_trainer_on_a_busy_folder_is_refused_and_a_dead_ones_lock_is_no
     _assert_same_run(tmp_path / "run", reference)
 
 
-# ---- 5. metrics are validated ---------------------------------------------------------------------
+# ---- metrics are validated ---------------------------------------------------------------------
 
 def test_a_corrupt_metrics_line_is_an_error_naming_file_and_line_and_a_torn_last_line_is_dropped(tmp_path, corpus):
     train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
@@ -232,7 +232,7 @@ def test_a_corrupt_metrics_line_is_an_error_naming_file_and_line_and_a_torn_last
     assert path.read_text() == corrupt  # nothing truncated
 
 
-# ---- 6. resume checks the data ------------------------------------------------------------------------
+# ---- resume checks the data ------------------------------------------------------------------------
 
 def test_resuming_on_other_data_is_refused_naming_the_difference(tmp_path, corpus, monkeypatch):
     with monkeypatch.context() as patch:
@@ -245,7 +245,7 @@ def test_resuming_on_other_data_is_refused_naming_the_difference(tmp_path, corpu
     assert json.loads((tmp_path / "run" / "config.json").read_text())["data"]["sha256"] == corpus.sha256
 
 
-# ---- 7, 8. text corpora ------------------------------------------------------------------------------------
+# ---- text corpora ------------------------------------------------------------------------------------
 
 @pytest.fixture
 def isolated_cache(tmp_path, monkeypatch):
@@ -273,7 +273,7 @@ def test_invalid_utf8_is_an_error_naming_file_and_offset_unless_lossy_is_asked_f
     assert "na\ufffdve".encode() in bytes(np.concatenate(lossy.train + lossy.val))
 
 
-# ---- 9. analysis trusts the tensors -------------------------------------------------------------------------
+# ---- analysis trusts the tensors -------------------------------------------------------------------------
 
 def _gpt2_folder(folder: Path, n_layer: int, n_head: int, layers_on_disk: int = 2, d: int = 16) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
@@ -331,7 +331,7 @@ def test_analysing_very_many_heads_warns_about_size(monkeypatch):
         analyze(GPT(preset("tiny", "mha")))
 
 
-# ---- 10. numbers are checked where they enter ------------------------------------------------------------
+# ---- numbers are checked where they enter ------------------------------------------------------------
 
 def test_10_reproduce_steps_0_is_refused_not_read_as_the_default(monkeypatch, capsys):
     import headlab.study

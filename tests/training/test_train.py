@@ -350,6 +350,7 @@ def test_two_process_fsdp_with_accumulation_equals_single_process_training(tmp_p
     assert _max_difference(load_run(tmp_path / "fsdp"), single_process_run) < 1e-5
 
 
+@pytest.mark.slow
 def test_checkpoints_resume_across_world_sizes_to_the_uninterrupted_run(tmp_path, single_process_run):
     fsdp = [*FSDP_ARGS, "--parallel", "fsdp", "--grad-accum", "2", "--out", str(tmp_path / "run")]
     killed = _headlab(tmp_path, fsdp, processes=2, exit_at=2 * 2 + 1)  # in step 3, after the step-2 checkpoint
