@@ -26,13 +26,12 @@ TRAIN_OVERRIDES = ("steps", "batch_size", "optimizer", "lr", "warmup_steps", "ev
                    "log_every", "dtype", "device", "seed", "parallel", "grad_accum")
 DEFAULT_PRESET = "cpu-small"
 
+
 # ---- argument types: each names what is allowed -------------------------------------------------
 
 def positive_int(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is invalid: must be a positive integer")
-    return value
+    return _int_at_least(text, 1, "a positive integer")
+
 
 def token_count(text: str) -> int:
     """A positive whole number, also in scientific notation (100e9)."""
@@ -46,11 +45,10 @@ def token_count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text} is invalid: must be a whole number of tokens, at least 1")
     return int(value)
 
+
 def non_negative_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is invalid: must be an integer >= 0")
-    return value
+    return _int_at_least(text, 0, "an integer >= 0")
+
 
 def positive_float(text: str) -> float:
     try:
@@ -63,14 +61,19 @@ def positive_float(text: str) -> float:
 
 MAX_INT = 2 ** 62  # larger counts are mistakes, and overflow the tensors' int64
 
-def _int(text: str) -> int:
+
+def _int_at_least(text: str, minimum: int, allowed: str) -> int:
+    """`text` as an integer at most MAX_INT in size, refused below `minimum` (`allowed` says what is)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if abs(value) > MAX_INT:
         raise argparse.ArgumentTypeError(f"{text} is invalid: too large (at most {MAX_INT})")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{value} is invalid: must be {allowed}")
     return value
+
 
 def sweep_values(text: str) -> tuple[str, list]:
     """'kv_residual_init=0,0.1,1' -> ('kv_residual_init', [0.0, 0.1, 1.0]), each value of the
@@ -89,6 +92,7 @@ def sweep_values(text: str) -> tuple[str, list]:
     except (ValueError, KeyError):
         raise argparse.ArgumentTypeError(f"{text!r}: {name} takes {fields[name].type} values") from None
 
+
 # ---- option groups --------------------------------------------------------------------------------
 
 def add_model_arguments(parser: argparse.ArgumentParser, attention_default: str | None) -> None:
@@ -102,6 +106,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, attention_default: str 
         parser.add_argument("--" + name.replace("_", "-"), dest=name, metavar="N",
                             type=non_negative_int if name == "q_latent_dim" else positive_int,
                             help=CONFIG_HELP[name] + " (default: the preset's)")
+
 
 def add_corpus_arguments(parser: argparse.ArgumentParser, tokenizer_default: str | None) -> None:
     parser.add_argument("--corpus", default="shakespeare", metavar="NAME",
@@ -118,6 +123,7 @@ def add_corpus_arguments(parser: argparse.ArgumentParser, tokenizer_default: str
     parser.add_argument("--max-chars", type=positive_int, metavar="N",
                         help="hf:<dataset> corpora only: stop streaming after this many characters")
 
+
 def info_arguments(info: argparse.ArgumentParser) -> None:
     info.add_argument("--context", type=positive_int, metavar="TOKENS", help="tokens in the cache (default: seq_len)")
     info.add_argument("--batch-size", type=positive_int, default=1, metavar="N",
@@ -125,6 +131,7 @@ def info_arguments(info: argparse.ArgumentParser) -> None:
     info.add_argument("--dtype", choices=sorted(DTYPE_BYTES),
                       help="bytes per cached value (default: the preset's training dtype; bfloat16 for --config)")
     info.add_argument("--json", action="store_true", help="machine-readable output")
+
 
 def train_arguments(train: argparse.ArgumentParser) -> None:
     small = TRAIN_PRESETS[DEFAULT_PRESET]
@@ -156,6 +163,7 @@ def train_arguments(train: argparse.ArgumentParser) -> None:
                        help="continue the run in --out from its last checkpoint (or from step 0 if it has none)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+
 def analyze_arguments(analyze: argparse.ArgumentParser) -> None:
     analyze.add_argument("sources", nargs="+", metavar="SOURCE",
                          help="a headlab run folder, or a Hugging Face checkpoint folder / .safetensors file")
@@ -178,6 +186,7 @@ def analyze_arguments(analyze: argparse.ArgumentParser) -> None:
                          help="headlab run folders only: analyse every training snapshot (TrainConfig.snapshot_every) "
                               "and the last checkpoint; the tables gain a step column")
 
+
 def study_budget_arguments(reproduce: argparse.ArgumentParser) -> None:
     small = TRAIN_PRESETS[DEFAULT_PRESET]
     reproduce.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
@@ -191,6 +200,7 @@ def study_budget_arguments(reproduce: argparse.ArgumentParser) -> None:
     budget.add_argument("--tokens", type=token_count, metavar="N",
                         help="training tokens per variant and seed, e.g. 2500000000 or 100e9: "
                              "ceil(N / (batch_size x seq_len)) steps")
+
 
 def reproduce_arguments(reproduce: argparse.ArgumentParser) -> None:
     reproduce.add_argument("--out", default="runs/reproduce", metavar="DIR", help="study folder (default: %(default)s)")
@@ -232,12 +242,15 @@ def sweep_arguments(sweep: argparse.ArgumentParser) -> None:
     sweep.add_argument("--only", nargs="+", choices=ROLES, metavar="ROLE",
                        help=f"train these roles only, mha among them (default: all six: {' '.join(ROLES)})")
 
+
 def study_folder_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folder", type=Path, metavar="DIR", help="a study folder, e.g. runs/reproduce")
+
 
 def docs_arguments(docs: argparse.ArgumentParser) -> None:
     docs.add_argument("--out", type=Path, default=Path("docs"), metavar="DIR",
                       help="output folder (default: %(default)s)")
+
 
 def add_plan_arguments(parser, tokens: bool = True) -> None:
     """The --plan options of `headlab train` (and, without --plan-tokens since it has --tokens,
