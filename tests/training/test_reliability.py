@@ -82,6 +82,19 @@ def _full_disk(*_, **__):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
+def _weights_fail_then_resume(folder: Path, corpus, reference, monkeypatch, serialize) -> None:
+    """Train with checkpoint weights written by `serialize` (which runs out of space when it
+    chooses), see the disk's error, then resume to the uninterrupted run."""
+    import headlab.runs.checkpoints
+
+    with monkeypatch.context() as patch:
+        patch.setattr(headlab.runs.checkpoints, "serialize_safetensors", serialize)
+        with pytest.raises(Exception, match="No space left on device"):
+            train(preset("tiny", "gqa"), TINY, corpus, out=folder, progress=False)
+    train(preset("tiny", "gqa"), TINY, corpus, out=folder, resume=True, progress=False)
+    _assert_same_run(folder, reference)
+
+
 # ---- a checkpoint is one unit --------------------------------------------------------------
 
 def test_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp_path, corpus, reference, monkeypatch):
@@ -95,26 +108,13 @@ def test_full_disk_between_the_two_checkpoint_files_leaves_a_resumable_run(tmp_p
             _full_disk()
         return real(*args, **kwargs)
 
-    with monkeypatch.context() as patch:
-        patch.setattr(headlab.runs.checkpoints, "serialize_safetensors", weights_fail_second_time)
-        with pytest.raises(Exception, match="No space left on device"):
-            train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
-    train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
-    _assert_same_run(tmp_path / "run", reference)
+    _weights_fail_then_resume(tmp_path / "run", corpus, reference, monkeypatch, weights_fail_second_time)
 
 
 # ---- killed before the first checkpoint ------------------------------------------------------
 
 def test_a_run_cut_short_inside_its_first_checkpoint_resumes_from_step_0(tmp_path, corpus, reference, monkeypatch):
-    import headlab.runs.checkpoints
-
-    with monkeypatch.context() as patch:
-        # state.pt may be written, the weights never
-        patch.setattr(headlab.runs.checkpoints, "serialize_safetensors", _full_disk)
-        with pytest.raises(Exception, match="No space left on device"):
-            train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
-    train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", resume=True, progress=False)
-    _assert_same_run(tmp_path / "run", reference)
+    _weights_fail_then_resume(tmp_path / "run", corpus, reference, monkeypatch, _full_disk)  # state.pt may be written
 
 
 def test_a_run_killed_before_any_checkpoint_restarts_with_or_without_resume(tmp_path, corpus, reference, monkeypatch):
