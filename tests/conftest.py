@@ -120,11 +120,13 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the tests' ids
 def pytest_collection_modifyitems(items):
     """Under `pytest -n 2 --dist loadgroup` (make test), the notebooks and the browser test, which
     train and read the same small-mode runs under runs/notebooks/small/, run on one worker, one
-    after the other; everything else spreads over both cores. The slow tests go first, so the
-    last minute is not one long test on one core while the other idles."""
+    after the other, and so do the tests sharing the `torchrun_study` fixture (trained once);
+    everything else spreads over both cores. The slow tests go first, so the last minute is not
+    one long test on one core while the other idles."""
     for item in items:
         if item.path.suffix == ".ipynb" or item.path.name == "test_browser.py":
             item.add_marker(pytest.mark.xdist_group("notebooks"))
