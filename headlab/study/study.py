@@ -47,7 +47,7 @@ from headlab.study.roles import comparison_roles
 from headlab.study.table_files import MANIFEST, STUDY, loss_unit
 from headlab.training.config import MAX_STEPS, TrainConfig, train_preset
 from headlab.training.distributed import is_main_process, launched_processes, training_device
-from headlab.training.hardware import RUN_THREADS, load_note, measure_step, run_seconds, step_fits
+from headlab.training.hardware import RUN_THREADS, TIMING_STEPS, load_note, measure_step, run_seconds, step_fits
 from headlab.training.runs import Run, load_run
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
 
@@ -170,6 +170,8 @@ class Study:
         """One line saying what `train(seeds)` will train and about how long it takes on this
         machine (a step of every variant is timed now, on `RUN_THREADS` threads as each run trains,
         evaluations counted: `headlab.training.hardware.run_seconds`); None when every run is finished.
+        Runs that each have no more steps left than timing a step takes (warm-up included) are not
+        timed: the timing would cost more than the training it estimates.
         Under torchrun only rank 0 times the step (one rank's share of it, on its own device) and
         the other ranks get None: every rank timing at once would crowd the node's memory."""
         left = {key: steps for key, steps in self.steps_left(seeds).items() if steps}
@@ -178,6 +180,8 @@ class Study:
         config = self.train_config(0)
         what = (f"training {len(left)} of {seeds * len(self.roles)} runs ({len(self.roles)} {self.preset} variants x "
                 f"{seeds} seed(s), {sum(left.values()):,} steps) into {shown_path(self.folder / 'runs')}")
+        if max(left.values()) <= TIMING_STEPS:
+            return f"{what}: not timed (no run has more steps left than the {TIMING_STEPS} that timing a step takes)"
         device = training_device(config.device, launched_processes().local_rank)
         if not all(step_fits(variant, config, device) for variant in self.roles.values()):
             return (f"{what}: not timed here (an unsharded step of the largest variant does not fit {device}; "

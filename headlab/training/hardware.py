@@ -149,13 +149,18 @@ class StepTime:
     threads: int
 
 
-def measure_step(config: ModelConfig, train_config, threads: int | None = None, repeats: int = 5,
+WARMUP_STEPS = 2  # steps `measure_step` runs before it times any
+TIMED_STEPS = 5  # steps it times by default, after the warm-up
+TIMING_STEPS = WARMUP_STEPS + TIMED_STEPS  # steps a default timing trains in all
+
+
+def measure_step(config: ModelConfig, train_config, threads: int | None = None, repeats: int = TIMED_STEPS,
                  processes: Processes | None = None) -> StepTime:
     """Time one rank's step of the trainer for `config` at `train_config`'s optimizer and dtype on
     that rank's device (`training_device` of its LOCAL_RANK: CPU unless CUDA is asked for or
     `auto` finds one): `grad_accum` forwards and backwards of the per-rank micro-batch,
     batch_size / (world_size · grad_accum) random windows each, then gradient clipping and the
-    optimizer update, `repeats` times after two warm-up steps, with `threads` torch threads
+    optimizer update, `repeats` times after `WARMUP_STEPS` warm-up steps, with `threads` torch threads
     (default: the current count; a study's workers use cpu_count / jobs). The evaluation batch is
     the rank's share, batch_size / world_size. `processes` defaults to torchrun's environment.
     Gradient exchange between ranks is not timed. The model and its optimizer state are freed
@@ -200,7 +205,8 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
             with autocast:
                 model(x, y)
 
-        steps = [timed(train_step, micro * train_config.grad_accum) for _ in range(repeats + 2)][2:]
+        steps = [timed(train_step, micro * train_config.grad_accum)
+                 for _ in range(WARMUP_STEPS + repeats)][WARMUP_STEPS:]
         evals = [timed(eval_step, local_batch) for _ in range(3)][1:]
     finally:
         torch.set_num_threads(previous)

@@ -13,6 +13,7 @@ from headlab.study.roles import comparison_roles
 from headlab.study.study import Study, StudyRun, claim_study_folder, settings_key
 from headlab.study.table_files import MANIFEST
 from headlab.training.config import train_preset
+from headlab.training.hardware import TIMING_STEPS
 
 STEPS = 4
 
@@ -26,11 +27,17 @@ def trained(tmp_path_factory):
     return study, study.train(seeds=2, progress=False, log=LOGGED.append)
 
 
-def test_training_starts_with_one_line_saying_what_and_how_long(trained):
+def test_training_starts_with_one_line_saying_what_and_how_long(trained, tmp_path):
+    """How long is timed, unless no run has more steps left than timing a step trains (the
+    `trained` study's 4): then the timing would cost more than the training."""
     study, _ = trained
-    notice = LOGGED[0]
-    assert notice.startswith(f"training 12 of 12 runs (6 tiny variants x 2 seed(s), {12 * STEPS} steps) into "
-                             f"{study.folder / 'runs'}: about ")
+    assert LOGGED[0] == (f"training 12 of 12 runs (6 tiny variants x 2 seed(s), {12 * STEPS} steps) into "
+                         f"{study.folder / 'runs'}: not timed (no run has more steps left than the "
+                         f"{TIMING_STEPS} that timing a step takes)")
+    longer = Study("tiny", TIMING_STEPS + 1, tmp_path / "longer")
+    notice = longer.training_notice()
+    assert notice.startswith(f"training 6 of 6 runs (6 tiny variants x 1 seed(s), {6 * (TIMING_STEPS + 1)} steps) "
+                             f"into {longer.folder / 'runs'}: about ")
     assert " min here (load average " in notice and " core(s)" in notice
     assert study.training_notice(seeds=2) is None  # all finished: nothing to say, nothing to train
     assert study.steps_left(seeds=3) == {**dict.fromkeys(((s, r) for s in (0, 1) for r in study.roles), 0),

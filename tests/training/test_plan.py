@@ -215,7 +215,7 @@ def test_under_torchrun_only_rank_0_times_the_steps_of_the_notice(monkeypatch, t
     timed = []
     monkeypatch.setattr(study_module, "measure_step", lambda *args, **kwargs: timed.append(args) or
                         StepTime(0.1, 0.0, 0.01, 1))
-    study = study_module.Study("tiny", 4, tmp_path / "study")
+    study = study_module.Study("tiny", 10, tmp_path / "study")
     monkeypatch.setenv("WORLD_SIZE", "2"), monkeypatch.setenv("RANK", "1"), monkeypatch.setenv("LOCAL_RANK", "1")
     assert study.training_notice() is None and timed == []
     monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("LOCAL_RANK", "0")
