@@ -24,6 +24,10 @@ from headlab.data import sources
 from headlab.training.runs import load_run
 from treediff import Tree, check, run_cli
 
+# Under make test's --dist loadgroup every worker running a test of this module would make its module
+# fixture `templates` again (training runs): the module runs on one worker.
+pytestmark = pytest.mark.xdist_group("treediff_templates")
+
 TRAIN = ["train", "--preset", "tiny", "--corpus", "synthetic", "--batch-size", "4", "--eval-every", "2",
          "--checkpoint-every", "2", "--log-every", "1", "--no-progress"]
 STUDY = ["--preset", "tiny", "--corpus", "synthetic", "--seeds", "1", "--only", "mha", "mla", "--jobs", "1"]
