@@ -5,9 +5,12 @@ agree, generated from synthetic statistics where each claim must appear and must
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from scipy.spatial.distance import jensenshannon
+from scipy.stats import spearmanr
 
-from headlab.analysis.measures import behaviour_summary, clipped_spectrum, measure_agreement
+from headlab.analysis.measures import behaviour_summary, clipped_spectrum, measure_agreement, spearman
 from headlab.analysis.spectrum import similarity_spectrum
 from headlab.report import plots
 from headlab.study.claims import compensation_onset, measure_claims, per_step_metrics, training_claims
@@ -20,6 +23,15 @@ def _js_similarity(rng, heads=6, positions=20, keys=9) -> np.ndarray:
     distance = np.array([[jensenshannon(p[i], p[j], base=2, axis=-1).mean() for j in range(heads)]
                          for i in range(heads)])
     return 1 - distance
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(-1e3, 1e3)), min_size=3, max_size=30))
+def test_spearman_is_scipys_with_tied_ranks(pairs):
+    """Few distinct values on one side, so most draws hold ties: each gets its average rank."""
+    a, b = (pd.Series([float(pair[i]) for pair in pairs]) for i in (0, 1))
+    if a.nunique() < 2 or b.nunique() < 2:
+        return
+    assert spearman(a, b) == pytest.approx(spearmanr(a, b).statistic, abs=1e-12)
 
 
 def test_behaviour_similarity_centered_is_psd_and_negative_eigenvalues_are_clipped_and_reported():
