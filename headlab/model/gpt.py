@@ -80,7 +80,11 @@ class GPT(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """N(0, 0.02²) everywhere; residual-stream outputs scaled by 1/√(2·n_layer) (GPT-2);
-        norms at 1; LRKV residuals at `kv_residual_init`·‖W_shared‖_F (0.1 by default, paper §3)."""
+        norms at 1; LRKV residuals at `kv_residual_init`·‖W_shared‖_F (0.1 by default, paper §3).
+        A model on the meta device (counted, or about to receive loaded weights) has no values to
+        set, and torch's meta normal_ costs milliseconds a tensor, so it is left as it is."""
+        if self.lm_head.weight.is_meta:
+            return
         residual_std = INIT_STD / (2 * self.config.n_layer) ** 0.5
         for name, p in self.named_parameters():
             if p.dim() < 2:
