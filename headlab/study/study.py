@@ -188,7 +188,8 @@ class Study:
                     "`headlab reproduce --plan` estimates the time from FLOPs); finished runs are kept")
         steps = {role: measure_step(variant, config, RUN_THREADS) for role, variant in self.roles.items()}
         seconds = sum(run_seconds(steps[role], config, n) for (_, role), n in left.items()) / jobs
-        return (f"{what}: about {max(1, round(seconds / 60))} min here ({load_note()}); finished runs are kept, "
+        took = f"{max(1, round(seconds))} s" if seconds < 90 else f"{round(seconds / 60)} min"
+        return (f"{what}: about {took} here ({load_note()}); finished runs are kept, "
                 "so this happens once")
 
     def default_jobs(self, seeds: int = 1) -> int:
