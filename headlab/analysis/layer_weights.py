@@ -170,10 +170,7 @@ class MLAWeights:
             w_uv_t = up[:, d_nope:].transpose(2, 0, 1).reshape(d_c, h * d_v)  # W^UVᵀ_h blocks
             return Factors.per_head(w_uv_t, d_v, base=latent_base), Factors.per_head(self.wo, d_v)
         e = d_nope + d_rope
-        if self.wq is not None:
-            query_matrix, query_base = self.wq.T, None
-        else:
-            query_matrix, query_base = self.wq_b.T, self.wq_a.T * self.q_gain
+        query_matrix, query_base = self._queries()
         if mla_rope == "excluded":  # each head's first d_n query columns, and the latent key alone
             nope = query_matrix.reshape(query_matrix.shape[0], h, e)[:, :, :d_nope].reshape(-1, h * d_nope)
             w_uk_t = up[:, :d_nope].transpose(2, 0, 1).reshape(d_c, h * d_nope)  # W^UKᵀ_h blocks
@@ -187,6 +184,25 @@ class MLAWeights:
         blocks[d_c:, :, d_nope:] = np.eye(d_rope)[:, None, :]
         key_base = np.concatenate([latent_base, self.wkv_a[d_c:].T], axis=1)
         return queries, Factors.per_head(blocks.reshape(d_c + d_rope, h * e), e, base=key_base)
+
+    def rope_factors(self) -> tuple[Factors, Factors]:
+        """The (L, R) factors of the decoupled RoPE part of each head's QK form, A_h^RoPE =
+        W^QR_h W_krᵀ (each head's last d_R query columns, and the RoPE key that all heads share):
+        exactly A_h with mla_rope "included" minus A_h with "excluded"."""
+        h, d_c = self.n_heads, self.kv_gain.size
+        d_rope = self.wkv_a.shape[0] - d_c
+        query_matrix, query_base = self._queries()
+        e = query_matrix.shape[1] // h
+        rope = query_matrix.reshape(query_matrix.shape[0], h, e)[:, :, e - d_rope:].reshape(-1, h * d_rope)
+        return (Factors.per_head(rope, d_rope, base=query_base),
+                Factors.grouped(self.wkv_a[d_c:].T, d_rope, n_heads=h))
+
+    def _queries(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Every head's query columns [nope | rope] (m, H·(d_n + d_R)) and the base they act
+        through: None for uncompressed queries, else W_dq diag(γ_q) (d × d_c')."""
+        if self.wq is not None:
+            return self.wq.T, None
+        return self.wq_b.T, self.wq_a.T * self.q_gain
 
 
 LayerWeights = Union[GroupedWeights, LRKVWeights, MLAWeights]

@@ -45,6 +45,7 @@ from headlab.analysis.measures import measure_agreement, measure_views
 from headlab.analysis.qk_norm import norm_scale_effect
 from headlab.analysis.similarity import analyze, concat, stack_tables
 from headlab.analysis.snapshots import analyze_snapshots
+from headlab.analysis.spectrum import frobenius_gram
 from headlab.data.shards import Corpus, random_windows
 from headlab.runs.layout import EXECUTION_FIELDS, resume_differences, run_identity
 from headlab.schema import CIRCUITS, FLAGSHIP_MLA_ROPE, MLA_ROPE
@@ -134,12 +135,10 @@ def rope_ratio_table(runs: list[StudyRun]) -> pd.DataFrame:
             continue
         heads, per_layer = load_heads(r.run.model), []
         for layer in range(heads.n_layers):
-            forms = {}
-            for setting in MLA_ROPE:
-                left, right = heads.layer(layer).factors("qk", mla_rope=setting)
-                forms[setting] = np.einsum("hde,hfe->hdf", left.heads(), right.heads())
-            rope = np.linalg.norm(forms["included"] - forms["excluded"], axis=(1, 2))
-            per_layer.append(rope / np.linalg.norm(forms["excluded"], axis=(1, 2)))
+            weights = heads.layer(layer)
+            rope = np.diag(frobenius_gram(*weights.rope_factors()))  # ‖A_h^RoPE‖²_F, from d_h × d_h products
+            latent = np.diag(frobenius_gram(*weights.factors("qk", mla_rope="excluded")))
+            per_layer.append(np.sqrt(rope / latent))
         rows.append({"seed": r.seed, "rope_to_latent": float(np.mean(per_layer))})
     return pd.DataFrame(rows, columns=["seed", "rope_to_latent"])
 

@@ -316,6 +316,19 @@ def test_mla_latent_only_form_is_the_papers_w_down_w_up_product(overrides):
     assert not np.allclose(_mla_forms(weights, "included"), by_hand, rtol=1e-3, atol=1e-6)
 
 
+@pytest.mark.parametrize("overrides", [{}, {"q_latent_dim": 6}], ids=["mla", "mla-qlatent"])
+def test_mla_rope_factors_give_the_included_form_minus_the_latent_only_one(overrides):
+    """A_h^RoPE, from its own factors (each head's RoPE query, the shared RoPE key), is exactly
+    what the RoPE parts add to A_h: the rope-to-latent ratio of the report is its norm over the
+    latent-only form's."""
+    weights = load_heads(tiny_model("mla", **overrides).double()).layer(0)
+    left, right = weights.rope_factors()
+    rope = np.einsum("hde,hfe->hdf", left.heads(), right.heads())
+    np.testing.assert_allclose(rope, _mla_forms(weights, "included") - _mla_forms(weights, "excluded"),
+                               rtol=1e-10, atol=1e-12)
+    assert np.abs(rope).max() > 1e-3
+
+
 def test_mla_rope_settings_agree_when_the_rope_parts_are_zero():
     model = tiny_model("mla").double()
     attn, config = model.blocks[0].attn, model.config
