@@ -48,7 +48,12 @@ def refuse_foreign(folder: Path, name: str) -> None:
 
 
 def _is_entry(entry) -> bool:
-    return isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)
+    """{"bytes": a size, "sha256": text}. A size is an int ≥ 0 and not a bool, which Python
+    counts as an int (`true` would pass for a 1-byte file)."""
+    if not isinstance(entry, dict):
+        return False
+    size = entry.get("bytes")
+    return type(size) is int and size >= 0 and isinstance(entry.get("sha256"), str)
 
 
 class Manifest:

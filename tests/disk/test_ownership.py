@@ -129,6 +129,18 @@ def test_a_corpus_folder_with_a_txt_that_is_not_a_regular_file_is_refused(tmp_pa
 
 # ---- content, not size -----------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("size", [True, -1, 1.0, "1", None], ids=repr)
+def test_a_manifest_entry_whose_size_is_not_a_size_is_refused(tmp_path, size):
+    manifest = Manifest.claim(tmp_path, "manifest.json", "a test folder")
+    manifest.write_bytes("a.txt", b"a")
+    manifest.save()
+    payload = json.loads((tmp_path / "manifest.json").read_text())
+    payload["files"]["a.txt"]["bytes"] = size
+    (tmp_path / "manifest.json").write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match="manifest.json is not the manifest of a test folder"):
+        Manifest.read(tmp_path, "manifest.json", "a test folder")
+
+
 def test_a_bit_flip_in_the_weights_is_refused_naming_the_file(finished_run):
     checkpoint = current_checkpoint(finished_run)
     flip_one_bit(checkpoint.manifest.file(checkpoint.weights))
