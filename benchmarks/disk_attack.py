@@ -36,7 +36,7 @@ import torch
 
 import faults
 import treediff
-from headlab.cli import main
+from headlab.cli.main import main
 from headlab.runs.checkpoints import current_checkpoint
 from headlab.training.runs import load_run
 
