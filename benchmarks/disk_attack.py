@@ -15,6 +15,7 @@ kills, limits and concurrency, in forked children."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -88,9 +89,19 @@ class ReadOnly:
         subprocess.run(["umount", str(self.folder)], check=True)
 
 
+@contextlib.contextmanager
+def token_cache(value):
+    """HEADLAB_CACHE set to `value` for the block, then back to what it was (the attack's own cache)."""
+    previous = os.environ["HEADLAB_CACHE"]
+    os.environ["HEADLAB_CACHE"] = str(value)
+    try:
+        yield
+    finally:
+        os.environ["HEADLAB_CACHE"] = previous
+
+
 def attacks(root: Path):
     """(name, thunk) for every attack; each thunk returns (class, detail)."""
-    cache = Path(os.environ["HEADLAB_CACHE"])
     run_ = root / "run"
     assert main([*TRAIN, "--out", str(run_)]) == 0
     study = root / "study"
@@ -171,52 +182,37 @@ def attacks(root: Path):
         target = root / "real-cache"
         target.mkdir()
         (root / "cache-link").symlink_to(target)
-        os.environ["HEADLAB_CACHE"] = str(root / "cache-link")
-        try:
+        with token_cache(root / "cache-link"):
             return run([*TRAIN, "--out", root / "cache-link-run"])
-        finally:
-            os.environ["HEADLAB_CACHE"] = str(cache)
     yield "HEADLAB_CACHE a symbolic link", cache_is_link
 
     def cache_env(value: str, name: str):
         def attack():
-            os.environ["HEADLAB_CACHE"] = value
-            here = Path.cwd()
             scratch = root / f"cwd-{name}"
             scratch.mkdir()
             (scratch / "mine.txt").write_text("the user's")
-            os.chdir(scratch)
-            try:
+            with token_cache(value), contextlib.chdir(scratch):
                 outcome = run([*TRAIN, "--out", root / f"cache-{name}-run"], accept_success=True)
                 strays = sorted(p.name for p in scratch.iterdir() if p.name != "mine.txt")
                 return ("wrong", f"the cache went into the working folder: {strays}") if strays else outcome
-            finally:
-                os.chdir(here)
-                os.environ["HEADLAB_CACHE"] = str(cache)
         return attack
     yield "HEADLAB_CACHE='' (an empty export)", cache_env("", "empty")
     yield "HEADLAB_CACHE=' ' (a space)", cache_env(" ", "space")
 
     def cache_is_file():
         (root / "cache-file").write_text("not a folder")
-        os.environ["HEADLAB_CACHE"] = str(root / "cache-file")
-        try:
+        with token_cache(root / "cache-file"):
             return run([*TRAIN, "--out", root / "cache-file-run"], watch=[root / "cache-file"])
-        finally:
-            os.environ["HEADLAB_CACHE"] = str(cache)
     yield "HEADLAB_CACHE a file", cache_is_file
 
     def shard_meta_link():
-        os.environ["HEADLAB_CACHE"] = str(root / "cache-meta-link")
-        try:
+        with token_cache(root / "cache-meta-link"):
             main([*TRAIN, "--steps", "1", "--checkpoint-every", "1", "--eval-every", "1"])
             shards = next((root / "cache-meta-link" / "tokens-sha256").iterdir())
             saved = root / "meta-saved.json"
             shutil.move(shards / "meta.json", saved)
             (shards / "meta.json").symlink_to(saved)
             return run([*TRAIN, "--out", root / "meta-link-run"], watch=[saved])
-        finally:
-            os.environ["HEADLAB_CACHE"] = str(cache)
     yield "token cache meta.json replaced by a link", shard_meta_link
 
     # ---- permissions: a read-only folder, a file-size limit -----------------------------------------
@@ -234,13 +230,9 @@ def attacks(root: Path):
         yield f"{command} into a read-only folder (bind mount)", read_only(command)
 
     def read_only_cache():
-        os.environ["HEADLAB_CACHE"] = str(root / "ro-cache")
         (root / "ro-cache").mkdir()
-        try:
-            with ReadOnly(root / "ro-cache"):
-                return run([*TRAIN, "--out", root / "ro-cache-run"])
-        finally:
-            os.environ["HEADLAB_CACHE"] = str(cache)
+        with token_cache(root / "ro-cache"), ReadOnly(root / "ro-cache"):
+            return run([*TRAIN, "--out", root / "ro-cache-run"])
     yield "train with a read-only token cache", read_only_cache
 
     def size_limited(command: str, limit: int):
@@ -275,8 +267,7 @@ def attacks(root: Path):
     yield "train cut by a file-size limit, then resumed without it", fsize_then_resume
 
     def fresh_cache_fsize():
-        os.environ["HEADLAB_CACHE"] = str(root / "fsize-cache")
-        try:
+        with token_cache(root / "fsize-cache"):
             status, err = faults.with_file_size_limit(lambda: hostile_inputs_cli_status(
                 [*TRAIN, "--out", root / "fsize-cache-run"]), 1000)
             lines = err.strip().splitlines()
@@ -284,8 +275,6 @@ def attacks(root: Path):
                 return "traceback", f"exit {status}: {lines[-2:]}"
             outcome = run([*TRAIN, "--out", root / "fsize-cache-run2"], accept_success=True)
             return outcome if outcome[0] != "ok" else ("ok", lines[0][:150])
-        finally:
-            os.environ["HEADLAB_CACHE"] = str(cache)
     yield "token cache built under a 1000-byte file-size limit, then again", fresh_cache_fsize
 
     # ---- kills and concurrency ----------------------------------------------------------------------
@@ -330,8 +319,7 @@ def attacks(root: Path):
          "mla", "--jobs", "1", "--out", study], ["docs", study, "--out", root / "docs-during"], "docs")
 
     def concurrent_cache():
-        os.environ["HEADLAB_CACHE"] = str(root / "race-cache")
-        try:
+        with token_cache(root / "race-cache"):
             pid, read = faults.in_child(lambda: hostile_inputs_cli_status([*TRAIN, "--out", root / "race-a"])[0])
             outcome = run([*TRAIN, "--out", root / "race-b"], accept_success=True)
             os.close(read)
@@ -341,8 +329,6 @@ def attacks(root: Path):
                 return "wrong", f"scratch folders left: {leftovers}"
             return outcome if outcome[0] != "ok" else (
                 ("ok", "same weights") if same_weights(root / "race-a", root / "race-b") else ("wrong", "differ"))
-        finally:
-            os.environ["HEADLAB_CACHE"] = str(cache)
     yield "two trainers tokenizing one new corpus at once", concurrent_cache
 
     # ---- partial files ------------------------------------------------------------------------------
