@@ -172,13 +172,9 @@ def test_the_checks_catch_what_they_guard(arrow, problem):
 # and headlab's own imports each, not a new interpreter importing torch or pandas again (40 s).
 # Each level holds the one below; a check that a module loads none of a level's libraries uses
 # the level below it.
-PRELOADS = {
-    "stdlib": (),
-    "numeric": ("numpy", "scipy.linalg", "pandas", "matplotlib.figure", "matplotlib.pyplot", "seaborn",
-                "ipywidgets", "IPython.display"),
-    "torch": ("numpy", "scipy.linalg", "pandas", "matplotlib.figure", "matplotlib.pyplot", "seaborn",
-              "ipywidgets", "IPython.display", "torch"),
-}
+NUMERIC = ("numpy", "scipy.linalg", "pandas", "matplotlib.figure", "matplotlib.pyplot", "seaborn", "ipywidgets",
+           "IPython.display")
+PRELOADS = {"stdlib": (), "numeric": NUMERIC, "torch": (*NUMERIC, "torch")}
 
 FORK_PER_IMPORT = """
 import os, sys
