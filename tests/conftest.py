@@ -124,8 +124,10 @@ def pytest_collection_finish(session):
 def pytest_collection_modifyitems(items):
     """Under `pytest -n 2 --dist loadgroup` (make test), the notebooks and the browser test, which
     train and read the same small-mode runs under runs/notebooks/small/, run on one worker, one
-    after the other, and so do the tests sharing the `torchrun_study` fixture (trained once);
-    everything else spreads over both cores. The slow tests go first, so the last minute is not
+    after the other, and so do the tests sharing the `torchrun_study` fixture (trained once). A
+    test module whose module fixture trains runs puts itself in a group of its own (`pytestmark`),
+    or every worker running one of its tests would train that fixture again. Everything else
+    spreads over both cores. The slow tests go first, so the last minute is not
     one long test on one core while the other idles."""
     for item in items:
         if item.path.suffix == ".ipynb" or item.path.name == "test_browser.py":

@@ -25,9 +25,7 @@ from headlab.study.table_files import MANIFEST as STUDY_MANIFEST
 from headlab.study.tables import tabulate_study
 from headlab.training.runs import load_run
 
-# Under make test's --dist loadgroup every worker running a test of this module would make its module
-# fixture `study_folder` again (training runs): the module runs on one worker.
-pytestmark = pytest.mark.xdist_group("nothing_lost_study")
+pytestmark = pytest.mark.xdist_group("nothing_lost_study")  # `study_folder` trains runs: made once (conftest)
 
 TINY = train_preset("tiny", steps=4, batch_size=4, eval_every=2, eval_batches=1, checkpoint_every=2, log_every=1)
 RESUME = ["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "4", "--batch-size", "4",

@@ -24,9 +24,7 @@ from headlab.data import sources
 from headlab.training.runs import load_run
 from treediff import Tree, check, run_cli
 
-# Under make test's --dist loadgroup every worker running a test of this module would make its module
-# fixture `templates` again (training runs): the module runs on one worker.
-pytestmark = pytest.mark.xdist_group("treediff_templates")
+pytestmark = pytest.mark.xdist_group("treediff_templates")  # `templates` trains runs: made once (conftest)
 
 TRAIN = ["train", "--preset", "tiny", "--corpus", "synthetic", "--batch-size", "4", "--eval-every", "2",
          "--checkpoint-every", "2", "--log-every", "1", "--no-progress"]

@@ -24,9 +24,7 @@ from headlab.study.study import Study
 from headlab.study.table_files import read_study_tables
 from headlab.study.tables import rope_ratio_table, tabulate_study
 
-# Under make test's --dist loadgroup every worker running a test of this module would make its module
-# fixture `study` again (training runs): the module runs on one worker.
-pytestmark = pytest.mark.xdist_group("report_study")
+pytestmark = pytest.mark.xdist_group("report_study")  # `study` trains runs: made once (conftest)
 
 STEPS = 12
 ROLES = comparison_roles("tiny")

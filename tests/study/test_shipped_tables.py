@@ -26,9 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import ship_demo_tables
 
-# Under make test's --dist loadgroup every worker running a test of this module would make its module
-# fixtures `finished` and `shipped` again (training runs): the module runs on one worker.
-pytestmark = pytest.mark.xdist_group("shipped_tables_study")
+pytestmark = pytest.mark.xdist_group("shipped_tables_study")  # `finished` trains runs: made once (conftest)
 
 SMALL = NotebookStudy.choose(True)  # the notebooks' small-mode study: tiny, 60 steps
 

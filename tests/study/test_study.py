@@ -16,9 +16,7 @@ from headlab.study.table_files import MANIFEST
 from headlab.training.config import train_preset
 from headlab.training.hardware import TIMING_STEPS
 
-# Under make test's --dist loadgroup every worker running a test of this module would make its module
-# fixture `trained` again (training runs): the module runs on one worker.
-pytestmark = pytest.mark.xdist_group("study_trained")
+pytestmark = pytest.mark.xdist_group("study_trained")  # `trained` trains runs: made once (conftest)
 
 STEPS = 4
 

@@ -26,9 +26,7 @@ from headlab.runs.checkpoints import current_checkpoint
 from headlab.runs.metrics import read_metrics
 from headlab.training.optimizers import make_optimizers
 
-# Under make test's --dist loadgroup every worker running a test of this module would make its module
-# fixture `single_process_run` again (training runs): the module runs on one worker.
-pytestmark = pytest.mark.xdist_group("train_reference")
+pytestmark = pytest.mark.xdist_group("train_reference")  # `single_process_run` trains runs: made once (conftest)
 
 TINY_TRAIN = train_preset("tiny")
 
