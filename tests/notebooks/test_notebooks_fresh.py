@@ -34,9 +34,9 @@ def fresh_clone(folder: Path) -> Path:
 def execute(clone: Path, name: str) -> None:
     """Run every cell of the clone's notebook `name` in small mode (its default) as `make notebooks`
     does (scripts/execute_notebooks.py: from notebooks/, as Jupyter runs it, saved in place with
-    its outputs); a failing cell raises `CellExecutionError` naming it. Then checks what that
-    script promises: the committed notebook's cells, and the mode in the
-    metadata and in the parameters cell's output, while the cell keeps its source (`SMALL = True`)."""
+    its outputs); a failing cell raises `CellExecutionError` naming it. Then check what that
+    script promises: the committed notebook's cells, the mode in the metadata and in the
+    parameters cell's output, and that cell's source kept (`SMALL = True`)."""
     path = clone / "notebooks" / name
     execute_in_mode(path, "small")
     notebook = nbformat.read(path, as_version=4)
