@@ -32,6 +32,7 @@ PAPER = {  # keyed by role (`headlab.study.roles.ROLES`), never by position
 # so every value is approximate (about ±0.1). Its panels are layers 0, 6 and 11 of 12; ours are a
 # study's early, middle and late layers (`headlab.report.plots.layer_roles`), matched by relative depth.
 PAPER_PANELS = {"Early": 0, "Middle": 6, "Late": 11}  # our panel -> the paper's layer L
+SEED_HEADS = 6  # H of the paper's 128M models: each curve has this many eigenvalues
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class SeedSpectrum:
     second: float
     last: float
 
-    def eigenvalues(self, n: int = 6) -> tuple[float, ...]:
+    def eigenvalues(self, n: int = SEED_HEADS) -> tuple[float, ...]:
         """λ₁ … λₙ: λ₁, then λ₂ … λₙ evenly from `second` to `last`."""
         tail = [self.second + (self.last - self.second) * k / (n - 2) for k in range(n - 1)]
         return (self.first, *tail)
