@@ -146,12 +146,12 @@ def seed_distance_lines(tables: StudyTables) -> list[str]:
         rows = rows.drop(columns=[column for column in rows if column.startswith("d₁")])
     return [
         "How far our flagship lies from the seed figure (the paper's Fig. 11 at 128M, uncentered, QK): per method and "
-        "panel, the first "
-        "eigenvalue λ₁ (of H) and d₁ = Σᵢ |λᵢ/Σλ − sᵢ/Σs|, the L1 distance between our spectrum and the seed's, each "
-        "divided by its sum (0: the same shape, at most 2); mean ± sd over seeds, for the trained runs and for the "
-        "same runs at step 0 (random initialisation). Our early, middle and late layers stand for the paper's "
-        "L = 0, 6 and 11 of 12 by relative depth. The seed's values were read off the figure by eye (about ±0.1; "
-        "λ₃…λ₅, which its description leaves out, interpolated between λ₂ and λ₆: `headlab.study.paper`)." + shape,
+        "panel, the first eigenvalue λ₁ (of H) and d₁ = Σᵢ |λᵢ/Σλ − sᵢ/Σs|, the L1 distance between our spectrum "
+        "and the seed's, each divided by its sum (0: the same shape, at most 2); mean ± sd over seeds, for the "
+        "trained runs and for the same runs at step 0 (random initialisation). Our early, middle and late layers "
+        "stand for the paper's L = 0, 6 and 11 of 12 by relative depth. The seed's values were read off the figure "
+        "by eye (about ±0.1; λ₃…λ₅, which its description leaves out, interpolated between λ₂ and λ₆: "
+        "`headlab.study.paper`)." + shape,
         "",
         markdown_table(rows, 2),
         "",
