@@ -47,7 +47,7 @@ class SeedSpectrum:
 
     def eigenvalues(self, n: int = SEED_HEADS) -> tuple[float, ...]:
         """λ₁ … λₙ: λ₁, then λ₂ … λₙ evenly from `second` to `last`."""
-        tail = [self.second + (self.last - self.second) * k / (n - 2) for k in range(n - 1)]
+        tail = [self.second * (1 - t) + self.last * t for t in (k / (n - 2) for k in range(n - 1))]
         return (self.first, *tail)
 
 
