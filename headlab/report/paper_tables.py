@@ -57,12 +57,10 @@ def seed_distance_rows(distances: pd.DataFrame) -> pd.DataFrame:
         row = {"role": role, "ours": model, "paper (128M)": PAPER[role].label,
                "panel": f"{panel} (L={group['layer'].iloc[0]}) ↔ paper L={group['paper_layer'].iloc[0]}",
                "paper λ₁": group["seed_first_eigenvalue"].iloc[0]}
-        for name, label in zip(STATES, ("ours", "random init")):
-            if len(state[name]):
-                row[f"λ₁ {label}"] = spread(state[name]["first_eigenvalue"].to_numpy()).format(2)
-        for name, label in zip(STATES, ("ours", "random init")):
-            if len(state[name]):
-                row[f"d₁ {label}"] = spread(state[name]["l1_to_seed"].to_numpy()).format(2)
+        for symbol, column in (("λ₁", "first_eigenvalue"), ("d₁", "l1_to_seed")):
+            for name, label in zip(STATES, ("ours", "random init")):
+                if len(state[name]):
+                    row[f"{symbol} {label}"] = spread(state[name][column].to_numpy()).format(2)
         rows.append(row)
     return pd.DataFrame(rows)
 
