@@ -7,7 +7,13 @@ that study's results without training (`headlab.study.tables.shipped_tables`).
 The tables are read back verified against the study's study.json and written with their own
 study.json, whose meta gains `shipped`: the settings key of the runs as their config.json files
 record them (checked against this checkout's, since tables of other settings would never be
-used), the commits and headlab version that trained them, and a one-line note the notebooks print."""
+used), the commits and headlab version that trained them, and a one-line note the notebooks print.
+
+    python scripts/ship_demo_tables.py --add-init        # shipped tables older than init_spectra, init_summary
+
+adds the random-initialisation baseline to shipped tables written before a study made it, without their
+runs: each run's step-0 weights are its config's draw with its seed (`headlab.study.tables.initial_weights`),
+checked against the step-0 rows of the shipped snapshot_summary (the runs' own step-0 snapshots)."""
 
 import argparse
 import json
@@ -15,9 +21,12 @@ import sys
 from datetime import date
 from pathlib import Path
 
+import numpy as np
+
 from headlab.io import read_regular
-from headlab.study.study import Study, settings_digest, settings_key
+from headlab.study.study import Study, StudyRun, settings_digest, settings_key
 from headlab.study.table_files import SHIPPED, StudyTables, read_study_tables, write_study_tables
+from headlab.study.tables import init_tables
 
 LIMIT_BYTES = 3 << 20  # the package stays small: a wheel with the tables, not a data set
 
@@ -46,12 +55,37 @@ def ship(study_folder: Path, destination: Path) -> StudyTables:
     return read_study_tables(destination)
 
 
+def add_init(destination: Path) -> StudyTables:
+    """Add init_spectra and init_summary to the shipped tables in `destination` (their meta unchanged),
+    drawn from the study's configs and seeds, after checking that they reproduce the runs' step-0
+    snapshots (the step-0 rows of snapshot_summary, to 1e-8); returns the tables as read back."""
+    tables = read_study_tables(destination)
+    meta = tables.meta
+    study = Study(meta["preset"], meta["steps"], destination / "no-runs")  # no run folders: every draw is rebuilt
+    runs = [StudyRun(role, config, seed, study.run_folder(config, seed))
+            for seed in meta["seeds"] for role, config in study.roles.items()]
+    init = init_tables(runs)
+    snapshots = tables["snapshot_summary"]
+    keys = ["model", "layer", "circuit", "measure", "mla_rope", "kind", "seed"]
+    paired = init["init_summary"].merge(snapshots[snapshots["step"] == 0], on=keys, suffixes=("", "_snapshot"))
+    if len(paired) != len(init["init_summary"]) or not np.allclose(
+            paired["effective_rank"], paired["effective_rank_snapshot"], rtol=0, atol=1e-8):
+        raise ValueError(f"the configs' draws are not the step-0 snapshots of the runs behind {destination}: "
+                         "ship a study trained at this checkout instead (make demo, make ship-demo)")
+    write_study_tables(StudyTables({**tables.tables, **init}, meta), destination)
+    return read_study_tables(destination)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("study", type=Path, help="a finished study folder (headlab reproduce --out)")
+    parser.add_argument("study", type=Path, nargs="?", help="a finished study folder (headlab reproduce --out)")
+    parser.add_argument("--add-init", action="store_true",
+                        help="add the random-initialisation baseline to the shipped tables instead (no study)")
     args = parser.parse_args()
+    if args.add_init == (args.study is not None):
+        parser.error("give a study folder, or --add-init, not both")
     try:
-        shipped = ship(args.study, SHIPPED)
+        shipped = add_init(SHIPPED) if args.add_init else ship(args.study, SHIPPED)
     except (ValueError, OSError) as error:
         print(f"ship_demo_tables: error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -1,13 +1,14 @@
 """The head analysis of every snapshot of a run (`headlab.runs.snapshots`), step by step.
 
     analyze_snapshots("runs/x")             # an Analysis whose tables carry a `step` column
+    snapshot_heads("runs/x", 0)             # the heads of one snapshot (None: the run kept none there)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from headlab.analysis.heads import from_state_dict
+from headlab.analysis.heads import ModelHeads, from_state_dict
 from headlab.analysis.similarity import Analysis, analyze, stack_tables
 from headlab.analysis.tensors import TensorStore
 from headlab.model.config import ModelConfig
@@ -34,12 +35,25 @@ def analyze_snapshots(run_dir: str | Path, label: str | None = None, **options) 
     if not files:
         raise ValueError(f"{run_dir} has no snapshots and no checkpoint: train it with snapshot_every > 0")
     label = label or config.label
-    analyses = []
-    for step, path in sorted(files.items()):
-        tensors = TensorStore.from_safetensors([path]) if isinstance(path, Path) else path  # or the checkpoint's
-        heads = from_state_dict(config, tensors, label, where=f"{run_dir} step {step}")
-        analyses.append(_with_step(analyze(heads, **options), step))
+    analyses = [_with_step(analyze(_heads(config, source, label, f"{run_dir} step {step}"), **options), step)
+                for step, source in sorted(files.items())]
     return Analysis(**{name: stack_tables([getattr(a, name) for a in analyses]) for name in COLUMNS})
+
+
+def snapshot_heads(run_dir: str | Path, step: int, label: str | None = None) -> ModelHeads | None:
+    """The heads of the snapshot of `step` of the run in `run_dir` (verified against its manifest),
+    labelled `label` (default: the config's label); None where the run kept no snapshot of that step."""
+    file = snapshot_files(run_dir).get(step)
+    if file is None:
+        return None
+    config = ModelConfig.from_dict(read_config(run_dir)["model"])
+    return _heads(config, file, label or config.label, f"{run_dir} step {step}")
+
+
+def _heads(config: ModelConfig, source, label: str, where: str) -> ModelHeads:
+    """The heads of a snapshot file, or of a checkpoint's tensors (`source`)."""
+    tensors = TensorStore.from_safetensors([source]) if isinstance(source, Path) else source
+    return from_state_dict(config, tensors, label, where=where)
 
 
 def _with_step(analysis: Analysis, step: int) -> Analysis:

@@ -9,30 +9,59 @@ import pandas as pd
 from headlab.schema import KINDS
 from headlab.study.claims import difference_to_mha, values, variant_name, variant_rows
 from headlab.study.paper import PAPER
+from headlab.study.seed_distance import STATES
 from headlab.study.stats import spread
 from headlab.study.table_files import loss_unit
 
 
+def qk_rows(summary: pd.DataFrame, model: str, mla_rope: str, kind: str) -> pd.DataFrame:
+    """One model's QK summary rows at one `mla_rope` setting and kind."""
+    return summary[(summary["circuit"] == "qk") & (summary["model"] == model) & (summary["mla_rope"] == mla_rope)
+                   & (summary["kind"] == kind)]
+
+
 def layer_range(summary: pd.DataFrame, model: str, mla_rope: str, kind: str) -> tuple[float, float]:
     """Min and max over layers of the seed-mean effective rank (% of H) of one model."""
-    rows = summary[(summary["circuit"] == "qk") & (summary["model"] == model) & (summary["mla_rope"] == mla_rope)
-                   & (summary["kind"] == kind)]
-    by_layer = rows.groupby("layer")["effective_rank_pct_of_heads"].mean()
+    by_layer = qk_rows(summary, model, mla_rope, kind).groupby("layer")["effective_rank_pct_of_heads"].mean()
     return float(by_layer.min()), float(by_layer.max())
 
 
-def rank_table(summary: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
+def rank_table(summary: pd.DataFrame, metrics: pd.DataFrame, init_summary: pd.DataFrame | None = None
+               ) -> pd.DataFrame:
     """The paper's Table 3 form: mean ± sd over seeds of the layer-mean effective rank (% of H),
-    with the range over layers of the seed means, beside the paper's value for the same role."""
+    with the range over layers of the seed means, beside the paper's value for the same role.
+    With `init_summary` (a study's init_summary), the same mean ± sd of the runs' step-0 weights
+    follows each kind: the random-initialisation baseline."""
     rows = []
     for role, model, mla_rope in variant_rows(metrics):
         row = {"role": role, "ours": variant_name(role, model, mla_rope)}
         for kind in KINDS:
             low, high = layer_range(summary, model, mla_rope, kind)
             row[f"{kind} % of H"] = f"{spread(values(metrics, role, mla_rope, kind)).format(1)} [{low:.1f}–{high:.1f}]"
+            if init_summary is not None:
+                at_init = qk_rows(init_summary, model, mla_rope, kind).groupby("seed")["effective_rank_pct_of_heads"]
+                row[f"random init, {kind}"] = spread(at_init.mean().to_numpy()).format(1)
         paper = PAPER[role]
         rows.append({**row, "paper (128M)": paper.label, "paper uncentered": paper.uncentered,
                      "paper centered": paper.centered})
+    return pd.DataFrame(rows)
+
+
+def seed_distance_rows(distances: pd.DataFrame) -> pd.DataFrame:
+    """The distance to the seed figure as a table: per method and panel, λ₁ and d₁ to the seed's
+    curve (`headlab.study.seed_distance`), mean ± sd over seeds, trained and at random init, beside
+    the seed's λ₁."""
+    rows = []
+    for (role, model, panel), group in distances.groupby(["role", "model", "panel"], sort=False):
+        state = {name: group[group["state"] == name] for name in STATES}
+        row = {"role": role, "ours": model, "paper (128M)": PAPER[role].label,
+               "panel": f"{panel} (L={group['layer'].iloc[0]}) ↔ paper L={group['paper_layer'].iloc[0]}",
+               "paper λ₁": group["seed_first_eigenvalue"].iloc[0]}
+        for symbol, column in (("λ₁", "first_eigenvalue"), ("d₁", "l1_to_seed")):
+            for name, label in zip(STATES, ("ours", "random init")):
+                if len(state[name]):
+                    row[f"{symbol} {label}"] = spread(state[name][column].to_numpy()).format(2)
+        rows.append(row)
     return pd.DataFrame(rows)
 
 

@@ -21,7 +21,14 @@ import pandas as pd
 
 from headlab.io import Manifest, writing
 from headlab.report import plots
-from headlab.report.paper_tables import cache_table, loss_table, markdown_table, rank_table, recipe_text
+from headlab.report.paper_tables import (
+    cache_table,
+    loss_table,
+    markdown_table,
+    rank_table,
+    recipe_text,
+    seed_distance_rows,
+)
 from headlab.schema import BEHAVIOUR, KINDS, VIEWS
 from headlab.study.claims import (
     claims,
@@ -34,6 +41,8 @@ from headlab.study.claims import (
     rule_text,
     training_claims,
 )
+from headlab.study.paper import SEED_HEADS
+from headlab.study.seed_distance import seed_distance
 from headlab.study.stats import paired_difference, spread
 from headlab.study.table_files import MANIFEST, STUDY, StudyTables, loss_unit
 
@@ -55,14 +64,17 @@ def draw_figures(tables: StudyTables, manifest: Manifest, folder: str | None, na
     flagship = tables.meta["flagship_mla_rope"]
     chosen = {name: tables[name][tables[name]["mla_rope"] == flagship] for name in ("spectra", "summary", "similarity")}
     spectra, summary, similarity = chosen["spectra"], chosen["summary"], chosen["similarity"]
+    init = init_table(tables, "init_spectra")
+    init = None if init is None else init[init["mla_rope"] == flagship]
     training = tables["training"]
     colours = plots.palette(plots.table_methods(summary))
     shown = list(plots.layer_roles(summary["layer"]).values())
     middle = shown[len(shown) // 2]  # the middle layer, or the late one of a 2-layer model
     final = final_losses(training)
     figures = {
-        "spectra_uncentered": plots.spectra_figure(spectra, kind="uncentered", palette=colours),
-        "spectra_centered": plots.spectra_figure(spectra, kind="centered", palette=colours),
+        "spectra_uncentered": plots.spectra_figure(spectra, kind="uncentered", palette=colours, init=init,
+                                                   seed_figure=True),
+        "spectra_centered": plots.spectra_figure(spectra, kind="centered", palette=colours, init=init),
         "cumulative_variance": plots.cumulative_variance_figure(spectra, kind="centered", palette=colours),
         "effective_rank_uncentered": plots.effective_rank_figure(summary, kind="uncentered", palette=colours),
         "effective_rank_centered": plots.effective_rank_figure(summary, kind="centered", palette=colours),
@@ -98,7 +110,52 @@ def headline_lines(tables: StudyTables) -> list[str]:
     return [f"`{meta['preset']}`: {meta['n_layer']} layers x {meta['n_head']} heads, {meta['steps']} steps, "
             f"{len(meta['seeds'])} seeds, {meta['corpus_description']}. {recipe_text(meta)}", "",
             markdown_table(loss_table(metrics, meta["flagship_mla_rope"]), 3), "",
-            markdown_table(rank_table(tables["summary"], metrics), 1), ""]
+            markdown_table(rank_table(tables["summary"], metrics, init_table(tables, "init_summary")), 1), "",
+            *seed_distance_lines(tables)]
+
+
+# ---- baselines: random initialisation and the seed figure -------------------------------------------
+
+def init_table(tables: StudyTables, name: str) -> pd.DataFrame | None:
+    """The random-initialisation table `name` (init_spectra, init_summary) of a study, None for
+    tables written before studies made it."""
+    return tables.tables.get(name)
+
+
+def seed_distances(tables: StudyTables) -> pd.DataFrame | None:
+    """`headlab.study.seed_distance.seed_distance` of a study's flagship spectra, trained and at
+    random init, its early, middle and late layers matched to the seed figure's; None without
+    init_spectra."""
+    init = init_table(tables, "init_spectra")
+    if init is None:
+        return None
+    panels = plots.layer_roles(tables["spectra"]["layer"])
+    return seed_distance(tables["spectra"], init, panels, tables.meta["flagship_mla_rope"])
+
+
+def seed_distance_lines(tables: StudyTables) -> list[str]:
+    """The distance to the seed figure: what it compares, then its table (or why there is none)."""
+    distances = seed_distances(tables)
+    if distances is None:
+        return ["No random-initialisation baseline in these tables (written before studies made init_spectra): "
+                "write them again (`headlab reproduce`) to compare with the seed figure.", ""]
+    n_head, rows = tables.meta["n_head"], seed_distance_rows(distances).drop(columns="role")
+    shape = ""
+    if n_head != SEED_HEADS:  # d₁ is NaN: spectra of different lengths
+        shape = f" Our {n_head} heads against the paper's {SEED_HEADS}: d₁ compares spectra of one length only."
+        rows = rows.drop(columns=[column for column in rows if column.startswith("d₁")])
+    return [
+        "How far our flagship lies from the seed figure (the paper's Fig. 11 at 128M, uncentered, QK): per method and "
+        "panel, the first eigenvalue λ₁ (of H) and d₁ = Σᵢ |λᵢ/Σλ − sᵢ/Σs|, the L1 distance between our spectrum "
+        "and the seed's, each divided by its sum (0: the same shape, at most 2); mean ± sd over seeds, for the "
+        "trained runs and for the same runs at step 0 (random initialisation). Our early, middle and late layers "
+        "stand for the paper's L = 0, 6 and 11 of 12 by relative depth. The seed's values were read off the figure "
+        "by eye (about ±0.1; λ₃…λ₅, which its description leaves out, interpolated between λ₂ and λ₆: "
+        "`headlab.study.paper`)." + shape,
+        "",
+        markdown_table(rows, 2),
+        "",
+    ]
 
 
 # ---- sections ----------------------------------------------------------------------------------------
@@ -318,14 +375,23 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
         "",
         f"The flagship figure shows the uncentered spectra (eigenvalues sum to H, none is zero by construction), "
         f"mean over {n_seeds} seed(s){' with a min–max band' if n_seeds > 1 else ''}." + (
-            mla_rope_sentence(flagship, spread(ratios)) if len(ratios) else ""),
+            mla_rope_sentence(flagship, spread(ratios)) if len(ratios) else "") + (
+            "" if init_table(tables, "init_spectra") is None else
+            " Dashed: the same runs at step 0, before any training (random initialisation). Bars at index 1: the "
+            "seed figure's first eigenvalue per method (the paper's Fig. 11 at 128M, read off), its layers 0, 6 and "
+            "11 of 12 matched to our early, middle and late layers by relative depth."),
         "",
+        "## Distance to the seed figure",
+        "",
+        *seed_distance_lines(tables),
         "## Effective rank (the paper's Table 3)",
         "",
         f"Mean over layers {layers[0]}-{layers[-1]} of the entropy effective rank of the QK circuit, % of H. The "
-        "paper's GQA row was estimated by its authors, not measured.",
+        "paper's GQA row was estimated by its authors, not measured."
+        + ("" if init_table(tables, "init_summary") is None else
+           " 'random init': the same runs at step 0, before any training (mean ± sd over seeds)."),
         "",
-        markdown_table(rank_table(summary, metrics).drop(columns="role"), 1),
+        markdown_table(rank_table(summary, metrics, init_table(tables, "init_summary")).drop(columns="role"), 1),
         "",
         "## KV cache per token (the paper's Tables 7 and 8)",
         "",

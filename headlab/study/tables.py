@@ -11,6 +11,8 @@ imports that module, never this one.
 Tables (CSV, one row per observation):
     similarity, spectra, summary, norms   `analyze()` of every run at both `mla_rope` settings, both circuits,
                                           with `seed` and `role` columns
+    init_spectra, init_summary            the random-initialisation baseline: spectra and summary of every
+                                          run's step-0 weights (QK), the same seeds, the same columns
     training          role, model, seed, step, tokens, val_loss, val_bpb, kv_cache_pct, loss_unit
     cache             role, model, kv_values_per_token, kv_cache_pct (of MHA)
     norm_effect       QK-norm's 1/rms: what A_h leaves out (seed-0 runs with QK-norm)
@@ -44,17 +46,18 @@ from headlab.analysis.lrkv import deviation_table, factor_table, rank_r_model
 from headlab.analysis.measures import measure_agreement, measure_views
 from headlab.analysis.qk_norm import norm_scale_effect
 from headlab.analysis.similarity import analyze, concat, stack_tables
-from headlab.analysis.snapshots import analyze_snapshots
+from headlab.analysis.snapshots import analyze_snapshots, snapshot_heads
 from headlab.analysis.spectrum import frobenius_gram
 from headlab.data.shards import Corpus, random_windows
 from headlab.runs.layout import EXECUTION_FIELDS, resume_differences, run_identity
-from headlab.schema import CIRCUITS, FLAGSHIP_MLA_ROPE, MLA_ROPE
+from headlab.schema import ALL_CIRCUITS, CIRCUITS, FLAGSHIP_MLA_ROPE, MLA_ROPE
 from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
 from headlab.study.study import Study, StudyRun, settings_key
 from headlab.study.table_files import SHIPPED, StudyTables, loss_unit, read_study_tables, write_study_tables
 from headlab.training.config import train_preset
 from headlab.training.runs import Run
+from headlab.training.trainer import initial_model
 
 # The figures and claims use the whole pre-softmax score of MLA, as for every other family (see
 # `headlab.analysis.similarity`); the paper's latent-only definition is in the tables beside it.
@@ -67,10 +70,31 @@ def analysis_tables(runs: list[StudyRun]) -> dict[str, pd.DataFrame]:
     """similarity, spectra, summary, norms of every run at every `mla_rope` setting and for both
     circuits (qk, the paper's and the report's; ov, for the explorer's circuit control), with
     `seed` and `role` columns. Filter on `mla_rope` and `circuit` before drawing a figure."""
+    return stacked_analyses(runs, lambda r: r.run.model, ALL_CIRCUITS)
+
+
+def init_tables(runs: list[StudyRun]) -> dict[str, pd.DataFrame]:
+    """The random-initialisation baseline: init_spectra and init_summary, the spectra and summary
+    of every run's step-0 weights (`initial_weights`) for the QK circuit at every `mla_rope`
+    setting, with `seed` and `role` columns: the same columns as spectra and summary."""
+    tables = stacked_analyses(runs, initial_weights, "qk")
+    return {f"init_{name}": tables[name] for name in ("spectra", "summary")}
+
+
+def initial_weights(r: StudyRun):
+    """The heads of `r` at step 0: its step-0 snapshot where its folder kept one, else the draw
+    its config and seed give (`initial_model`, what training starts from: the same weights)."""
+    heads = snapshot_heads(r.folder, 0, r.label) if r.folder.exists() else None
+    return heads if heads is not None else initial_model(r.config, r.seed)
+
+
+def stacked_analyses(runs: list[StudyRun], source, circuit: str) -> dict[str, pd.DataFrame]:
+    """similarity, spectra, summary, norms of `source(run)` (a model or its heads) for every run
+    at every `mla_rope` setting, stacked, with `seed` and `role` columns."""
     per_seed: dict[int, list] = {}
     for r in runs:
-        model = r.run.model  # read once per run (a study reads each run from its folder)
-        per_seed.setdefault(r.seed, []).extend(analyze(model, label=r.label, mla_rope=s, circuit="both")
+        model = source(r)  # read once per run (a study reads each run from its folder)
+        per_seed.setdefault(r.seed, []).extend(analyze(model, label=r.label, mla_rope=s, circuit=circuit)
                                                for s in MLA_ROPE)
     roles = {r.label: r.role for r in runs}
     tables = {}
@@ -256,7 +280,7 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
         measures, seconds, tokens = measures_table(one, corpus)
         moment_seconds, moment_tokens = moment_seconds + seconds, moment_tokens + tokens
         steps, recipe = max(steps, one[0].run.step), recipe or training_recipe(one[0].run)
-        for name, table in {**analysis_tables(one), "training": training_table(one, unit),
+        for name, table in {**analysis_tables(one), **init_tables(one), "training": training_table(one, unit),
                             "norm_effect": norm_effect_table(one, corpus), "rope_ratio": rope_ratio_table(one),
                             "measures": measures, "lrkv_factors": lrkv_factor_table(one),
                             "rank_bound": rank_bound_table(one, ranks)}.items():

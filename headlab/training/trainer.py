@@ -176,10 +176,17 @@ def shard_per_block(model: GPT, train_config: TrainConfig) -> None:
     fully_shard(model, mp_policy=policy)
 
 
+def initial_model(model_config: ModelConfig, seed: int) -> GPT:
+    """The step-0 weights of a run of `model_config` with `seed`, drawn on the CPU as training
+    draws them (the global torch generator seeded with `seed`), so the random-initialisation
+    baseline of a run is its own first draw, whether or not its folder kept a step-0 snapshot."""
+    torch.manual_seed(seed)
+    return GPT(model_config)
+
+
 def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus, device: torch.device,
            ddp: Processes, folder: RunFolder, progress: bool) -> Run:
-    torch.manual_seed(train_config.seed)
-    model = GPT(model_config).to(device)  # the same weights on every rank, whatever their number
+    model = initial_model(model_config, train_config.seed).to(device)  # the same on every rank, whatever their number
     sharded = ddp.world_size > 1 and train_config.parallel == "fsdp"
     if sharded:
         shard_per_block(model, train_config)

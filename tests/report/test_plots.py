@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from headlab.io import Manifest
 from headlab.report import plots
 from headlab.schema import ROLES
+from headlab.study.paper import PAPER_PANELS, SEED_SPECTRA
 
 # The six demo variants, deliberately out of figure order, and their redundancy: the share of
 # each head's bilinear form that is common to all heads of a layer.
@@ -203,6 +204,57 @@ def test_fixed_palette_keeps_colours_for_a_subset(tables):
     assert line_colours(fig.axes[0]) == [TAB10[3], TAB10[5]]
     with pytest.raises(ValueError, match="no colour for 'MQA'"):
         plots.spectra_figure(subset, palette={"GQA (3 KV heads)": "red"})
+
+
+def test_the_flagship_draws_the_random_init_baseline_dashed_per_method():
+    """init: per method and panel one dashed line in the method's colour, the mean over seeds of
+    the step-0 spectra; the legend says what it is and over how many seeds."""
+    trained = synthetic_tables(seeds=[0, 1])
+    init = synthetic_tables(methods={model: 0.02 for model in METHODS}, seeds=[0, 1], rng_seed=1)["spectra"]
+    fig = plots.spectra_figure(trained["spectra"], kind="uncentered", init=init)
+    assert "random init (step 0), mean of 2 seeds" in legend_labels(fig)
+    colours = dict(zip(FIGURE_ORDER, TAB10))
+    for ax, layer in zip(fig.axes, [0, 2, 3]):
+        dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+        assert [line.get_gid() for line in dashed] == [f"init:{model}" for model in FIGURE_ORDER]
+        for model, line in zip(FIGURE_ORDER, dashed):
+            assert to_hex(line.get_color()) == colours[model]
+            rows = init[(init.model == model) & (init.layer == layer) & (init.kind == "uncentered")]
+            np.testing.assert_allclose(line.get_ydata(), rows.groupby("index").eigenvalue.mean())
+            np.testing.assert_array_equal(line.get_xdata(), np.arange(1, 7))
+    centered = plots.spectra_figure(trained["spectra"], kind="centered", init=init)
+    (line, *_) = [line for line in centered.axes[0].get_lines() if line.get_linestyle() == "--"]
+    rows = init[(init.model == "Standard MHA") & (init.layer == 0) & (init.kind == "centered")]
+    np.testing.assert_allclose(line.get_ydata(), rows.groupby("index").eigenvalue.mean())  # the figure's own kind
+    plain = plots.spectra_figure(trained["spectra"], kind="uncentered")
+    assert not [line for ax in plain.axes for line in ax.get_lines() if line.get_linestyle() == "--"]
+
+
+def test_the_flagship_marks_the_seed_figures_first_eigenvalue_per_method_and_panel(tables):
+    """seed_figure: in the early, middle and late panels, for each method with a role, a bar at
+    index 1 at the paper's 128M λ₁ of that role and panel (Fig. 11's L = 0, 6, 11), in the
+    method's colour; the titles name the paper's layer; a model without a role gets no mark."""
+    spectra = pd.concat([tables["spectra"], tables["spectra"].query("model == 'MQA'").assign(
+        model="my-pretrained-model", role=None)], ignore_index=True)
+    fig = plots.spectra_figure(spectra, kind="uncentered", seed_figure=True,
+                               palette=plots.palette(FIGURE_ORDER + ["my-pretrained-model"]))
+    assert [ax.get_title() for ax in fig.axes] == ["Early Layer (L=0) · paper L=0", "Middle Layer (L=2) · paper L=6",
+                                                   "Late Layer (L=3) · paper L=11"]
+    assert "paper 128M, Fig. 11: λ₁ (read off)" in legend_labels(fig)
+    colours = dict(zip(FIGURE_ORDER, TAB10))
+    for ax, panel in zip(fig.axes, PAPER_PANELS):
+        marks = [line for line in ax.get_lines() if (line.get_gid() or "").startswith("seed:")]
+        assert [line.get_gid() for line in marks] == [f"seed:{model}" for model in FIGURE_ORDER]
+        for model, line in zip(FIGURE_ORDER, marks):
+            seed_first = SEED_SPECTRA[ROLE_OF[model]][panel].first
+            assert list(line.get_xdata()) == [1] and list(line.get_ydata()) == [seed_first]
+            assert to_hex(line.get_color()) == colours[model] and line.get_linestyle() == "None"
+        assert ax.get_ylim()[1] >= max(curves[panel].first for curves in SEED_SPECTRA.values())  # all in view
+    one_layer = plots.spectra_figure(tables["spectra"], kind="uncentered", layers=[1], seed_figure=True)
+    assert one_layer.axes[0].get_title() == "Layer (L=1)"  # not an early, middle or late panel: nothing to match
+    assert not [line for line in one_layer.axes[0].get_lines() if line.get_gid()]
+    with pytest.raises(ValueError, match="seed_figure = True is invalid for centered spectra"):
+        plots.spectra_figure(tables["spectra"], kind="centered", seed_figure=True)
 
 
 @pytest.mark.parametrize("call, message", [

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from scipy import stats as scipy_stats
 
 import headlab.analysis.heads
@@ -15,13 +16,14 @@ import headlab.report.writer
 import headlab.study.stats
 import headlab.study.tables
 from headlab.cli.main import main
+from headlab.model.gpt import GPT
 from headlab.report.paper_tables import rank_table
 from headlab.report.writer import DOCS_FIGURES, FIGURES, write_report
 from headlab.study.claims import claims, per_seed_metrics, rule_text
-from headlab.study.paper import PAPER
+from headlab.study.paper import PAPER, SEED_SPECTRA
 from headlab.study.roles import comparison_roles
 from headlab.study.study import Study
-from headlab.study.table_files import read_study_tables
+from headlab.study.table_files import SHIPPED, StudyTables, read_study_tables
 from headlab.study.tables import rope_ratio_table, tabulate_study
 
 pytestmark = pytest.mark.xdist_group("report_study")  # `study` trains runs: made once (conftest)
@@ -361,3 +363,103 @@ def test_the_lrkv_factor_section_is_read_from_tables_that_match_the_weights(stud
     per_seed = factors[(factors["role"] == "lrkv-large") & (factors["projection"] == "key")].groupby("seed")
     assert cells[3] == headlab.study.stats.spread(per_seed["norm_ratio"].mean().to_numpy()).format(3)
     assert (out / "figures" / "lrkv_norm_ratio_through_training.png").stat().st_size > 1000
+
+
+# ---- baselines: random initialisation and the seed figure -------------------------------------------
+
+def _step0(config, seed: int, mla_rope: str = "included"):
+    """The step-0 analysis built here, independently of headlab's init code."""
+    torch.manual_seed(seed)
+    return headlab.analysis.similarity.analyze(GPT(config), label=config.label, mla_rope=mla_rope)
+
+
+def _spread(values) -> str:
+    values = np.asarray(values, dtype=float)
+    return f"{values.mean():.2f} ± {values.std(ddof=1):.2f}"
+
+
+def test_the_tables_and_the_rank_table_carry_the_random_init_baseline(study):
+    """init_spectra and init_summary: every run of the study at step 0, equal to an independently
+    drawn model of its config and seed; the report's effective-rank table quotes them per variant."""
+    out, runs, path = study
+    init_spectra, init_summary = pd.read_csv(out / "init_spectra.csv"), pd.read_csv(out / "init_summary.csv")
+    for run in runs:
+        for mla_rope in ("included", "excluded"):
+            ours = init_spectra[(init_spectra["model"] == run.label) & (init_spectra["seed"] == run.seed)
+                                & (init_spectra["mla_rope"] == mla_rope)]
+            expected = _step0(run.config, run.seed, mla_rope).spectra
+            np.testing.assert_allclose(ours["eigenvalue"].to_numpy(), expected["eigenvalue"].to_numpy(), atol=1e-9)
+    text = path.read_text()
+    assert "'random init': the same runs at step 0" in text
+    for role, config in ROLES.items():
+        name = config.label + (", RoPE part included" if role == "mla" else "")
+        row = _report_row(text, "## Effective rank", name)
+        rows = init_summary[(init_summary["model"] == config.label) & (init_summary["mla_rope"] == "included")]
+        for kind, cell in (("uncentered", row[2]), ("centered", row[4])):
+            by_seed = rows[rows["kind"] == kind].groupby("seed")["effective_rank_pct_of_heads"].mean()
+            assert cell == f"{by_seed.mean():.1f} ± {by_seed.std(ddof=1):.1f}", (name, kind)
+
+
+def test_the_report_has_the_distance_to_the_seed_figure(study):
+    """A row per method and panel: λ₁ trained and at init (mean ± sd over seeds) beside the paper's
+    λ₁ of the same role and panel; tiny's 4 heads leave d₁ (spectra of 6) out, saying so."""
+    out, _, path = study
+    text = path.read_text()
+    section = text.split("## Distance to the seed figure", 1)[1].split("\n## ", 1)[0]
+    assert "Our 4 heads against the paper's 6" in section and "| d₁" not in section
+    spectra, init = pd.read_csv(out / "spectra.csv"), pd.read_csv(out / "init_spectra.csv")
+
+    def first(table, model, layer):
+        rows = table[(table["model"] == model) & (table["layer"] == layer) & (table["index"] == 1)
+                     & (table["kind"] == "uncentered") & (table["circuit"] == "qk") & (table["mla_rope"] == "included")]
+        return rows.sort_values("seed")["eigenvalue"]
+
+    lines = [line for line in section.splitlines() if line.startswith("| ") and "ours" not in line]
+    assert len(lines) == 2 * len(ROLES)  # tiny's two layers: Early (L=0) and Late (L=1)
+    for panel, layer, paper_layer in (("Early", 0, 0), ("Late", 1, 11)):
+        for role, config in ROLES.items():
+            row = next(cells for cells in (line.strip("|").split("|") for line in lines)
+                       if cells[0].strip() == config.label and cells[2].strip().startswith(panel))
+            cells = [cell.strip() for cell in row]
+            assert cells[1] == PAPER[role].label and cells[2] == f"{panel} (L={layer}) ↔ paper L={paper_layer}"
+            assert cells[3] == f"{SEED_SPECTRA[role][panel].first:.2f}"
+            assert cells[4] == _spread(first(spectra, config.label, layer))
+            assert cells[5] == _spread(first(init, config.label, layer))
+
+
+def test_the_reports_flagship_draws_the_init_baseline_and_the_seed_marks(study, monkeypatch):
+    out, _, _ = study
+    drawn = {}
+    monkeypatch.setattr(headlab.report.writer.plots, "save_figure",
+                        lambda figure, manifest, name: drawn.setdefault(name, figure))
+    headlab.report.writer.draw_figures(read_study_tables(out), None, None, ("spectra_uncentered",))
+    early, late = drawn["spectra_uncentered"].axes
+    init = pd.read_csv(out / "init_spectra.csv")
+    for ax, layer, panel in ((early, 0, "Early"), (late, 1, "Late")):
+        dashed = {line.get_gid(): line for line in ax.get_lines() if line.get_linestyle() == "--"}
+        marks = {line.get_gid(): line for line in ax.get_lines() if (line.get_gid() or "").startswith("seed:")}
+        for role, config in ROLES.items():
+            rows = init[(init["model"] == config.label) & (init["layer"] == layer) & (init["kind"] == "uncentered")
+                        & (init["circuit"] == "qk") & (init["mla_rope"] == "included")]
+            np.testing.assert_allclose(dashed[f"init:{config.label}"].get_ydata(),
+                                       rows.groupby("index")["eigenvalue"].mean())
+            assert list(marks[f"seed:{config.label}"].get_ydata()) == [SEED_SPECTRA[role][panel].first]
+
+
+def test_headline_md_quotes_the_baseline_and_the_distance_to_the_seed_figure():
+    """From the shipped demo tables (cpu-small, 6 heads like the paper's): headline.md's rank table
+    has the random-init columns, and its distance table d₁ = Σ|λ/Σλ − s/Σs| per method and panel."""
+    shipped = read_study_tables(SHIPPED)
+    text = "\n".join(headlab.report.writer.headline_lines(shipped))
+    assert "| random init, uncentered |" in text and "| random init, centered |" in text
+    spectra = shipped["spectra"]
+    mha = spectra[(spectra["role"] == "mha") & (spectra["layer"] == 0) & (spectra["kind"] == "uncentered")
+                  & (spectra["circuit"] == "qk") & (spectra["mla_rope"] == "included")]
+    seed_curve = np.array(SEED_SPECTRA["mha"]["Early"].eigenvalues())
+    distances = [np.abs(g.sort_values("index")["eigenvalue"].to_numpy() / 6 - seed_curve / seed_curve.sum()).sum()
+                 for _, g in mha.groupby("seed")]
+    row = next(line for line in text.splitlines() if line.startswith("| Standard MHA | Standard MHA | Early (L=0)"))
+    assert row.split("|")[-3].strip() == _spread(distances)  # d₁ ours, before d₁ random init
+    old = StudyTables({k: v for k, v in shipped.tables.items() if not k.startswith("init_")}, shipped.meta)
+    older = "\n".join(headlab.report.writer.headline_lines(old))
+    assert "No random-initialisation baseline in these tables" in older and "| random init" not in older

@@ -12,8 +12,15 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from headlab.report.plots.checks import checked_rows, seed_count
-from headlab.report.plots.methods import methods_of
-from headlab.report.plots.panels import figure_legend, figure_title, layer_panel_figure, method_lines
+from headlab.report.plots.methods import Methods, methods_of
+from headlab.report.plots.panels import (
+    chosen_layers,
+    figure_legend,
+    figure_title,
+    layer_panel_figure,
+    layer_roles,
+    method_lines,
+)
 from headlab.report.plots.style import (
     HIGHLIGHT_COLOR,
     KIND_TITLES,
@@ -25,11 +32,13 @@ from headlab.report.plots.style import (
     NotebookFigure,
     styled,
 )
+from headlab.study.paper import PAPER_PANELS, SEED_SPECTRA
 
 
 @styled
 def spectra_figure(spectra: pd.DataFrame, kind: str = "uncentered", layers: Sequence[int] | None = None,
-                   circuit: str = "qk", palette: Mapping[str, str] | None = None) -> Figure:
+                   circuit: str = "qk", palette: Mapping[str, str] | None = None, init: pd.DataFrame | None = None,
+                   seed_figure: bool = False) -> Figure:
     """The flagship figure: eigenvalue against eigenvalue index, one panel per layer ("Early
     Layer (L=0)", "Middle Layer (L=…)", "Late Layer (L=…)" by default), a line per method,
     y-axis from 0.
@@ -39,16 +48,65 @@ def spectra_figure(spectra: pd.DataFrame, kind: str = "uncentered", layers: Sequ
     similarity matrix, which sum to H, the last one nonzero; the paper's Figs. 16–17) or
     "centered" (the PCA-based spectrum, Figs. 10–11: the last eigenvalue is 0 by construction,
     which each panel notes). layers: which layers to show, one panel each.
+    init: the same spectra of the runs' step-0 weights (a study's init_spectra), drawn per method
+    as a thin dashed line (mean over seeds): the random-initialisation baseline.
+    seed_figure: mark, per method with a role and per early, middle and late panel, the first
+    eigenvalue of the seed figure (the paper's Fig. 11 at 128M, `SEED_SPECTRA`: layers 0, 6 and 11
+    of 12, matched to ours by relative depth) as a bar at index 1; uncentered only.
     """
     data = checked_rows(spectra, "spectra", ["model", "layer", "circuit", "kind", "index", "eigenvalue"], circuit, kind)
+    baseline = None if init is None else checked_rows(
+        init, "init spectra", ["model", "layer", "circuit", "kind", "index", "eigenvalue"], circuit, kind)
+    if seed_figure and kind != "uncentered":
+        raise ValueError("seed_figure = True is invalid for centered spectra: the seed figure's are uncentered")
+    extra = []
+    if baseline is not None:
+        n_init = seed_count(baseline, "init spectra", ["model", "layer", "index"])
+        extra.append(Line2D([], [], color=REFERENCE_COLOR, linestyle="--", linewidth=1.1,
+                            label=f"random init (step 0), {'mean of ' if n_init > 1 else ''}{n_init} seed"
+                                  f"{'s' if n_init > 1 else ''}"))
+    if seed_figure:
+        extra.append(Line2D([], [], color=REFERENCE_COLOR, linestyle="none", **SEED_MARK,
+                            label="paper 128M, Fig. 11: λ₁ (read off)"))
     fig = layer_panel_figure(data, "spectra", layers, "index", "eigenvalue", "Eigenvalue Index", "Eigenvalue",
-                             f"{SPECTRA_TITLE} ({KIND_TITLES[kind]})", circuit, palette)
-    for ax in fig.axes:
+                             f"{SPECTRA_TITLE} ({KIND_TITLES[kind]})", circuit, palette, extra=extra)
+    methods = methods_of(data, palette)
+    panels = {layer: name for name, layer in layer_roles(data["layer"].unique()).items()}
+    for ax, layer in zip(fig.axes, chosen_layers(data, layers)):
+        if baseline is not None:
+            init_lines(ax, baseline[baseline["layer"] == layer], methods)
+        if seed_figure and layer in panels:
+            seed_marks(ax, data[data["layer"] == layer], methods, panels[layer])
         ax.set_ylim(bottom=0)
         if kind == "centered":
             ax.text(0.98, 0.97, "last eigenvalue = 0\nby construction (centering)", transform=ax.transAxes,
                     ha="right", va="top", fontsize=8, color=REFERENCE_COLOR)
     return fig
+
+
+SEED_MARK = {"marker": "_", "markersize": 18, "markeredgewidth": 2.5}  # a seed λ₁: a bar, unlike any method marker
+
+
+def init_lines(ax, init: pd.DataFrame, methods: Methods) -> None:
+    """Per method of `init` (one layer's step-0 spectra), the mean over seeds, thin and dashed in the
+    method's colour; each line's gid is 'init:<model>'."""
+    for model in methods.order:
+        curve = init[init["model"] == model].groupby("index")["eigenvalue"].mean()
+        if len(curve):
+            ax.plot(curve.index, curve.to_numpy(), color=methods.colors[model], linestyle="--", linewidth=1.1,
+                    alpha=0.85, zorder=1.5, gid=f"init:{model}")
+
+
+def seed_marks(ax, data: pd.DataFrame, methods: Methods, panel: str) -> None:
+    """The seed figure's λ₁ at index 1 for each method of `data` (one layer) whose role it has, a
+    bar in the method's colour (gid 'seed:<model>'), and the paper's layer in the title."""
+    roles = dict(zip(data["model"], data["role"])) if "role" in data else {}
+    for model in methods.order:
+        curve = SEED_SPECTRA.get(roles.get(model), {}).get(panel)
+        if curve is not None:
+            ax.plot([1], [curve.first], linestyle="none", color=methods.colors[model], **SEED_MARK, zorder=4,
+                    gid=f"seed:{model}")
+    ax.set_title(f"{ax.get_title()} · paper L={PAPER_PANELS[panel]}")
 
 
 @styled
