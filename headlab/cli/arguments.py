@@ -7,11 +7,9 @@ import argparse
 import math
 from pathlib import Path
 
-from headlab.model.config import PRESETS, ModelConfig
-from headlab.model.gpt import DTYPE_BYTES
+from headlab.model.config import DTYPE_BYTES, PRESETS, ModelConfig
 from headlab.schema import ALL_CIRCUITS, CIRCUITS, FAMILIES, MEASURES, MLA_ROPE, ROLES
-from headlab.study.sweep import UNSWEPT_TRAIN_FIELDS
-from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, TrainConfig
+from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, UNSWEPT_TRAIN_FIELDS, TrainConfig
 
 CONFIG_OVERRIDES = ("n_kv_head", "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "seq_len")
 CONFIG_HELP = {

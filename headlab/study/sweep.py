@@ -32,10 +32,7 @@ from headlab.study.roles import compared_roles, comparison_roles
 from headlab.study.study import Study
 from headlab.study.table_files import SWEEP, SWEEP_MANIFEST, loss_unit
 from headlab.study.tables import analysis_tables, training_table
-from headlab.training.config import TrainConfig, train_preset
-
-# TrainConfig fields a grid cannot set: the lengths axis sets the steps, the seeds axis the seed.
-UNSWEPT_TRAIN_FIELDS = ("steps", "seed")
+from headlab.training.config import UNSWEPT_TRAIN_FIELDS, TrainConfig, train_preset
 
 
 def setting_text(value) -> str:
