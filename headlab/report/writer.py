@@ -27,6 +27,7 @@ from headlab.study.claims import (
     claims,
     final_losses,
     halfway,
+    margins_text,
     measure_claims,
     per_seed_metrics,
     per_seed_ranks,
@@ -83,8 +84,9 @@ def figure_name(folder: str | None, name: str) -> str:
 def write_docs(tables: StudyTables, out: str | Path) -> Path:
     """The README's opening, from a study's tables: `DOCS_FIGURES` (PNG and SVG) and headline.md,
     the loss and effective-rank tables (mean ± sd over seeds; differences to MHA paired by seed
-    ± the 95% t half-width). Returns headline.md's path. (How long a study took is not a table's:
-    tables are redrawn from reused runs in minutes, so the README states the measured time.)"""
+    ± the 95% t half-width) and the verdicts of the report's rule with their margins. Returns
+    headline.md's path. (How long a study took is not a table's: tables are redrawn from reused
+    runs in minutes, so the README states the measured time.)"""
     out = Path(out)
     with writing(out, DOCS_MANIFEST, DOCS, "docs writer") as manifest:
         draw_figures(tables, manifest, None, DOCS_FIGURES)
@@ -98,7 +100,8 @@ def headline_lines(tables: StudyTables) -> list[str]:
     return [f"`{meta['preset']}`: {meta['n_layer']} layers x {meta['n_head']} heads, {meta['steps']} steps, "
             f"{len(meta['seeds'])} seeds, {meta['corpus_description']}. {recipe_text(meta)}", "",
             markdown_table(loss_table(metrics, meta["flagship_mla_rope"]), 3), "",
-            markdown_table(rank_table(tables["summary"], metrics), 1), ""]
+            markdown_table(rank_table(tables["summary"], metrics), 1), "",
+            margins_text(metrics), "", *[f"- {s}" for s in claims(metrics)], ""]
 
 
 # ---- sections ----------------------------------------------------------------------------------------
