@@ -203,9 +203,14 @@ def study_budget_arguments(reproduce: argparse.ArgumentParser) -> None:
 def reproduce_arguments(reproduce: argparse.ArgumentParser) -> None:
     reproduce.add_argument("--out", default="runs/reproduce", metavar="DIR", help="study folder (default: %(default)s)")
     reproduce.add_argument("--compile", action="store_true", help="torch.compile every model (GPU only)")
+    by_optimizer: dict[str, list[str]] = {}
+    for name, config in TRAIN_PRESETS.items():
+        by_optimizer.setdefault(config.optimizer, []).append(name)
     reproduce.add_argument("--optimizer", choices=OPTIMIZERS,
                            help="muon (Muon on block matrices + AdamW elsewhere, DDP only) or adamw (needed by "
-                                "--parallel fsdp) (default: the preset's; paper-*: muon, the others: adamw)")
+                                "--parallel fsdp) (default: the preset's; " + "; ".join(
+                                    f"{', '.join(names)}: {optimizer}" for optimizer, names in by_optimizer.items())
+                                + ")")
     reproduce.add_argument("--parallel", choices=PARALLEL,
                            help="under torchrun: ddp (a full replica per process) or fsdp (sharded, for models that "
                                 "do not fit one device) (default: the preset's, ddp)")

@@ -112,6 +112,8 @@ class TrainConfig:
 # 32 sequences per step, warmup 2000, Muon for matrices (lr 0.02) + AdamW for the embedding
 # (0.2) and head (0.004), wd 0.1, clip 1.0, bf16.
 TRAIN_PRESETS: dict[str, TrainConfig] = {
+    # tiny (the tests' and the notebooks' small mode) trains smoke tests, not results. It keeps AdamW,
+    # the one optimizer FSDP takes, so the tests' FSDP runs train it with its own settings.
     "tiny": TrainConfig(steps=40, batch_size=8, warmup_steps=5, eval_every=20, eval_batches=2,
                         checkpoint_every=20, log_every=5),
     # The CPU presets train the paper's way (Muon + AdamW split): under AdamW on everything the

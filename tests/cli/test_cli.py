@@ -12,6 +12,7 @@ from headlab.cli.main import main
 from headlab.cli.parser import COMMANDS, build_parser
 from headlab.model.gpt import describe
 from headlab.study.roles import comparison_variants
+from headlab.training.config import TRAIN_PRESETS
 
 
 def _info(*args) -> subprocess.CompletedProcess:
@@ -51,6 +52,15 @@ def test_help_version_and_usage_errors_load_no_torch(argv):
     # importlib.import_module's imports go unrecorded; the ones they make, the parser's options among them, do
     assert "headlab.cli.arguments" in imported and result.returncode in (0, 2), result.stderr[-2000:]
     assert not {"torch", "pandas", "numpy"} & imported
+
+
+def test_reproduce_states_each_presets_default_optimizer_as_the_presets_have_it():
+    (commands_action,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    (optimizer,) = [a for a in commands_action.choices["reproduce"]._actions if a.dest == "optimizer"]
+    defaults = optimizer.help.split("(default: the preset's; ")[1].rstrip(")")
+    stated = {name: chosen for part in defaults.split("; ") for names, chosen in [part.split(": ")]
+              for name in names.split(", ")}
+    assert stated == {name: config.optimizer for name, config in TRAIN_PRESETS.items()}
 
 
 def test_every_parser_refuses_abbreviated_options():
