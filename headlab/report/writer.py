@@ -24,6 +24,7 @@ from headlab.report import plots
 from headlab.report.paper_tables import cache_table, loss_table, markdown_table, rank_table, recipe_text
 from headlab.schema import BEHAVIOUR, KINDS, VIEWS
 from headlab.study.claims import (
+    MARGINS,
     claims,
     final_losses,
     halfway,
@@ -35,7 +36,7 @@ from headlab.study.claims import (
     rule_text,
     training_claims,
 )
-from headlab.study.stats import paired_difference, spread
+from headlab.study.stats import HIGHER, LOWER, WITHIN, paired_difference, spread
 from headlab.study.table_files import MANIFEST, STUDY, StudyTables, loss_unit
 
 FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "effective_rank_uncentered",
@@ -171,7 +172,11 @@ def rank_bound_rows(tables: StudyTables) -> pd.DataFrame:
         if role is not None:
             trained = flagship[flagship["role"] == role].set_index("seed").loc[rebuilt.index, "uncentered"]
             d = paired_difference(trained.to_numpy(), rebuilt["uncentered"].to_numpy())
-            row["trained LRKV − MHA rebuilt, uncentered"] = d.format(1) if d.decided else f"noise, {d.format(1)}"
+            margin = MARGINS["uncentered"]
+            verdict = d.verdict(margin)
+            row["trained LRKV − MHA rebuilt, uncentered"] = (
+                d.format(1) if verdict in (HIGHER, LOWER) else
+                f"{f'within ±{margin:g}' if verdict == WITHIN else verdict}, {d.format(1)}")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -211,7 +216,8 @@ def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
         "W_h − W̄ is the best rank-r residual (Eckart–Young), so MHA rebuilt as W̄ + [W_h − W̄]_r is what an LRKV "
         "of rank r sharing W_shared = W̄ could at best express of these MHA heads. MHA itself: "
         f"{spread(mha['uncentered'].to_numpy()).format(1)} % of H (uncentered); 'trained LRKV − MHA rebuilt': the "
-        "paired difference ± 95% half-width (points), within seed noise unless marked.",
+        f"paired difference ± 95% half-width (points), an ordering beyond the ±{MARGINS['uncentered']:g}-point "
+        "margin unless marked within it or undecided.",
         "",
         markdown_table(rank_bound_rows(tables), 1),
         "",
@@ -257,7 +263,8 @@ def measures_section(tables: StudyTables, manifest: Manifest) -> list[str]:
         markdown_table(shown, 2),
         "",
         "Where the weight-space conclusion holds up: for each variant whose weight-space effective rank differs "
-        "from Standard MHA's beyond seed noise, the same paired comparison under the other two views.",
+        f"from Standard MHA's by an ordering (beyond the ±{MARGINS['uncentered']:g}-point margin), the same paired "
+        "comparison under the other two views.",
         "",
         *[f"- {s}" for s in measure_claims(ranks)],
         "",
