@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from conftest import EXPLORE_ENV
 from headlab.cli import commands
 from headlab.cli.main import EXIT_INPUT, EXIT_INTERRUPTED, main
-from headlab.cli.parser import build_parser
+from headlab.cli.parser import build_parser, printable
 
 HOSTILE = ["", "-1", "0", "99999999999999999999", "-99999999999999999999", "1e999", "nan", "inf", "1.5", "abc",
            "☃", "../../x", "\x01"]
@@ -66,6 +66,15 @@ def test_generated_hostile_values_give_one_line(tmp_path, capsys, monkeypatch, c
     command, option, value = case
     monkeypatch.chdir(tmp_path)
     _one_line_or_usage(capsys, [*COMMANDS[command], option, value])
+
+
+def test_an_echoed_string_keeps_an_error_on_one_visible_line():
+    """Every character str.splitlines() splits at, and every other unprintable one, is escaped;
+    printable text of any script is left as typed."""
+    breaks = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+    assert printable(f"a{breaks}b\x00\x1b") == "a\\n\\r\\x0b\\x0c\\x1c\\x1d\\x1e\\x85\\u2028\\u2029b\\x00\\x1b"
+    assert len(printable(f"--config {breaks}").splitlines()) == 1
+    assert printable("☃ Ünïcode, spaces and ../x") == "☃ Ünïcode, spaces and ../x"
 
 
 def test_hostile_files_give_one_line(tmp_path, capsys):
