@@ -9,7 +9,7 @@ JOBS ?= 2  # runs trained at once by make demo: two one-thread runs beat one two
 # The browser test drives Debian's chromium (playwright's own browser download is not needed).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install demo ship-demo docs test bench notebooks notebooks-full lab browser clean
+.PHONY: install demo ship-demo docs test test-explore bench notebooks notebooks-full lab browser clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -41,9 +41,14 @@ ship-demo: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m headlab docs runs/reproduce --out docs
 
+# Property tests draw the same examples on every run and machine (tests/conftest.py);
+# `make test-explore` runs the suite with new draws each time. Pin a draw that fails as an @example.
 test: $(STAMP) browser
 	$(VENV)/bin/ruff check headlab tests benchmarks scripts notebooks/*.py
 	$(PY) -m pytest -q -n 2 --dist loadgroup --nbmake tests $(wildcard notebooks/*.ipynb)
+
+test-explore:
+	HEADLAB_EXPLORE=1 $(MAKE) test
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

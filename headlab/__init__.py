@@ -17,7 +17,7 @@ from headlab.package import installed_version, lazy_exports
 
 # Loaded on first use (PEP 562), so `headlab` (and its command line's Ctrl-C guard) starts without
 # importing torch first; so do the packages below it, so that a module loads only what it imports.
-exported, __all__ = lazy_exports(__name__, {
+exported, listed, __all__ = lazy_exports(__name__, {
     "headlab.analysis.similarity": ("Analysis", "analyze"),
     "headlab.data.corpus": ("load_corpus",),
     "headlab.data.shards": ("Corpus",),
@@ -33,3 +33,7 @@ exported, __all__ = lazy_exports(__name__, {
 
 def __getattr__(name: str):
     return installed_version() if name == "__version__" else exported(name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*listed(), "__version__"})

@@ -1,6 +1,8 @@
-"""`python -m headlab` and the `headlab` command. The command line is imported here, under a
-guard (torch and pandas take seconds to load), so a Ctrl-C while it loads ends like every other
-interruption: one line and status 130, not a traceback.
+"""`python -m headlab` and the `headlab` command. The command line loads in two steps: its parser
+(quick: `--help`, `--version` and a usage error answer from it alone), then, for a command to
+run, the modules that run it (torch and pandas: seconds). Both load under one guard, so a Ctrl-C
+before the command starts ends like every other interruption: one line and status 130, not a
+traceback.
 
 The guard records the signal instead of raising: a KeyboardInterrupt raised inside an import can
 land in one of importlib's internal callbacks, where Python prints "Exception ignored" and goes on,
@@ -17,13 +19,14 @@ def run() -> int:
     interrupted = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     try:
+        args = importlib.import_module("headlab.cli.parser").parse_arguments()  # --help ends here, without torch
         cli = importlib.import_module("headlab.cli.main")
     finally:
         signal.signal(signal.SIGINT, previous)
     if interrupted:
         print("headlab: error: interrupted while starting; nothing was done", file=sys.stderr)
         return EXIT_INTERRUPTED
-    return cli.main()
+    return cli.run(args)
 
 
 if __name__ == "__main__":  # not when a spawned worker process imports this module as __mp_main__

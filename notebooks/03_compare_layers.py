@@ -177,7 +177,7 @@ plots.similarity_heatmaps(similarity, layer=layers.get("Middle", layers["Late"])
 # 0, 1, 2, 4, … and then ten evenly spaced ones: `TrainConfig.snapshot_every`). The study's
 # `snapshot_summary` table holds the analysis of every snapshot of every run; the figure follows the
 # effective rank from the initial draw to the last step (symmetric-log step axis). The sentences
-# answer, by the report's rule (paired by seed, an ordering only beyond seed noise), when MQA's
+# answer, by the report's rule (paired by seed, an ordering only beyond its margin), when MQA's
 # centering gap ("query compensation") appears and whether LRKV's diversity tracks MHA's.
 
 # %%

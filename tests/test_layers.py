@@ -263,3 +263,15 @@ def test_the_tables_vocabulary_imports_only_the_standard_library():
     loaded = loaded_modules("headlab.schema")
     assert headlab_modules(loaded) == {"headlab", "headlab.package", "headlab.schema"}
     assert not {"numpy", "pandas", "torch"} & loaded
+
+
+def test_the_command_lines_parser_loads_neither_torch_nor_pandas():
+    """`headlab --help`, `--version` and a usage error answer from the parser alone (headlab.__main__)."""
+    assert not {"torch", "pandas", "numpy"} & loaded_modules("headlab.cli.parser")
+
+
+@pytest.mark.parametrize("package", ["headlab", *(f"headlab.{name}" for name in PACKAGES)])
+def test_dir_of_a_package_lists_what_it_exports_before_loading_it(package):
+    """Tab completion (dir) finds `headlab.GPT` and the rest while they are still unloaded."""
+    module = __import__(package, fromlist=["__all__"])
+    assert set(module.__all__) <= set(dir(module))

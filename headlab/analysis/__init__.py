@@ -4,6 +4,6 @@ on them, and the tidy tables that every later layer reads."""
 from headlab.package import lazy_exports
 
 # Loaded on first use (PEP 562): importing one module of the package loads that module only.
-__getattr__, __all__ = lazy_exports(__name__, {
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "headlab.analysis.similarity": ("Analysis", "analyze", "concat", "measure_agreement"),
 })

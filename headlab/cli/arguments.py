@@ -7,11 +7,9 @@ import argparse
 import math
 from pathlib import Path
 
-from headlab.model.config import PRESETS, ModelConfig
-from headlab.model.gpt import DTYPE_BYTES
+from headlab.model.config import DTYPE_BYTES, PRESETS, ModelConfig
 from headlab.schema import ALL_CIRCUITS, CIRCUITS, FAMILIES, MEASURES, MLA_ROPE, ROLES
-from headlab.study.sweep import UNSWEPT_TRAIN_FIELDS
-from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, TrainConfig
+from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, UNSWEPT_TRAIN_FIELDS, TrainConfig
 
 CONFIG_OVERRIDES = ("n_kv_head", "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "seq_len")
 CONFIG_HELP = {
@@ -205,9 +203,14 @@ def study_budget_arguments(reproduce: argparse.ArgumentParser) -> None:
 def reproduce_arguments(reproduce: argparse.ArgumentParser) -> None:
     reproduce.add_argument("--out", default="runs/reproduce", metavar="DIR", help="study folder (default: %(default)s)")
     reproduce.add_argument("--compile", action="store_true", help="torch.compile every model (GPU only)")
+    by_optimizer: dict[str, list[str]] = {}
+    for name, config in TRAIN_PRESETS.items():
+        by_optimizer.setdefault(config.optimizer, []).append(name)
     reproduce.add_argument("--optimizer", choices=OPTIMIZERS,
                            help="muon (Muon on block matrices + AdamW elsewhere, DDP only) or adamw (needed by "
-                                "--parallel fsdp) (default: the preset's; paper-*: muon, the others: adamw)")
+                                "--parallel fsdp) (default: the preset's; " + "; ".join(
+                                    f"{', '.join(names)}: {optimizer}" for optimizer, names in by_optimizer.items())
+                                + ")")
     reproduce.add_argument("--parallel", choices=PARALLEL,
                            help="under torchrun: ddp (a full replica per process) or fsdp (sharded, for models that "
                                 "do not fit one device) (default: the preset's, ddp)")

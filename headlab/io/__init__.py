@@ -11,7 +11,7 @@ else does). Folders are made by `make_folder`, files by the writers of `files`.
 from headlab.package import lazy_exports
 
 # Loaded on first use (PEP 562): importing one module of the package loads that module only.
-__getattr__, __all__ = lazy_exports(__name__, {
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "headlab.io.files": (
         "TEMPORARY_SUFFIX", "TEMPORARY", "CHUNK", "BUFFER", "temporary_path", "fsync_path", "HashingFile", "stage_file",
         "commit_file", "write_file", "atomic_write_bytes", "atomic_write_text", "open_regular", "append_line",

@@ -20,6 +20,8 @@ from dataclasses import dataclass, fields
 
 from headlab.schema import FAMILIES
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # bytes per value: `kv_cache_bytes`'s unit
+
 MLP_TYPES = ("relu2", "gelu", "swiglu")
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from headlab.model.attention import KVCache, LowRankKVAttention, build_attention, rope_tables
-from headlab.model.config import ModelConfig
+from headlab.model.config import DTYPE_BYTES, ModelConfig
 from headlab.model.ops import RMSNorm, relu_squared
 
 NORM_EPS = 1e-6
@@ -177,8 +177,6 @@ def count_parameters(config: ModelConfig) -> dict[str, int]:
     with torch.device("meta"):
         return GPT(config).param_counts()
 
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def describe(config: ModelConfig, context: int, dtype: str = "bfloat16", batch_size: int = 1) -> dict:

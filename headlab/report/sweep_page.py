@@ -48,7 +48,8 @@ def sweep_lines(table: pd.DataFrame, manifest: Manifest) -> list[str]:
         "",
         f"Grid over {axes}; {int(table['seeds'].max())} seed(s) per variant and point, each variant paired with "
         "Standard MHA's run of the same seed. Cells: paired difference (variant − MHA) ± the 95% t half-width; "
-        "an interval that excludes zero is an ordering, otherwise within seed noise.",
+        "the sentences below set each interval against its metric's margin δ (the table's `margin`): within ±δ "
+        "when it lies inside, an ordering only when it excludes zero and the difference exceeds δ.",
         "",
         f"![sweep](figures/{figure.name})",
         "",

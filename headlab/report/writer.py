@@ -31,9 +31,11 @@ from headlab.report.paper_tables import (
 )
 from headlab.schema import BEHAVIOUR, KINDS, VIEWS
 from headlab.study.claims import (
+    MARGINS,
     claims,
     final_losses,
     halfway,
+    margins_text,
     measure_claims,
     per_seed_metrics,
     per_seed_ranks,
@@ -43,7 +45,7 @@ from headlab.study.claims import (
 )
 from headlab.study.paper import SEED_HEADS
 from headlab.study.seed_distance import seed_distance
-from headlab.study.stats import paired_difference, spread
+from headlab.study.stats import HIGHER, LOWER, WITHIN, paired_difference, spread
 from headlab.study.table_files import MANIFEST, STUDY, StudyTables, loss_unit
 
 FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "effective_rank_uncentered",
@@ -95,8 +97,9 @@ def figure_name(folder: str | None, name: str) -> str:
 def write_docs(tables: StudyTables, out: str | Path) -> Path:
     """The README's opening, from a study's tables: `DOCS_FIGURES` (PNG and SVG) and headline.md,
     the loss and effective-rank tables (mean ± sd over seeds; differences to MHA paired by seed
-    ± the 95% t half-width). Returns headline.md's path. (How long a study took is not a table's:
-    tables are redrawn from reused runs in minutes, so the README states the measured time.)"""
+    ± the 95% t half-width) and the verdicts of the report's rule with their margins. Returns
+    headline.md's path. (How long a study took is not a table's: tables are redrawn from reused
+    runs in minutes, so the README states the measured time.)"""
     out = Path(out)
     with writing(out, DOCS_MANIFEST, DOCS, "docs writer") as manifest:
         draw_figures(tables, manifest, None, DOCS_FIGURES)
@@ -111,6 +114,7 @@ def headline_lines(tables: StudyTables) -> list[str]:
             f"{len(meta['seeds'])} seeds, {meta['corpus_description']}. {recipe_text(meta)}", "",
             markdown_table(loss_table(metrics, meta["flagship_mla_rope"]), 3), "",
             markdown_table(rank_table(tables["summary"], metrics, init_table(tables, "init_summary")), 1), "",
+            margins_text(metrics), "", *[f"- {s}" for s in claims(metrics)], "",
             *seed_distance_lines(tables)]
 
 
@@ -225,7 +229,11 @@ def rank_bound_rows(tables: StudyTables) -> pd.DataFrame:
         if role is not None:
             trained = flagship[flagship["role"] == role].set_index("seed").loc[rebuilt.index, "uncentered"]
             d = paired_difference(trained.to_numpy(), rebuilt["uncentered"].to_numpy())
-            row["trained LRKV − MHA rebuilt, uncentered"] = d.format(1) if d.decided else f"noise, {d.format(1)}"
+            margin = MARGINS["uncentered"]
+            verdict = d.verdict(margin)
+            row["trained LRKV − MHA rebuilt, uncentered"] = (
+                d.format(1) if verdict in (HIGHER, LOWER) else
+                f"{f'within ±{margin:g}' if verdict == WITHIN else verdict}, {d.format(1)}")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -265,7 +273,8 @@ def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
         "W_h − W̄ is the best rank-r residual (Eckart–Young), so MHA rebuilt as W̄ + [W_h − W̄]_r is what an LRKV "
         "of rank r sharing W_shared = W̄ could at best express of these MHA heads. MHA itself: "
         f"{spread(mha['uncentered'].to_numpy()).format(1)} % of H (uncentered); 'trained LRKV − MHA rebuilt': the "
-        "paired difference ± 95% half-width (points), within seed noise unless marked.",
+        f"paired difference ± 95% half-width (points), an ordering beyond the ±{MARGINS['uncentered']:g}-point "
+        "margin unless marked within it or undecided.",
         "",
         markdown_table(rank_bound_rows(tables), 1),
         "",
@@ -311,7 +320,8 @@ def measures_section(tables: StudyTables, manifest: Manifest) -> list[str]:
         markdown_table(shown, 2),
         "",
         "Where the weight-space conclusion holds up: for each variant whose weight-space effective rank differs "
-        "from Standard MHA's beyond seed noise, the same paired comparison under the other two views.",
+        f"from Standard MHA's by an ordering (beyond the ±{MARGINS['uncentered']:g}-point margin), the same paired "
+        "comparison under the other two views.",
         "",
         *[f"- {s}" for s in measure_claims(ranks)],
         "",

@@ -1,7 +1,9 @@
 """The sentences a report states, generated from a study's tables by one rule (`headlab.study.stats`):
-a variant's runs are paired with Standard MHA's run of the same seed, and an ordering is stated,
-as difference ± half-width, only when the 95% t-interval of the per-seed differences excludes
-zero; otherwise the two are "within seed noise". With one seed no ordering is claimed.
+a variant's runs are paired with Standard MHA's run of the same seed, and the 95% t-interval of
+the per-seed differences is set against the metric's practical margin δ (`MARGINS`): "within
+±δ" when the whole interval lies inside it, an ordering (difference ± half-width) only when the
+interval excludes zero and the difference exceeds δ, "undecided" otherwise. With one seed no
+ordering is claimed.
 
     metrics = per_seed_metrics(tables["summary"], tables["training"])
     claims(metrics)                                   # the comparison with Standard MHA
@@ -11,6 +13,7 @@ zero; otherwise the two are "within seed noise". With one seed no ordering is cl
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,13 +21,54 @@ import pandas as pd
 
 from headlab.schema import BEHAVIOUR, FLAGSHIP_MLA_ROPE, KINDS, ROLES, VIEWS
 from headlab.study.paper import PAPER
-from headlab.study.stats import Difference, chance_orderings, paired_difference, paired_to_baseline
+from headlab.study.stats import (
+    HIGHER,
+    LOWER,
+    WITHIN,
+    Difference,
+    chance_orderings,
+    paired_difference,
+    paired_to_baseline,
+)
 
 METRICS = {  # per-seed column -> (what it is, unit (None: the metrics' loss_unit), decimals)
     "val_loss": ("validation loss", None, 3),
     "uncentered": ("uncentered effective rank", "points of % of H", 2),
     "centered": ("centered effective rank", "points of % of H", 2),
 }
+
+# The practical margin δ of each metric: the loss's per byte (`margins` converts it for a study
+# whose loss is per token), the ranks' in points of % of H. A rerun of the demo on another machine
+# moved a seed's final loss by 0.006 nats/byte (1.6284 → 1.6228: other CPU kernels, other bits) and
+# rank gaps by tenths of a point; with 3 seeds (t = 4.3) that moves an interval's ends by up to
+# ~0.02 nats/byte and ~0.7 points, so each δ stands well clear of it, and below the gaps worth stating.
+MARGINS = {"val_loss": 0.05, "uncentered": 3.0, "centered": 3.0}
+MARGIN_REASONS = (
+    "δ = 0.05 nats/byte for the validation loss (0.07 bits/byte, 3% of the demo's loss; a change of training "
+    "recipe, AdamW for Muon, moves it by 0.13), and δ = 3 points of % of H for either effective rank (below every "
+    "uncentered gap the paper reports but LRKV at r=64's, 4.9 to 22.8 points; its centered gaps, 0.6 to 4.0, "
+    "mostly lie inside it). Both stand well clear of what a rerun on another machine moves: a seed's loss by up "
+    "to 0.006 nats/byte and a rank gap by tenths of a point, the ends of a 3-seed interval by about 0.02 nats/byte "
+    "and 0.7 points.")
+
+
+def margins(metrics: pd.DataFrame) -> dict[str, float]:
+    """`MARGINS` in the units of `metrics` (what `per_seed_metrics` returns): the loss margin, per
+    byte, times the runs' bytes per token, val_loss / (val_bpb · ln 2) as the trainer relates them
+    (1 for a study whose loss is per byte)."""
+    if (metrics["loss_unit"] == "nats/byte").all():
+        return dict(MARGINS)
+    bytes_per_token = float((metrics["val_loss"] / (metrics["val_bpb"] * math.log(2))).median())
+    return {**MARGINS, "val_loss": MARGINS["val_loss"] * bytes_per_token}
+
+
+def margins_text(metrics: pd.DataFrame) -> str:
+    """The rule and its margins in one sentence, as the headline states them beside its verdicts."""
+    deltas = margins(metrics)
+    return (f"Verdicts against Standard MHA (within ±δ when the whole 95% interval of the paired differences lies "
+            f"inside ±δ; an ordering only when it excludes zero and the difference exceeds δ; undecided otherwise), "
+            f"with δ = {deltas['val_loss']:.3g} {metrics['loss_unit'].iloc[0]} for the validation loss and "
+            f"{deltas['uncentered']:g} points of % of H for either effective rank (report.md says why):")
 
 
 # ---- per-seed metrics -------------------------------------------------------------------------
@@ -125,64 +169,74 @@ def change_since(end: pd.DataFrame, half: pd.DataFrame, role: str, mla_rope: str
     return paired_difference(at_end[seeds].to_numpy(), at_half[seeds].to_numpy())
 
 
-def settling(change: Difference | None, since: int | None, decimals: int) -> str | None:
-    """A claim's mark: 'still moving' when the interval of its change since step `since` excludes
-    zero, else 'settled'; None (no mark) without a half-way value."""
+def settling(change: Difference | None, since: int | None, decimals: int, margin: float) -> str | None:
+    """A claim's mark, by the rule with the claim's `margin`: 'still moving' when its change since
+    step `since` is an ordering, 'settled' when the change is within ±margin, else 'settling
+    undecided'; None (no mark) without a half-way value."""
     if change is None:
         return None
-    if change.decided:
+    verdict = change.verdict(margin)
+    if verdict in (HIGHER, LOWER):
         return f"still moving: changed by {change.format(decimals)} since step {since}"
-    return f"settled: changed by {change.format(decimals)} since step {since}, within seed noise"
+    if verdict == WITHIN:
+        return f"settled: changed by {change.format(decimals)} since step {since}, within ±{margin:g}"
+    return f"settling undecided: changed by {change.format(decimals)} since step {since}"
 
 
 # ---- the comparison with Standard MHA ---------------------------------------------------------
 
 def claims(metrics: pd.DataFrame, half: Halfway | None = None) -> list[str]:
-    """One sentence per variant and metric: an ordering against Standard MHA only where the paired
-    95% t-interval excludes zero, "within seed noise" otherwise; and a sentence on what centering
-    does to each variant's rank, by the same rule. With `half` (the same runs half-way through
-    training), each sentence is marked settled or still moving (`change_since`). With one seed,
-    the single sentence "One seed: no orderings claimed."."""
+    """One sentence per variant and metric against Standard MHA by the rule with the metric's
+    margin (`margins`): within ±δ, higher or lower by d̄ ± h, or undecided; and a sentence on what
+    centering does to each variant's rank, by the same rule. With `half` (the same runs half-way
+    through training), each sentence is marked settled or still moving (`change_since`). With one
+    seed, the single sentence "One seed: no orderings claimed."."""
     if metrics["seed"].nunique() < 2:
         return ["One seed: no orderings claimed."]
-    sentences = []
+    sentences, deltas = [], margins(metrics)
     for column, (what, unit, decimals) in METRICS.items():
         unit = unit or metrics["loss_unit"].iloc[0]
         for role, model, mla_rope in variant_rows(metrics):
             if role == "mha" or (column == "val_loss" and mla_rope != FLAGSHIP_MLA_ROPE):
                 continue
             mark = half and settling(change_since(metrics, half.metrics, role, mla_rope, column),
-                                     half.loss_step if column == "val_loss" else half.rank_step, decimals)
+                                     half.loss_step if column == "val_loss" else half.rank_step, decimals,
+                                     deltas[column])
             sentences.append(sentence(f"{variant_name(role, model, mla_rope)}: {what}",
-                                      difference_to_mha(metrics, role, mla_rope, column),
-                                      ("higher than", "lower than", "within seed noise of Standard MHA"),
-                                      "Standard MHA", unit, decimals, mark=mark))
+                                      difference_to_mha(metrics, role, mla_rope, column), deltas[column],
+                                      ("higher than Standard MHA", "lower than Standard MHA", "equal to Standard MHA's",
+                                       "undecided against Standard MHA"),
+                                      unit, decimals, mark=mark))
     for role, model, mla_rope in variant_rows(metrics):
         rise = paired_difference(values(metrics, role, mla_rope, "centered").to_numpy(),
                                  values(metrics, role, mla_rope, "uncentered").to_numpy())
         mark = half and settling(change_since(metrics, half.metrics, role, mla_rope, "centered", baseline=None,
-                                              minus="uncentered"), half.rank_step, 2)
+                                              minus="uncentered"), half.rank_step, 2, deltas["centered"])
         paper = PAPER[role]
-        sentences.append(sentence(f"{variant_name(role, model, mla_rope)}: centering", rise,
-                                  ("raises", "lowers", "leaves the effective rank within seed noise"),
-                                  "the effective rank", "points of % of H", 2,
-                                  f"the paper: {paper.uncentered:.1f}% → {paper.centered:.1f}%",
+        sentences.append(sentence(f"{variant_name(role, model, mla_rope)}: centering", rise, deltas["centered"],
+                                  ("raises the effective rank", "lowers the effective rank",
+                                   "leaves the effective rank unchanged", "undecided about the effective rank"),
+                                  "points of % of H", 2, f"the paper: {paper.uncentered:.1f}% → {paper.centered:.1f}%",
                                   mark=mark))
     return sentences
 
 
-def sentence(subject: str, d: Difference, verbs: tuple[str, str, str], what: str, unit: str, decimals: int,
+def sentence(subject: str, d: Difference, margin: float, verbs: tuple[str, str, str, str], unit: str, decimals: int,
              note: str = "", mark: str | None = None) -> str:
-    """One claim by the rule: '<subject> <up|down> <what> by |d̄| ± h <unit> (<note>).' when the
-    interval excludes zero, else '<subject> <undecided> (d̄ ± h <unit>; <note>).'; a settling
-    `mark` goes before the full stop as ' [<mark>]'."""
-    up, down, undecided = verbs
+    """One claim by the rule with `margin` (`Difference.verdict`), `verbs` = (up, down, equal, undecided):
+        ordering    '<subject> <up|down> by |d̄| ± h <unit> (<note>).'
+        within      '<subject> <equal> within ±δ <unit> (d̄ ± h; <note>).'
+        undecided   '<subject> <undecided> at ±δ <unit> (d̄ ± h; <note>).'
+    a settling `mark` goes before the full stop as ' [<mark>]'."""
+    up, down, equal, undecided = verbs
     tail = f" [{mark}]" if mark else ""
-    if d.decided:
+    verdict = d.verdict(margin)
+    if verdict in (HIGHER, LOWER):
         note = f" ({note})" if note else ""
-        return (f"{subject} {up if d.mean > 0 else down} {what} by {abs(d.mean):.{decimals}f} ± "
+        return (f"{subject} {up if verdict == HIGHER else down} by {abs(d.mean):.{decimals}f} ± "
                 f"{d.half_width:.{decimals}f} {unit}{note}{tail}.")
-    return f"{subject} {undecided} ({d.format(decimals)} {unit}{'; ' + note if note else ''}){tail}."
+    status = f"{equal} within" if verdict == WITHIN else f"{undecided} at"
+    return f"{subject} {status} ±{margin:g} {unit} ({d.format(decimals)}{'; ' + note if note else ''}){tail}."
 
 
 def rule_text(n_seeds: int, n_comparisons: int) -> str:
@@ -192,16 +246,18 @@ def rule_text(n_seeds: int, n_comparisons: int) -> str:
         return ("With one seed there is no estimate of seed noise, so this report states no ordering between "
                 "variants; train more seeds (`--seeds 3`) for comparisons.")
     return (f"Each comparison pairs a variant's run with Standard MHA's run of the same seed (same data order and "
-            f"initial draw) and takes the {n_seeds} per-seed differences d_i. An ordering is stated only when the "
-            f"95% t-interval d̄ ± t(0.975, {n_seeds - 1}) · s_d / √{n_seeds} excludes zero, and is then given as "
-            "difference ± half-width; otherwise the two are called within seed noise. No other ordering is claimed. "
+            f"initial draw) and takes the {n_seeds} per-seed differences d_i, with their 95% t-interval d̄ ± "
+            f"t(0.975, {n_seeds - 1}) · s_d / √{n_seeds}, against a practical margin δ per metric: {MARGIN_REASONS} "
+            "The two are called within ±δ when the whole interval lies inside ±δ (an equivalence test); an ordering "
+            "is stated, as difference ± half-width, only when the interval excludes zero and the difference exceeds "
+            "δ; otherwise the comparison is undecided at this many seeds. No other ordering is claimed. "
             f"The {n_comparisons} comparisons below are each tested at 95% with no correction for their number: were "
             f"there no true difference behind any of them (a variant against Standard MHA, or centered against "
-            f"uncentered), about {chance_orderings(n_comparisons):.1f} of them would still come out as orderings, "
-            "so an ordering whose interval barely excludes zero is a lead to re-test with more seeds, not a finding. "
-            "Each comparison is also made half-way through training (the snapshot nearest half the steps), and "
-            "the per-seed change of its difference since then gets the same interval: where that excludes zero "
-            "the sentence is marked still moving (a longer run may change it), otherwise settled.")
+            f"uncentered), at most about {chance_orderings(n_comparisons):.1f} of them would still come out as "
+            "orderings, so an ordering whose interval barely excludes zero is a lead to re-test with more seeds, not "
+            "a finding. Each comparison is also made half-way through training (the snapshot nearest half the "
+            "steps), and the per-seed change of its difference since then is judged by the same rule: an ordering "
+            "marks the sentence still moving (a longer run may change it), a change within ±δ settled.")
 
 
 # ---- do the measures agree? --------------------------------------------------------------------
@@ -213,16 +269,17 @@ def per_seed_ranks(measures: pd.DataFrame) -> pd.DataFrame:
 
 
 def _ordering(d: Difference) -> str:
-    if not d.decided:
-        return f"within seed noise ({d.format(1)})"
-    return f"{'higher' if d.mean > 0 else 'lower'} by {abs(d.mean):.1f} ± {d.half_width:.1f}"
+    verdict = d.verdict(MARGINS["uncentered"])
+    if verdict in (HIGHER, LOWER):
+        return f"{verdict} by {abs(d.mean):.1f} ± {d.half_width:.1f}"
+    return f"{'within' if verdict == WITHIN else 'undecided at'} ±{MARGINS['uncentered']:g} ({d.format(1)})"
 
 
 def measure_claims(ranks: pd.DataFrame) -> list[str]:
     """Per variant and kind with a weight-space ordering against Standard MHA (the paper's kind of
-    conclusion), whether the data-aware and behaviour views show the same ordering beyond seed noise
-    ("holds up"), the opposite one ("reversed"), or none ("not confirmed"). Variants without a
-    weight-space ordering are listed once."""
+    conclusion; by the rule with the rank margin), whether the data-aware and behaviour views show
+    the same ordering ("holds up"), the opposite one ("reversed"), or none ("not confirmed").
+    Variants without a weight-space ordering are listed once."""
     if ranks["seed"].nunique() < 2:
         return ["One seed: no orderings claimed, so no weight-space conclusion is tested."]
     sentences, undecided = [], []
@@ -236,20 +293,21 @@ def measure_claims(ranks: pd.DataFrame) -> list[str]:
             continue
         for kind in KINDS:
             weights = difference(role, "frobenius", kind)
-            if not weights.decided:
+            if weights.verdict(MARGINS[kind]) not in (HIGHER, LOWER):
                 undecided.append(f"{models[role]} ({kind})")
                 continue
             parts = []
             for measure in ("data", BEHAVIOUR):
                 d = difference(role, measure, kind)
-                verdict = ("holds up" if d.decided and np.sign(d.mean) == np.sign(weights.mean)
-                           else "reversed" if d.decided else "not confirmed")
+                ordered = d.verdict(MARGINS[kind]) in (HIGHER, LOWER)
+                verdict = ("holds up" if ordered and np.sign(d.mean) == np.sign(weights.mean)
+                           else "reversed" if ordered else "not confirmed")
                 parts.append(f"{VIEWS[measure]}: {_ordering(d)}, {verdict}")
             sentences.append(f"{models[role]}, {kind} (points of % of H against Standard MHA): weights "
                              f"{_ordering(weights)}; {'; '.join(parts)}.")
     if undecided:
-        sentences.append("No weight-space ordering against Standard MHA to test (within seed noise): "
-                         + ", ".join(undecided) + ".")
+        sentences.append(f"No weight-space ordering against Standard MHA (beyond ±{MARGINS['uncentered']:g} points) "
+                         "to test: " + ", ".join(undecided) + ".")
     return sentences
 
 
@@ -273,11 +331,11 @@ def at_step(metrics: pd.DataFrame, role: str, step: int, column: str) -> Differe
 
 
 def compensation_onset(metrics: pd.DataFrame) -> tuple[int | None, Difference | None]:
-    """The first step where MQA's centering gap exceeds MHA's beyond seed noise, with that step's
-    paired difference; (None, None) if there is no such step."""
+    """The first step where MQA's centering gap exceeds MHA's by the rule (an ordering beyond the
+    rank margin), with that step's paired difference; (None, None) if there is no such step."""
     for step in sorted(metrics["step"].unique()):
         d = at_step(metrics, "mqa", step, "gap")
-        if d.decided and d.mean > 0:
+        if d.verdict(MARGINS["centered"]) == HIGHER:
             return int(step), d
     return None, None
 
@@ -289,31 +347,36 @@ def training_claims(metrics: pd.DataFrame) -> list[str]:
         return ["One seed: no onset and no ordering through training claimed."]
     steps = sorted(metrics["step"].unique())
     roles = set(metrics["role"])
-    sentences = []
+    sentences, margin = [], MARGINS["centered"]
+
+    def ordered(d: Difference) -> bool:
+        return d.verdict(margin) in (HIGHER, LOWER)
+
     if {"mqa", "mha"} <= roles:
         step, d = compensation_onset(metrics)
         final = at_step(metrics, "mqa", steps[-1], "gap")
         if step is None:
-            sentences.append(f"Query compensation: MQA's centering gap is not distinguishable from MHA's beyond seed "
-                             f"noise at any of the {len(steps)} snapshot steps (at step {steps[-1]}: "
+            sentences.append(f"Query compensation: MQA's centering gap exceeds MHA's beyond the ±{margin:g}-point "
+                             f"margin at none of the {len(steps)} snapshot steps (at step {steps[-1]}: "
                              f"{final.format(2)} points of % of H).")
         else:
-            held = sum(at_step(metrics, "mqa", s, "gap").decided for s in steps if s >= step)
-            sentences.append(f"Query compensation: MQA's centering gap first exceeds MHA's beyond seed noise at step "
-                             f"{step} (by {d.mean:.2f} ± {d.half_width:.2f} points of % of H) and does so at {held} "
-                             f"of the {len([s for s in steps if s >= step])} snapshot steps from there on (at step "
-                             f"{steps[-1]}: {final.format(2)}).")
+            held = sum(ordered(at_step(metrics, "mqa", s, "gap")) for s in steps if s >= step)
+            sentences.append(f"Query compensation: MQA's centering gap first exceeds MHA's beyond the "
+                             f"±{margin:g}-point margin at step {step} (by {d.mean:.2f} ± {d.half_width:.2f} points "
+                             f"of % of H) and does so at {held} of the {len([s for s in steps if s >= step])} "
+                             f"snapshot steps from there on (at step {steps[-1]}: {final.format(2)}).")
     for role in sorted(r for r in roles if r.startswith("lrkv")):
         model = metrics.loc[metrics["role"] == role, "model"].iloc[0]
         apart = [(s, kind, at_step(metrics, role, s, kind)) for s in steps for kind in KINDS]
-        apart = [(s, kind, d) for s, kind, d in apart if d.decided]
+        apart = [(s, kind, d) for s, kind, d in apart if ordered(d)]
         if not apart:
             sentences.append(f"{model} tracks Standard MHA from the start: its uncentered and centered effective "
-                             f"ranks are within seed noise of MHA's at every one of the {len(steps)} snapshot steps.")
+                             f"ranks give no ordering against MHA's beyond the ±{margin:g}-point margin at any of "
+                             f"the {len(steps)} snapshot steps.")
         else:
             s, kind, d = apart[0]
-            sentences.append(f"{model} departs from Standard MHA beyond seed noise first at step {s} ({kind} "
-                             f"effective rank {d.format(2)} points of % of H), and at {len(apart)} of the "
+            sentences.append(f"{model} departs from Standard MHA beyond the ±{margin:g}-point margin first at step {s} "
+                             f"({kind} effective rank {d.format(2)} points of % of H), and at {len(apart)} of the "
                              f"{2 * len(steps)} (step, kind) comparisons in all (were it no different, chance alone "
                              f"would give about {chance_orderings(2 * len(steps)):.1f}).")
     return sentences

@@ -5,9 +5,16 @@
                  initial draw of the random generator), d̄ and s_d as above
     interval     d̄ ± t_{1−α/2, n−1} · s_d / √n   (Student's t, α = 1 − confidence)
 
-The rule a report states and follows: a is called higher (or lower) than b only when the
-interval of the paired differences excludes zero; otherwise a and b are "within seed noise".
-With one seed there is no interval (s_d needs n ≥ 2) and no ordering is claimed.
+The rule a report states and follows has a practical margin δ > 0 per metric (in its unit,
+`headlab.study.claims.MARGINS`) besides the interval, so that a difference too small to matter is
+never stated as an ordering, however narrow its interval, and a verdict does not turn on the
+last digits a machine's kernels change:
+
+    within δ     the whole interval lies inside (−δ, +δ)          "within ±δ of b" (equivalence)
+    higher/lower the interval excludes zero and |d̄| > δ           "a higher (lower) than b by d̄ ± h"
+    undecided    otherwise                                         neither shown at this many seeds
+
+With one seed there is no interval (s_d needs n ≥ 2): undecided, and no ordering is claimed.
 
     chance       n · (1 − c) orderings expected by chance among n comparisons of variants that
                  truly do not differ (no correction for the number of comparisons is made, so a
@@ -25,6 +32,7 @@ import pandas as pd
 from scipy.special import stdtrit  # Student's t quantile; scipy.stats would add 0.5 s to every start
 
 CONFIDENCE = 0.95
+WITHIN, HIGHER, LOWER, UNDECIDED = "within", "higher", "lower", "undecided"  # the verdicts of `Difference.verdict`
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,19 @@ class Difference:
     def decided(self) -> bool:
         """Whether the interval d̄ ± half_width excludes zero (never with one seed)."""
         return self.n >= 2 and abs(self.mean) > self.half_width
+
+    def verdict(self, margin: float) -> str:
+        """WITHIN when d̄ ± half_width lies inside (−margin, +margin); HIGHER or LOWER (the sign of
+        d̄) when the interval excludes zero and |d̄| > margin; UNDECIDED otherwise (always with one seed)."""
+        if not margin > 0:
+            raise ValueError(f"margin = {margin!r} is invalid: it must be positive")
+        if self.n < 2:
+            return UNDECIDED
+        if abs(self.mean) + self.half_width < margin:
+            return WITHIN
+        if self.decided and abs(self.mean) > margin:
+            return HIGHER if self.mean > 0 else LOWER
+        return UNDECIDED
 
     def format(self, decimals: int) -> str:
         """'+0.031 ± 0.012', or '+0.031' for a single seed."""

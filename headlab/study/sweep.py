@@ -9,8 +9,8 @@ other ModelConfig or TrainConfig setting (the optimizer, learning rates, weight 
 
 Every grid point is an ordinary `Study` with its own folder (<folder>/<point key>/runs/...), so
 runs are reused and resumed like any study's. The table has one row per grid point, comparison
-(variant, metric) and the paired difference to Standard MHA: mean, 95% half-width, seeds, and
-whether the interval excludes zero (`decided`), by the rule of `headlab.study.stats`; what it says
+(variant, metric) and the paired difference to Standard MHA: mean, 95% half-width, seeds, the
+metric's margin and the verdict by the rule of `headlab.study.stats`; what it says
 across the grid is read from the table alone (`headlab.study.sweep_claims`).
 """
 
@@ -27,15 +27,12 @@ from headlab.analysis.tables import load_tables, save_tables
 from headlab.io import Manifest, make_folder
 from headlab.model.config import ModelConfig, preset
 from headlab.schema import FLAGSHIP_MLA_ROPE
-from headlab.study.claims import METRICS, difference_to_mha, per_seed_metrics, variant_name, variant_rows
+from headlab.study.claims import METRICS, difference_to_mha, margins, per_seed_metrics, variant_name, variant_rows
 from headlab.study.roles import compared_roles, comparison_roles
 from headlab.study.study import Study
 from headlab.study.table_files import SWEEP, SWEEP_MANIFEST, loss_unit
 from headlab.study.tables import analysis_tables, training_table
-from headlab.training.config import TrainConfig, train_preset
-
-# TrainConfig fields a grid cannot set: the lengths axis sets the steps, the seeds axis the seed.
-UNSWEPT_TRAIN_FIELDS = ("steps", "seed")
+from headlab.training.config import UNSWEPT_TRAIN_FIELDS, TrainConfig, train_preset
 
 
 def setting_text(value) -> str:
@@ -117,7 +114,7 @@ def point_rows(point: GridPoint, metrics: pd.DataFrame) -> list[dict]:
     A comparison is named by its role's preset label, without the point's overrides (the grid's
     columns hold those), so that it is the same comparison at every point."""
     names = {role: config.label for role, config in comparison_roles(point.preset).items()}
-    rows = []
+    rows, deltas = [], margins(metrics)
     for column, (what, unit, _) in METRICS.items():
         for role, _, mla_rope in variant_rows(metrics):
             if role == "mha" or (column == "val_loss" and mla_rope != FLAGSHIP_MLA_ROPE):
@@ -128,7 +125,8 @@ def point_rows(point: GridPoint, metrics: pd.DataFrame) -> list[dict]:
                          **{k: v for k, v in point.overrides.items() if k != "n_layer"},
                          "role": role, "comparison": variant_name(role, names[role], mla_rope), "mla_rope": mla_rope,
                          "metric": what, "unit": unit or metrics["loss_unit"].iloc[0],
-                         "mean": d.mean, "half_width": d.half_width, "seeds": d.n, "decided": d.decided})
+                         "mean": d.mean, "half_width": d.half_width, "seeds": d.n, "margin": deltas[column],
+                         "verdict": d.verdict(deltas[column])})
     return rows
 
 

@@ -1,13 +1,13 @@
-"""What a sweep's table says across its grid (`headlab.study.sweep`), by the paired 95% rule of
-`headlab.study.stats`: which comparisons with Standard MHA hold, change sign, shrink toward zero
-or appear. Read from the table alone, so the sweep's page loads neither the trainer nor torch.
+"""What a sweep's table says across its grid (`headlab.study.sweep`), by the rule of
+`headlab.study.stats` (the paired 95% interval against each metric's margin δ, the table's
+`verdict`): which comparisons with Standard MHA stay within ±δ, hold, change sign, shrink toward
+zero or appear. Read from the table alone, so the sweep's page loads neither the trainer nor torch.
 
     sweep_sentences(table)      # one paragraph's sentences: what holds, flips, shrinks
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 
@@ -19,23 +19,26 @@ def grid_axes(table: pd.DataFrame) -> list[str]:
 
 
 def verdict(rows: pd.DataFrame, axis: str = "length") -> str:
-    """What one comparison does across the grid, by the rule (an ordering only where decided):
-    'holds everywhere' (decided, one sign, at every point), 'changes sign' (decided both ways),
-    'shrinks toward zero' (decided at the smallest `axis` value, within noise at the largest, and
-    smaller in size there), 'appears' (the reverse), else 'decided at k of n points'."""
-    decided = rows[rows["decided"]]
-    signs = set(np.sign(decided["mean"]))
-    if len(decided) == len(rows) and len(signs) == 1:
+    """What one comparison does across the grid, from each point's verdict (an ordering, "higher"
+    or "lower", only beyond the margin): 'within the margin everywhere', 'holds everywhere' (one
+    ordering at every point), 'changes sign' (ordered both ways), 'shrinks toward zero' (ordered at
+    the smallest `axis` value, not at the largest, and smaller in size there), 'appears' (the
+    reverse), else 'ordered at k of n points'."""
+    ordered = rows["verdict"].isin(("higher", "lower"))
+    kinds = set(rows.loc[ordered, "verdict"])
+    if (rows["verdict"] == "within").all():
+        return "within the margin everywhere"
+    if ordered.all() and len(kinds) == 1:
         return "holds everywhere"
-    if len(signs) > 1:
+    if len(kinds) > 1:
         return "changes sign"
-    ordered = rows.sort_values(axis)
-    first, last = ordered.iloc[0], ordered.iloc[-1]
-    if first["decided"] and not last["decided"] and abs(last["mean"]) < abs(first["mean"]):
+    along = rows.assign(ordered=ordered).sort_values(axis)
+    first, last = along.iloc[0], along.iloc[-1]
+    if first["ordered"] and not last["ordered"] and abs(last["mean"]) < abs(first["mean"]):
         return "shrinks toward zero"
-    if last["decided"] and not first["decided"]:
+    if last["ordered"] and not first["ordered"]:
         return "appears"
-    return f"decided at {len(decided)} of {len(rows)} points"
+    return f"ordered at {int(ordered.sum())} of {len(rows)} points"
 
 
 def sweep_sentences(table: pd.DataFrame) -> list[str]:
@@ -48,9 +51,12 @@ def sweep_sentences(table: pd.DataFrame) -> list[str]:
     for (comparison, metric), rows in table.groupby(["comparison", "metric"], sort=False):
         what = verdict(rows, axis)
         if what == "holds everywhere":
-            what += f" ({'higher' if rows['mean'].iloc[0] > 0 else 'lower'} than Standard MHA)"
+            what += f" ({rows['verdict'].iloc[0]} than Standard MHA)"
+        elif what == "within the margin everywhere":
+            what = f"within ±{rows['margin'].iloc[0]:g} {rows['unit'].iloc[0]} everywhere"
         groups.setdefault(what, []).append(f"{comparison}: {metric}")
     points = table["point"].nunique()
-    sentences = [f"Across the {points} grid points (along {axis}), by the paired 95% rule:"]
+    sentences = [f"Across the {points} grid points (along {axis}), by the paired 95% rule with each metric's "
+                 "margin δ (within ±δ, an ordering only beyond it):"]
     sentences += [f"{what}: {'; '.join(items)}." for what, items in groups.items()]
     return sentences

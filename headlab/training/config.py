@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import torch
-
 from headlab.model.config import check_field_types, config_from_dict, invalid_field
 
 OPTIMIZERS = ("adamw", "muon")
 LRKV_B_OPTIMIZERS = ("adamw", "muon")
 DTYPES = ("float32", "bfloat16")
 PARALLEL = ("ddp", "fsdp")
+# TrainConfig fields a sweep's grid cannot set: its lengths axis sets the steps, its seeds axis the seed.
+UNSWEPT_TRAIN_FIELDS = ("steps", "seed")
 
 
 MAX_STEPS = 10 ** 8  # optimizer steps: more is a mistake (the paper's runs take 50,000)
@@ -92,6 +92,8 @@ class TrainConfig:
         if not 0 <= self.seed < 2 ** 63:
             raise invalid_field("seed", self.seed, "must be in 0 .. 2**63 - 1", "TrainConfig")
         if self.device != "auto":
+            import torch  # only here: the command line builds its parser from these presets without torch
+
             try:
                 torch.device(self.device)
             except RuntimeError:
@@ -110,6 +112,8 @@ class TrainConfig:
 # 32 sequences per step, warmup 2000, Muon for matrices (lr 0.02) + AdamW for the embedding
 # (0.2) and head (0.004), wd 0.1, clip 1.0, bf16.
 TRAIN_PRESETS: dict[str, TrainConfig] = {
+    # tiny (the tests' and the notebooks' small mode) trains smoke tests, not results. It keeps AdamW,
+    # the one optimizer FSDP takes, so the tests' FSDP runs train it with its own settings.
     "tiny": TrainConfig(steps=40, batch_size=8, warmup_steps=5, eval_every=20, eval_batches=2,
                         checkpoint_every=20, log_every=5),
     # The CPU presets train the paper's way (Muon + AdamW split): under AdamW on everything the

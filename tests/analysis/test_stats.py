@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from headlab.study.stats import chance_orderings, paired_difference, spread
+from headlab.study.stats import (
+    HIGHER,
+    LOWER,
+    UNDECIDED,
+    WITHIN,
+    Difference,
+    chance_orderings,
+    paired_difference,
+    spread,
+)
 
 
 def test_an_ordering_is_decided_exactly_when_the_paired_t_test_rejects():
@@ -55,3 +64,24 @@ def test_bad_confidence_and_counts_are_refused():
         paired_difference([1.0, 2.0], [0.0, 0.0], confidence=1.0)
     with pytest.raises(ValueError, match="n_comparisons = -1 is invalid"):
         chance_orderings(-1)
+
+
+# The three-way rule: an interval d̄ ± h against a margin δ = 1.
+@pytest.mark.parametrize("mean, half_width, verdict", [
+    (0.2, 0.5, WITHIN),      # the whole interval inside ±δ: equivalence
+    (-0.4, 0.5, WITHIN),
+    (2.0, 0.5, HIGHER),      # excludes zero and |d̄| > δ: an ordering
+    (-1.5, 1.2, LOWER),
+    (0.19, 0.12, WITHIN),    # significance without substance (issue 38's 0.19 ± 0.12 points) is no ordering
+    (0.8, 0.5, UNDECIDED),   # excludes zero but |d̄| ≤ δ, and reaches past δ: neither shown
+    (0.5, 1.0, UNDECIDED),   # includes zero and reaches past δ
+    (1.5, 2.0, UNDECIDED),   # |d̄| > δ but the interval includes zero
+])
+def test_a_verdict_needs_the_whole_interval_inside_the_margin_or_an_effect_beyond_it(mean, half_width, verdict):
+    assert Difference(mean, half_width, 3, 0.95).verdict(1.0) == verdict
+
+
+def test_one_seed_is_undecided_and_a_margin_must_be_positive():
+    assert paired_difference([5.0], [1.0]).verdict(0.1) == UNDECIDED
+    with pytest.raises(ValueError, match="margin"):
+        paired_difference([1.0, 2.0], [0.0, 0.0]).verdict(0.0)

@@ -6,11 +6,13 @@ import sys
 
 import pytest
 
-import headlab.cli.main as command_line
 from headlab import GPT, preset
-from headlab.cli.main import build_parser, main
+from headlab.cli import commands
+from headlab.cli.main import main
+from headlab.cli.parser import COMMANDS, build_parser
 from headlab.model.gpt import describe
 from headlab.study.roles import comparison_variants
+from headlab.training.config import TRAIN_PRESETS
 
 
 def _info(*args) -> subprocess.CompletedProcess:
@@ -39,6 +41,28 @@ def test_info_table_lists_the_studys_six_variants_in_their_training_dtype(capsys
     assert "72.0 MiB" in out  # MHA: 2·6·128 values × 12 layers × 2048 tokens × 2 bytes (paper Table 12)
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["reproduce", "--help"], ["--version"], ["train", "--no-such-option"]],
+                         ids=" ".join)
+def test_help_version_and_usage_errors_load_no_torch(argv):
+    """They answer from the parser alone (headlab.__main__): under a second quiet, not torch's seconds."""
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "headlab", *argv], capture_output=True,
+                            text=True)
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time:")}
+    # importlib.import_module's imports go unrecorded; the ones they make, the parser's options among them, do
+    assert "headlab.cli.arguments" in imported and result.returncode in (0, 2), result.stderr[-2000:]
+    assert not {"torch", "pandas", "numpy"} & imported
+
+
+def test_reproduce_states_each_presets_default_optimizer_as_the_presets_have_it():
+    (commands_action,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    (optimizer,) = [a for a in commands_action.choices["reproduce"]._actions if a.dest == "optimizer"]
+    defaults = optimizer.help.split("(default: the preset's; ")[1].rstrip(")")
+    stated = {name: chosen for part in defaults.split("; ") for names, chosen in [part.split(": ")]
+              for name in names.split(", ")}
+    assert stated == {name: config.optimizer for name, config in TRAIN_PRESETS.items()}
+
+
 def test_every_parser_refuses_abbreviated_options():
     parser = build_parser()
     (commands,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
@@ -47,11 +71,7 @@ def test_every_parser_refuses_abbreviated_options():
 
 
 def test_a_mistyped_flag_prints_its_subcommands_usage_and_the_flag_it_resembles(capsys, monkeypatch):
-    parser = build_parser()
-    (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    subcommands.choices["reproduce"].set_defaults(
-        func=lambda args: pytest.fail(f"--seed was taken for --seeds: {args}"))
-    monkeypatch.setattr(command_line, "build_parser", lambda: parser)
+    monkeypatch.setattr(commands, "cmd_reproduce", lambda args: pytest.fail(f"--seed was taken for --seeds: {args}"))
     with pytest.raises(SystemExit) as exit_:
         main(["reproduce", "--seed", "2"])
     err = capsys.readouterr().err
@@ -68,12 +88,10 @@ REQUIRED = {"info": [], "train": [], "analyze": ["run", "--out", "tables"], "rep
 @pytest.mark.parametrize("command", sorted(REQUIRED))
 def test_every_subcommand_refuses_an_unknown_argument_with_its_usage_and_one_line(capsys, monkeypatch, command,
                                                                                    unknown):
-    parser = build_parser()
-    (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(subcommands.choices) == set(REQUIRED)  # a new subcommand is checked here too
-    for name, sub in subcommands.choices.items():
-        sub.set_defaults(func=lambda args, name=name: pytest.fail(f"{name} ran with an unknown argument: {args}"))
-    monkeypatch.setattr(command_line, "build_parser", lambda: parser)
+    assert {each.name for each in COMMANDS} == set(REQUIRED)  # a new subcommand is checked here too
+    for each in COMMANDS:
+        monkeypatch.setattr(commands, each.handler,
+                            lambda args, name=each.name: pytest.fail(f"{name} ran with an unknown argument: {args}"))
     with pytest.raises(SystemExit) as exit_:
         main([command, *REQUIRED[command], *unknown])
     err = capsys.readouterr().err

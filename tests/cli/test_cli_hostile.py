@@ -8,7 +8,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from headlab.cli.main import EXIT_INPUT, EXIT_INTERRUPTED, build_parser, main
+from conftest import EXPLORE_ENV
+from headlab.cli import commands
+from headlab.cli.main import EXIT_INPUT, EXIT_INTERRUPTED, main
+from headlab.cli.parser import build_parser, printable
 
 HOSTILE = ["", "-1", "0", "99999999999999999999", "-99999999999999999999", "1e999", "nan", "inf", "1.5", "abc",
            "☃", "../../x", "\x01"]
@@ -50,7 +53,7 @@ def test_every_option_with_a_hostile_value_gives_one_line(tmp_path, capsys, monk
 
 
 # A command, one of its options and a hostile value, drawn together so that the draws that ever
-# failed can be pinned below (the CI profile, tests/conftest.py, draws a fixed sequence besides).
+# failed can be pinned below (the fixed profile of tests/conftest.py draws a fixed sequence besides).
 CASES = st.sampled_from(sorted(COMMANDS)).flatmap(lambda command: st.tuples(
     st.just(command), st.sampled_from([o for o in _options(command) if o not in COMMANDS[command]]), VALUES))
 
@@ -58,10 +61,20 @@ CASES = st.sampled_from(sorted(COMMANDS)).flatmap(lambda command: st.tuples(
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=CASES)
 @example(case=("reproduce", "--jobs", "9664"))  # exited 2 with its message on stdout and nothing on stderr
+@example(case=("info", "--config", "\x85"))  # echoed a raw U+0085, which splits the error line in two
 def test_generated_hostile_values_give_one_line(tmp_path, capsys, monkeypatch, case):
     command, option, value = case
     monkeypatch.chdir(tmp_path)
     _one_line_or_usage(capsys, [*COMMANDS[command], option, value])
+
+
+def test_an_echoed_string_keeps_an_error_on_one_visible_line():
+    """Every character str.splitlines() splits at, and every other unprintable one, is escaped;
+    printable text of any script is left as typed."""
+    breaks = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+    assert printable(f"a{breaks}b\x00\x1b") == "a\\n\\r\\x0b\\x0c\\x1c\\x1d\\x1e\\x85\\u2028\\u2029b\\x00\\x1b"
+    assert len(printable(f"--config {breaks}").splitlines()) == 1
+    assert printable("☃ Ünïcode, spaces and ../x") == "☃ Ünïcode, spaces and ../x"
 
 
 def test_hostile_files_give_one_line(tmp_path, capsys):
@@ -88,25 +101,17 @@ def test_hostile_files_give_one_line(tmp_path, capsys):
 
 
 def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch):
-    import headlab.cli.main
-
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(headlab.cli.main, "build_parser", lambda: _parser_with(interrupted))
+    monkeypatch.setattr(commands, "cmd_info", interrupted)
     assert main(["info"]) == EXIT_INTERRUPTED
     assert capsys.readouterr().err.strip().splitlines() == [
         "headlab: error: interrupted; a run folder resumes from its last checkpoint (--resume)"]
 
 
-def _parser_with(func):
-    parser = build_parser()
-    parser._subparsers._group_actions[0].choices["info"].set_defaults(func=func)
-    return parser
-
-
-def test_ci_draws_a_fixed_sequence_and_local_runs_explore():
-    """The profile of tests/conftest.py is the one loaded, so every property test's draws in CI are
-    the same on every run."""
-    assert settings.default.derandomize == bool(os.environ.get("CI"))
+def test_property_tests_draw_a_fixed_sequence_unless_exploring():
+    """The profile of tests/conftest.py is the one loaded, so every property test's draws in `make
+    test` are the same on every run and machine; only HEADLAB_EXPLORE=1 explores."""
+    assert settings.default.derandomize == (os.environ.get(EXPLORE_ENV, "") in ("", "0"))
     assert settings.default.database is None

@@ -5,8 +5,8 @@ file-size limit, kill -9) on the tiny preset, each command judged by the tree-di
 version replaces it, every error is one line with status 2 (or 130), no report states a preset
 the study was not trained with, and a command killed midway resumes to the weights it would
 have reached. The faults come from tests/faults.py, which benchmarks/hostile_inputs.py shares.
-Derandomized (a fixed sequence of examples) when the CI environment variable is set, exploring
-otherwise (the profiles of tests/conftest.py)."""
+Derandomized (a fixed sequence of examples) unless HEADLAB_EXPLORE=1 asks to explore (the profiles
+of tests/conftest.py)."""
 
 import os
 import re
@@ -33,7 +33,7 @@ KILLED = [*TRAIN, "--steps", "8", "--resume"]  # killed midway, then given again
 REPRODUCE = ["reproduce", *STUDY, "--steps", "4"]
 SWEEP = ["sweep", "--preset", "tiny", "--seeds", "1", "--only", "mha", "mla", "--jobs", "1",
          "--lengths", "0.1"]  # a tenth of tiny's 40 steps, on the default corpus (sweep takes no other)
-# Each example trains and analyses tiny runs: a sixth of the profile's examples (tests/conftest.py: 3 in CI).
+# Each example trains and analyses tiny runs: a sixth of the profile's examples (tests/conftest.py: 3 when fixed).
 EXAMPLES = settings(max_examples=max(1, settings.default.max_examples // 6),
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 

@@ -164,7 +164,8 @@ def test_notebook_study_modes(small, preset, steps, tmp_path, monkeypatch):
 
 
 def test_reproduce_trains_three_seeds_by_default(capsys):
-    from headlab.cli.main import build_parser, main
+    from headlab.cli.main import main
+    from headlab.cli.parser import build_parser
 
     assert build_parser().parse_args(["reproduce"]).seeds == 3
     with pytest.raises(SystemExit) as exit_:

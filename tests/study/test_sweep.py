@@ -10,7 +10,7 @@ from headlab.analysis.tables import load_tables
 from headlab.cli.main import main
 from headlab.report import plots
 from headlab.report.sweep_page import write_sweep_report
-from headlab.study.claims import difference_to_mha, per_seed_metrics
+from headlab.study.claims import difference_to_mha, margins, per_seed_metrics
 from headlab.study.roles import comparison_roles
 from headlab.study.sweep import GridPoint, grid
 from headlab.study.sweep_claims import sweep_sentences, verdict
@@ -42,7 +42,8 @@ def test_every_grid_point_is_a_reusable_study_and_the_table_holds_its_paired_sta
         column = {"validation loss": "val_loss", "uncentered effective rank": "uncentered",
                   "centered effective rank": "centered"}[row.metric]
         d = difference_to_mha(metrics, row.role, row.mla_rope, column)
-        assert (row.mean, row.half_width, row.seeds, row.decided) == pytest.approx((d.mean, d.half_width, 2, d.decided))
+        assert (row.mean, row.half_width, row.seeds) == pytest.approx((d.mean, d.half_width, 2))
+        assert (row.margin, row.verdict) == (margins(metrics)[column], d.verdict(row.margin))
     text = (out / "sweep.md").read_text()
     assert all(f"- {s}" in text for s in sweep_sentences(table))
     assert (out / "figures" / "sweep.png").stat().st_size > 1000
@@ -63,30 +64,33 @@ def test_the_sweep_figure_draws_every_variant_in_its_flagship_colour(swept, tmp_
     assert drawn[next(name for name in drawn if "excluded" in name)] == flagship[roles["mla"].label]
 
 
-def _rows(means, decided, lengths=(1, 4, 10)):
-    return pd.DataFrame({"length": lengths, "mean": means, "decided": decided})
+def _rows(means, verdicts, lengths=(1, 4, 10)):
+    return pd.DataFrame({"length": lengths, "mean": means, "verdict": verdicts})
 
 
-@pytest.mark.parametrize("means,decided,expected", [
-    ([-5.0, -4.0, -6.0], [True, True, True], "holds everywhere"),
-    ([-5.0, 1.0, 4.0], [True, False, True], "changes sign"),
-    ([-15.0, -7.0, 3.0], [True, True, False], "shrinks toward zero"),
-    ([0.5, 2.0, 6.0], [False, False, True], "appears"),
-    ([-5.0, 0.5, -6.0], [True, False, True], "decided at 2 of 3 points"),
+@pytest.mark.parametrize("means,verdicts,expected", [
+    ([0.5, -0.2, 0.1], ["within", "within", "within"], "within the margin everywhere"),
+    ([-5.0, -4.0, -6.0], ["lower", "lower", "lower"], "holds everywhere"),
+    ([-5.0, 1.0, 4.0], ["lower", "within", "higher"], "changes sign"),
+    ([-15.0, -7.0, 3.0], ["lower", "lower", "undecided"], "shrinks toward zero"),
+    ([0.5, 2.0, 6.0], ["within", "undecided", "higher"], "appears"),
+    ([-5.0, 0.5, -6.0], ["lower", "within", "lower"], "ordered at 2 of 3 points"),
 ])
-def test_the_verdict_follows_the_rule_along_training_length(means, decided, expected):
-    assert verdict(_rows(means, decided)) == expected
-    assert verdict(_rows(means[::-1], decided[::-1], lengths=(10, 4, 1))) == expected  # order of rows is irrelevant
+def test_the_verdict_follows_the_rule_along_training_length(means, verdicts, expected):
+    assert verdict(_rows(means, verdicts)) == expected
+    assert verdict(_rows(means[::-1], verdicts[::-1], lengths=(10, 4, 1))) == expected  # order of rows is irrelevant
 
 
 def test_the_paragraph_groups_comparisons_by_verdict():
     table = pd.DataFrame([{"point": f"x{length}", "length": length, "steps": 10 * length, "n_layer": 4, "role": role,
                            "comparison": name, "mla_rope": "included", "metric": "uncentered effective rank",
-                           "unit": "points", "mean": mean, "half_width": 1.0, "seeds": 3, "decided": abs(mean) > 1.0}
+                           "unit": "points", "mean": mean, "half_width": 1.0, "seeds": 3, "margin": 3.0,
+                           "verdict": "within" if abs(mean) < 2.0 else "lower"}
                           for length, means in ((1, (-15.0, -5.0)), (10, (0.5, -6.0)))
                           for (role, name), mean in zip((("mla", "MLA"), ("mqa", "MQA")), means)])
     sentences = sweep_sentences(table)
-    assert sentences[0] == "Across the 2 grid points (along length), by the paired 95% rule:"
+    assert sentences[0] == ("Across the 2 grid points (along length), by the paired 95% rule with each metric's "
+                            "margin δ (within ±δ, an ordering only beyond it):")
     assert "shrinks toward zero: MLA: uncentered effective rank." in sentences
     assert "holds everywhere (lower than Standard MHA): MQA: uncentered effective rank." in sentences
     assert sweep_sentences(table.assign(seeds=1)) == ["One seed per point: no orderings claimed."]

@@ -225,7 +225,7 @@ def test_under_torchrun_only_rank_0_times_the_steps_of_the_notice(monkeypatch, t
 def test_every_setup_a_plan_suggests_is_one_the_command_line_can_choose_and_it_fits(capsys):
     """paper-6.3b with the preset's Muon on 8 x H100 does not fit under DDP: each suggestion names
     the options that choose it, `headlab reproduce` accepts them, and the plan under them fits."""
-    from headlab.cli.main import build_parser
+    from headlab.cli.parser import build_parser
 
     variants = [preset("paper-6.3b", "lrkv")]
     plan = study_plan(variants, train_preset("paper-6.3b"), parse_devices("8xH100"), check=False)

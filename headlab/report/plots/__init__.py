@@ -29,7 +29,7 @@ Modules: `style` (titles, colours, sizes, saving), `methods` (order, palette, ma
 from headlab.package import lazy_exports
 
 # Loaded on first use (PEP 562): `plots.spectra_figure` imports headlab.report.plots.spectra only.
-__getattr__, __all__ = lazy_exports(__name__, {
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "headlab.report.plots.style": ("BAND", "CIRCUIT_TITLES", "HEATMAP_CMAP", "HIGHLIGHT_COLOR", "KIND_TITLES",
                                    "MARKERS", "MEASURE_TITLES", "MLA_ROPE_TITLES", "PANEL_SIZE", "REFERENCE_COLOR",
                                    "SINGLE_SIZE", "SPECTRA_TITLE", "NotebookFigure", "save_figure"),
