@@ -18,8 +18,10 @@ A redraw of a large study takes seconds, and clicks arrive faster. In a kernel, 
 marks the figure pending (the line below the controls says so) and the redraw waits until no
 change has come for `SETTLE_SECONDS`: changes that queued up while a figure was drawing are
 coalesced, and only the latest state is drawn, so the figure always ends on the controls' state.
-The figures of the last `KEPT_VIEWS` states are kept, so going back to one (the default view) is
-instant. Outside an event loop (scripts, tests) every change redraws at once.
+The pending line goes only once the new figure has been sent to the page and no change waits
+behind it: whenever the figure shown is not the controls' state, the line says so. The figures
+of the last `KEPT_VIEWS` states are kept, so going back to one (the default view) is instant.
+Outside an event loop (scripts, tests) every change redraws at once.
 
 Displayed, the explorer is two outputs: the controls (a widget view) and its current figures as a
 plain PNG output with a display id, which every redraw updates in place. Where widgets render
@@ -179,7 +181,7 @@ class Explorer(widgets.VBox):
 
     def render(self) -> None:
         """Show the figures of the controls' current state (drawn now, or kept from before) in the
-        PNG output."""
+        PNG output, then clear the pending line: it stays on screen until the new figure is."""
         self.pending = None
         self._enable_controls()
         state = self.state()
@@ -190,9 +192,20 @@ class Explorer(widgets.VBox):
                 self.drawn.popitem(last=False)
         self.drawn.move_to_end(state)
         self.shown, self.figures = state, self.drawn[state]["figures"]
-        self.status.value = ""
         if self.displayed:
             self.figure_display.update(self.figure_bundle(), raw=True)
+        try:
+            # Clicks that came while this state drew wait in the kernel's queue: they are handled
+            # before this callback, and keep the pending line (see `_clear_status`).
+            asyncio.get_running_loop().call_later(SETTLE_SECONDS, self._clear_status)
+        except RuntimeError:
+            self._clear_status()
+
+    def _clear_status(self) -> None:
+        """Clear the pending line, once the figure of the controls' state is on screen: not while
+        another redraw waits."""
+        if self.pending is None:
+            self.status.value = ""
 
     def _draw(self, chosen: list[str]) -> list[Figure]:
         """The figures of the current view for the `chosen` methods."""

@@ -248,7 +248,7 @@ def test_changes_in_a_kernel_are_coalesced_into_one_redraw_of_the_latest_state(e
         explorer.methods["MQA"].value = False
         assert draws == [] and drawn(explorer) is before  # nothing drawn yet: the figure is pending
         assert explorer.status.value == headlab.report.widgets.PENDING and explorer.kind.disabled is False
-        await asyncio.sleep(3 * headlab.report.widgets.SETTLE_SECONDS)
+        await settled(explorer)
 
     asyncio.run(click_quickly())
     assert draws == [[m for m in FIGURE_ORDER if m != "MQA"]]  # one draw, of the state the controls ended in
@@ -258,11 +258,45 @@ def test_changes_in_a_kernel_are_coalesced_into_one_redraw_of_the_latest_state(e
     assert explorer.status.value == "" and explorer.pending is None
 
 
+def test_the_pending_line_stays_until_the_figure_of_the_controls_state_is_shown(explorer, monkeypatch):
+    """A click that waits in the kernel's queue while a figure draws is handled after that figure
+    is sent: the pending line must not go out between the two (the figure would lag the controls
+    with no sign), nor before the figure of the last state is sent."""
+    seen = []
+    explorer.status.observe(lambda change: seen.append(change["new"] or "cleared"), names="value")
+    monkeypatch.setattr(headlab.report.widgets, "display", lambda bundle, **options: None)
+    explorer._ipython_display_()
+
+    def update(bundle, **options):
+        seen.append(("figure", explorer.shown[0]))
+        if explorer.shown[0] == "spectra":  # the click that came while the spectra drew
+            asyncio.get_running_loop().call_soon(setattr, explorer.view, "value", "heatmaps")
+
+    monkeypatch.setattr(explorer.figure_display, "update", update)
+
+    async def click():
+        explorer.kind.value = "centered"
+        await settled(explorer)
+
+    asyncio.run(click())
+    pending = headlab.report.widgets.PENDING
+    assert seen == [pending, ("figure", "spectra"), ("figure", "heatmaps"), "cleared"]
+
+
+async def settled(explorer) -> None:
+    """Wait (in the event loop) until the explorer has drawn the controls' state and cleared its pending line."""
+    for _ in range(200):
+        await asyncio.sleep(headlab.report.widgets.SETTLE_SECONDS)
+        if explorer.pending is None and explorer.status.value != headlab.report.widgets.PENDING:
+            return
+    raise AssertionError("the explorer never settled")
+
+
 def test_unticking_every_method_quickly_ends_on_no_figure(explorer, monkeypatch):
     async def untick_all():
         for box in explorer.methods.values():
             box.value = False
-        await asyncio.sleep(3 * headlab.report.widgets.SETTLE_SECONDS)
+        await settled(explorer)
 
     asyncio.run(untick_all())
     assert explorer.figures == [] and explorer.figure_bundle() == {"text/plain": NO_METHOD}
