@@ -40,10 +40,11 @@ from collections import OrderedDict
 from typing import Mapping
 
 import ipywidgets as widgets
-import matplotlib.image
 import numpy as np
 import pandas as pd
+import PIL.Image
 from IPython.display import DisplayHandle, display
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from headlab.report import plots
@@ -58,6 +59,7 @@ USES_KIND = ("spectra", "effective rank", "cumulative variance")  # views the Sp
 NO_METHOD = "Select at least one method."
 SETTLE_SECONDS = 0.15  # a redraw waits this long after the last change (clicks queued behind a draw come at once)
 KEPT_VIEWS = 12  # states whose figures are kept for going back to them
+CROP_MARGIN = 10  # pixels of white kept around each figure (savefig's pad_inches=0.1 at 100 dpi)
 PENDING = "<i>redrawing for the controls' new state…</i>"
 
 
@@ -85,18 +87,35 @@ def _capitalized(name: str) -> str:
 
 
 def stacked_png(figures: list[Figure]) -> bytes:
-    """One PNG of `figures` one below the other (white where they are narrower)."""
-    images = []
-    for fig in figures:
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", bbox_inches="tight", facecolor="white")
-        buffer.seek(0)
-        images.append(matplotlib.image.imread(buffer, format="png")[..., :3])
+    """One PNG of `figures` one below the other (white where they are narrower), each cropped to
+    what it draws plus a margin, as savefig's bbox_inches="tight" would, but rendered once; lightly
+    compressed, as the PNG only travels to the page: what the reader waits for is this function."""
+    images = [_cropped(_rendered(fig)) for fig in figures]
     width = max(image.shape[1] for image in images)
-    padded = [np.pad(image, ((0, 0), (0, width - image.shape[1]), (0, 0)), constant_values=1.0) for image in images]
+    padded = [np.pad(image, ((0, 0), (0, width - image.shape[1]), (0, 0)), constant_values=255) for image in images]
     buffer = io.BytesIO()
-    matplotlib.image.imsave(buffer, np.concatenate(padded), format="png")
+    PIL.Image.fromarray(np.concatenate(padded)).save(buffer, format="png", compress_level=1)
     return buffer.getvalue()
+
+
+def _rendered(fig: Figure) -> np.ndarray:
+    """`fig` drawn at its own dpi, as RGB pixels (rows, columns, 3)."""
+    shown = fig.canvas
+    canvas = FigureCanvasAgg(fig)
+    try:
+        canvas.draw()
+        return np.array(canvas.buffer_rgba())[..., :3]
+    finally:
+        fig.set_canvas(shown)  # as savefig leaves it
+
+
+def _cropped(image: np.ndarray, margin: int = CROP_MARGIN) -> np.ndarray:
+    """`image` without its white border, `margin` pixels of it kept."""
+    ink = (image < 255).any(axis=2)
+    rows, columns = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    if rows.size == 0:
+        return image
+    return image[max(rows[0] - margin, 0):rows[-1] + margin + 1, max(columns[0] - margin, 0):columns[-1] + margin + 1]
 
 
 class Explorer(widgets.VBox):

@@ -14,12 +14,14 @@ from types import SimpleNamespace
 
 import ipywidgets as widgets
 import matplotlib.image
+import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.figure import Figure
 from test_plots import FIGURE_ORDER, TAB10, legend_labels, line_colours, synthetic_tables, synthetic_training
 
 import headlab.report.widgets
-from headlab.report.widgets import NO_METHOD, choice_columns, explore
+from headlab.report.widgets import NO_METHOD, choice_columns, explore, stacked_png
 
 THREE_PANELS = ["Early Layer (L=0)", "Middle Layer (L=2)", "Late Layer (L=3)"]
 
@@ -226,6 +228,21 @@ def test_displayed_explorer_is_its_controls_and_a_png_output_each_redraw_updates
     for box in explorer.methods.values():
         box.value = False
     assert updates[-1] == {"text/plain": NO_METHOD}
+
+
+def test_the_png_stacks_the_figures_each_cropped_to_what_it_draws():
+    margin = headlab.report.widgets.CROP_MARGIN
+    small, wide = Figure(figsize=(4, 3), facecolor="white"), Figure(figsize=(6, 3), facecolor="white")
+    small.text(0.5, 0.5, "small", fontsize=20)
+    wide.text(0.1, 0.5, "a wider drawing", fontsize=20)
+    one = matplotlib.image.imread(io.BytesIO(stacked_png([small])))
+    ink = (one < 1).any(axis=2)
+    rows, columns = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    assert (rows[0], columns[0]) == (margin, margin) and one.shape[1] < 400 / 3  # the text, not the figure
+    assert (rows[-1], columns[-1]) == (one.shape[0] - 1 - margin, one.shape[1] - 1 - margin)
+    two = matplotlib.image.imread(io.BytesIO(stacked_png([small, wide])))
+    assert np.array_equal(two[:one.shape[0], :one.shape[1]], one) and (two[:one.shape[0], one.shape[1]:] == 1).all()
+    assert two.shape[1] > one.shape[1] and (two[one.shape[0]:] < 1).any()
 
 
 def counting_draws(explorer, monkeypatch) -> list:
