@@ -125,8 +125,9 @@ class Explorer(widgets.VBox):
         super().__init__()
         self.tables = tables
         self.training = training
-        labels = plots.table_methods(tables["summary"]) + ([] if training is None else plots.table_methods(training))
-        self.palette = plots.palette(labels)  # from every method, so a method's colour never moves
+        models = [table[[c for c in ("model", "role") if c in table]] for table in (tables["summary"], training)
+                  if table is not None]
+        self.palette = plots.table_palette(pd.concat(models))  # every method's, so a method's colour never moves
         layers = sorted(int(layer) for layer in tables["summary"]["layer"].unique())
         roles = plots.layer_roles(layers)
         wide = widgets.Layout(width="auto")
