@@ -139,8 +139,8 @@ def test_palette_fixes_each_colour_by_role_or_family_never_by_place():
     assert plots.palette({"MQA": "mqa", "GQA (3 KV heads)": "gqa"}) == {"MQA": TAB10[3], "GQA (3 KV heads)": TAB10[5]}
     role_of_family = {config.attention: role for role, config in reversed(comparison_roles("tiny").items())}
     assert plots.palette(FAMILIES) == {f: plots.palette(ROLES)[role_of_family[f]] for f in FAMILIES}  # outside a study
-    many = plots.palette([f"model {n}" for n in range(14)])  # no role, no family: spare colours, distinct
-    assert len(set(many.values())) == 14 and not set(many.values()) & set(TAB10)
+    many = plots.palette([f"model {n}" for n in range(17)])  # no role, no family: spare colours, distinct
+    assert len(set(many.values())) == 17 and not set(many.values()) & set(TAB10)
     assert plots.palette(["model 3"]) == {"model 3": many["model 3"]}  # chosen by name, not by place
 
 
