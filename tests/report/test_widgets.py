@@ -245,6 +245,13 @@ def test_the_png_stacks_the_figures_each_cropped_to_what_it_draws():
     assert two.shape[1] > one.shape[1] and (two[one.shape[0]:] < 1).any()
 
 
+def test_the_png_holds_what_a_figure_draws_past_its_edges():
+    narrow = Figure(figsize=(2, 1), facecolor="white")
+    narrow.text(0.1, 0.5, "a title far wider than its figure", fontsize=20)
+    image = matplotlib.image.imread(io.BytesIO(stacked_png([narrow])))
+    assert image.shape[1] > 2 * narrow.dpi and (image[:, -headlab.report.widgets.CROP_MARGIN:] == 1).all()
+
+
 def counting_draws(explorer, monkeypatch) -> list:
     """The method lists `explorer` draws figures for, from now on, one entry per draw."""
     draws, draw = [], explorer._draw
