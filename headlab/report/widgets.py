@@ -100,17 +100,18 @@ def stacked_png(figures: list[Figure]) -> bytes:
 
 def _rendered(fig: Figure) -> np.ndarray:
     """`fig` drawn at its own dpi, as RGB pixels (rows, columns, 3): rendered once, unless what
-    it draws reaches past its edges (a title wider than two panels), which savefig's
-    bbox_inches="tight" then takes in."""
+    it draws reaches its edges (a title wider than two panels: layouts keep a margin otherwise),
+    which savefig's bbox_inches="tight" then takes in."""
     shown = fig.canvas
     canvas = FigureCanvasAgg(fig)
     try:
         canvas.draw()
-        drawn = fig.get_tightbbox(canvas.get_renderer())  # inches
-        if drawn.x0 >= 0 and drawn.y0 >= 0 and drawn.x1 <= fig.get_figwidth() and drawn.y1 <= fig.get_figheight():
-            return np.array(canvas.buffer_rgba())[..., :3]
+        image = np.array(canvas.buffer_rgba())[..., :3]
     finally:
         fig.set_canvas(shown)  # as savefig leaves it
+    edges = (image[0], image[-1], image[:, 0], image[:, -1])
+    if all((edge == 255).all() for edge in edges):
+        return image
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", bbox_inches="tight", facecolor="white")
     return np.array(PIL.Image.open(buffer).convert("RGB"))
