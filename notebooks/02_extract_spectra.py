@@ -163,7 +163,7 @@ one.spectra.query("layer == 0 and circuit == 'qk'")
 # %%
 tables = study_tables(STUDY, SEEDS, train=SMALL)
 flagship = {name: tables[name][tables[name]["mla_rope"] == FLAGSHIP_MLA_ROPE] for name in ("summary", "similarity")}
-colours = plots.palette(plots.table_methods(tables["summary"]))  # the colours of every figure of notebooks 02 and 03
+colours = plots.table_palette(tables["summary"])  # the colours of every figure of notebooks 02 and 03
 qk = flagship["summary"].query("circuit == 'qk'")
 print(f"{STUDY.preset}, {tables['summary']['seed'].nunique()} seed(s) per variant. {recipe_text(tables.meta)}")
 qk.pivot_table(index="model", columns=["kind", "layer"], values="effective_rank_pct_of_heads", sort=False).reindex(

@@ -109,7 +109,7 @@ tables = study_tables(STUDY, SEEDS, train=SMALL)  # both settings of mla_rope: M
 print(recipe_text(tables.meta))
 training = tables["training"]
 flagship = {name: tables[name][tables[name]["mla_rope"] == FLAGSHIP_MLA_ROPE] for name in ("spectra", "summary", "similarity")}
-colours = plots.palette(plots.table_methods(tables["summary"]))  # one colour per method, in every figure
+colours = plots.table_palette(tables["summary"])  # one colour per method, in every figure
 layers = plots.layer_roles(tables["summary"]["layer"])
 layers
 

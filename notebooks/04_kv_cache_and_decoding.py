@@ -87,7 +87,7 @@ REPEATS = 1 if SMALL else 3  # timed generate() calls per variant and mode (the 
 ROPE_CONTEXTS = (64, 256, 1024) if SMALL else (128, 256, 512, 1024, 2048, 4096)
 MIN_RUN_TIME = 0.1 if SMALL else 1.0  # seconds of decoding steps timed per variant and context
 VARIANTS = [config.replace(seq_len=max(ROPE_CONTEXTS) + 1) for config in headlab.comparison_variants("cpu-small")]
-colours = plots.palette(config.label for config in VARIANTS)
+colours = plots.palette({config.label: role for role, config in headlab.comparison_roles("cpu-small").items()})
 torch.manual_seed(0)
 MODELS = {config.label: headlab.GPT(config).eval() for config in VARIANTS}
 

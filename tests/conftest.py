@@ -14,6 +14,7 @@ from headlab.io import Manifest, file_digest
 from headlab.runs.checkpoints import save_checkpoint
 from headlab.runs.layout import MANIFEST, RUN, run_manifest
 from headlab.runs.metrics import MetricsLog
+from headlab.schema import FAMILIES
 
 # Property tests draw a fixed sequence of examples, so `make test` is reproducible and a red run is red
 # on every rerun, on any machine; HEADLAB_EXPLORE=1 (`make test-explore`) draws new ones each run.
@@ -30,8 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # torch's own thread count on this machine, read before the suite pins one thread.
 DEFAULT_THREADS = torch.get_num_threads()
 
-# Every decode path, including MLA's two caches.
-DECODE_CASES = [("mha", True), ("mqa", True), ("gqa", True), ("lrkv", True), ("mla", True), ("mla", False)]
+# Every decode path: each family's, and MLA's second cache (not absorbed).
+DECODE_CASES = [*((family, True) for family in FAMILIES), ("mla", False)]
 
 
 def torchrun_headlab(cwd: Path, args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:

@@ -10,7 +10,6 @@ from headlab.io import Manifest, writing
 from headlab.report import plots
 from headlab.report.paper_tables import markdown_table
 from headlab.report.writer import FIGURES_FOLDER
-from headlab.schema import FLAGSHIP_MLA_ROPE
 from headlab.study.sweep_claims import grid_axes, sweep_sentences
 from headlab.study.table_files import SWEEP, SWEEP_MANIFEST
 
@@ -23,19 +22,8 @@ def write_sweep_report(table: pd.DataFrame, out: str | Path) -> Path:
     return Path(out) / "sweep.md"
 
 
-def sweep_palette(table: pd.DataFrame) -> dict[str, str]:
-    """The colours of the flagship figure for a sweep's comparisons: `plots.palette` of the six
-    variants (Standard MHA too, which a sweep only subtracts), each comparison in its role's
-    colour, so that MLA's two RoPE settings share MLA's."""
-    role_of = {"Standard MHA": "mha", **dict(zip(table["comparison"], table["role"]))}
-    flagship = ["Standard MHA", *table[table["mla_rope"] == FLAGSHIP_MLA_ROPE].drop_duplicates("role")["comparison"]]
-    colours = plots.palette(plots.method_order(flagship, [role_of[name] for name in flagship]))
-    by_role = {role_of[name]: colour for name, colour in colours.items()}
-    return {name: by_role[role_of[name]] for name in plots.method_order(role_of, role_of.values())}
-
-
 def sweep_lines(table: pd.DataFrame, manifest: Manifest) -> list[str]:
-    figure = plots.save_figure(plots.sweep_figure(table, palette=sweep_palette(table), axes=grid_axes(table)),
+    figure = plots.save_figure(plots.sweep_figure(table, axes=grid_axes(table)),
                                manifest, f"{FIGURES_FOLDER}/sweep")
     shown = table.assign(difference=[f"{m:+.3f} ± {h:.3f}" if s > 1 else f"{m:+.3f}"
                                      for m, h, s in zip(table["mean"], table["half_width"], table["seeds"])])

@@ -18,8 +18,10 @@ A redraw of a large study takes seconds, and clicks arrive faster. In a kernel, 
 marks the figure pending (the line below the controls says so) and the redraw waits until no
 change has come for `SETTLE_SECONDS`: changes that queued up while a figure was drawing are
 coalesced, and only the latest state is drawn, so the figure always ends on the controls' state.
-The figures of the last `KEPT_VIEWS` states are kept, so going back to one (the default view) is
-instant. Outside an event loop (scripts, tests) every change redraws at once.
+The pending line goes only once the new figure has been sent to the page and no change waits
+behind it: whenever the figure shown is not the controls' state, the line says so. The figures
+of the last `KEPT_VIEWS` states are kept, so going back to one (the default view) is instant.
+Outside an event loop (scripts, tests) every change redraws at once.
 
 Displayed, the explorer is two outputs: the controls (a widget view) and its current figures as a
 plain PNG output with a display id, which every redraw updates in place. Where widgets render
@@ -38,10 +40,11 @@ from collections import OrderedDict
 from typing import Mapping
 
 import ipywidgets as widgets
-import matplotlib.image
 import numpy as np
 import pandas as pd
+import PIL.Image
 from IPython.display import DisplayHandle, display
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from headlab.report import plots
@@ -56,6 +59,7 @@ USES_KIND = ("spectra", "effective rank", "cumulative variance")  # views the Sp
 NO_METHOD = "Select at least one method."
 SETTLE_SECONDS = 0.15  # a redraw waits this long after the last change (clicks queued behind a draw come at once)
 KEPT_VIEWS = 12  # states whose figures are kept for going back to them
+CROP_MARGIN = 10  # pixels of white kept around each figure (savefig's pad_inches=0.1 at 100 dpi)
 PENDING = "<i>redrawing for the controls' new state…</i>"
 
 
@@ -83,18 +87,43 @@ def _capitalized(name: str) -> str:
 
 
 def stacked_png(figures: list[Figure]) -> bytes:
-    """One PNG of `figures` one below the other (white where they are narrower)."""
-    images = []
-    for fig in figures:
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", bbox_inches="tight", facecolor="white")
-        buffer.seek(0)
-        images.append(matplotlib.image.imread(buffer, format="png")[..., :3])
+    """One PNG of `figures` one below the other (white where they are narrower), each cropped to
+    what it draws plus a margin, as savefig's bbox_inches="tight" would, but rendered once; lightly
+    compressed, as the PNG only travels to the page: what the reader waits for is this function."""
+    images = [_cropped(_rendered(fig)) for fig in figures]
     width = max(image.shape[1] for image in images)
-    padded = [np.pad(image, ((0, 0), (0, width - image.shape[1]), (0, 0)), constant_values=1.0) for image in images]
+    padded = [np.pad(image, ((0, 0), (0, width - image.shape[1]), (0, 0)), constant_values=255) for image in images]
     buffer = io.BytesIO()
-    matplotlib.image.imsave(buffer, np.concatenate(padded), format="png")
+    PIL.Image.fromarray(np.concatenate(padded)).save(buffer, format="png", compress_level=1)
     return buffer.getvalue()
+
+
+def _rendered(fig: Figure) -> np.ndarray:
+    """`fig` drawn at its own dpi, as RGB pixels (rows, columns, 3): rendered once, unless what
+    it draws reaches its edges (a title wider than two panels: layouts keep a margin otherwise),
+    which savefig's bbox_inches="tight" then takes in."""
+    shown = fig.canvas
+    canvas = FigureCanvasAgg(fig)
+    try:
+        canvas.draw()
+        image = np.array(canvas.buffer_rgba())[..., :3]
+    finally:
+        fig.set_canvas(shown)  # as savefig leaves it
+    edges = (image[0], image[-1], image[:, 0], image[:, -1])
+    if all((edge == 255).all() for edge in edges):
+        return image
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight", facecolor="white")
+    return np.array(PIL.Image.open(buffer).convert("RGB"))
+
+
+def _cropped(image: np.ndarray, margin: int = CROP_MARGIN) -> np.ndarray:
+    """`image` without its white border, `margin` pixels of it kept."""
+    ink = (image < 255).any(axis=2)
+    rows, columns = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    if rows.size == 0:
+        return image
+    return image[max(rows[0] - margin, 0):rows[-1] + margin + 1, max(columns[0] - margin, 0):columns[-1] + margin + 1]
 
 
 class Explorer(widgets.VBox):
@@ -104,8 +133,9 @@ class Explorer(widgets.VBox):
         super().__init__()
         self.tables = tables
         self.training = training
-        labels = plots.table_methods(tables["summary"]) + ([] if training is None else plots.table_methods(training))
-        self.palette = plots.palette(labels)  # from every method, so a method's colour never moves
+        models = [table[[c for c in ("model", "role") if c in table]] for table in (tables["summary"], training)
+                  if table is not None]
+        self.palette = plots.table_palette(pd.concat(models))  # every method's, so a method's colour never moves
         layers = sorted(int(layer) for layer in tables["summary"]["layer"].unique())
         roles = plots.layer_roles(layers)
         wide = widgets.Layout(width="auto")
@@ -179,7 +209,7 @@ class Explorer(widgets.VBox):
 
     def render(self) -> None:
         """Show the figures of the controls' current state (drawn now, or kept from before) in the
-        PNG output."""
+        PNG output, then clear the pending line: it stays on screen until the new figure is."""
         self.pending = None
         self._enable_controls()
         state = self.state()
@@ -190,9 +220,20 @@ class Explorer(widgets.VBox):
                 self.drawn.popitem(last=False)
         self.drawn.move_to_end(state)
         self.shown, self.figures = state, self.drawn[state]["figures"]
-        self.status.value = ""
         if self.displayed:
             self.figure_display.update(self.figure_bundle(), raw=True)
+        try:
+            # Clicks that came while this state drew wait in the kernel's queue: they are handled
+            # before this callback, and keep the pending line (see `_clear_status`).
+            asyncio.get_running_loop().call_later(SETTLE_SECONDS, self._clear_status)
+        except RuntimeError:
+            self._clear_status()
+
+    def _clear_status(self) -> None:
+        """Clear the pending line, once the figure of the controls' state is on screen: not while
+        another redraw waits."""
+        if self.pending is None:
+            self.status.value = ""
 
     def _draw(self, chosen: list[str]) -> list[Figure]:
         """The figures of the current view for the `chosen` methods."""

@@ -69,7 +69,7 @@ def draw_figures(tables: StudyTables, manifest: Manifest, folder: str | None, na
     init = init_table(tables, "init_spectra")
     init = None if init is None else init[init["mla_rope"] == flagship]
     training = tables["training"]
-    colours = plots.palette(plots.table_methods(summary))
+    colours = plots.table_palette(summary)
     shown = list(plots.layer_roles(summary["layer"]).values())
     middle = shown[len(shown) // 2]  # the middle layer, or the late one of a 2-layer model
     final = final_losses(training)
@@ -168,7 +168,7 @@ def training_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     """'Effective rank through training': two figures and the claims of `training_claims`."""
     snapshots = tables["snapshot_summary"]
     summary = snapshots[snapshots["mla_rope"] == tables.meta["flagship_mla_rope"]].drop(columns="mla_rope")
-    colours = plots.palette(plots.table_methods(summary))
+    colours = plots.table_palette(summary)
     figures = [plots.save_figure(plots.rank_through_training_figure(summary, kind=kind, palette=colours),
                                  manifest, f"{FIGURES_FOLDER}/effective_rank_through_training_{kind}")
                for kind in KINDS]
@@ -244,7 +244,7 @@ def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     for a study without LRKV (or with tables older than these diagnostics)."""
     if "lrkv_factors" not in tables.tables or tables["lrkv_factors"].empty:
         return []
-    colours = plots.palette(plots.table_methods(tables["summary"]))
+    colours = plots.table_palette(tables["summary"])
     figure = plots.save_figure(plots.factor_norm_figure(tables["factor_training"], palette=colours), manifest,
                                f"{FIGURES_FOLDER}/lrkv_norm_ratio_through_training")
     lines = [
@@ -284,7 +284,7 @@ def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
 def measures_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     """'Do the measures agree?': the three views' ranks, their agreement and `measure_claims`."""
     summary, agreement = tables["measures"], tables["measure_agreement"]
-    colours = plots.palette(plots.table_methods(summary))
+    colours = plots.table_palette(summary)
     for kind in KINDS:
         plots.save_figure(plots.measures_figure(summary, kind=kind, palette=colours), manifest,
                           f"{FIGURES_FOLDER}/measures_{kind}")

@@ -16,9 +16,7 @@ from headlab.analysis.attention_maps import attention_similarity, js_distance_ma
 from headlab.analysis.qk_norm import norm_scale_effect
 from headlab.analysis.similarity import Analysis, analyze, concat
 from headlab.cli.main import main as cli_main
-from headlab.schema import COLUMNS
-
-FAMILIES = ["mha", "gqa", "mqa", "lrkv", "mla"]
+from headlab.schema import COLUMNS, FAMILIES
 
 
 def _write_model_folder(folder, model, dtype=None):

@@ -30,10 +30,11 @@ from headlab.analysis.attention_maps import recorded_attention
 from headlab.analysis.heads import load_heads
 from headlab.analysis.layer_weights import LRKVWeights, MLAWeights
 from headlab.analysis.spectrum import frobenius_gram
+from headlab.schema import FAMILIES
 
 T = 6
-FAMILIES = [("mha", {}), ("gqa", {}), ("mqa", {}), ("lrkv", {}), ("mla", {}), ("mla", {"q_latent_dim": 6})]
-FAMILY_IDS = ["mha", "gqa", "mqa", "lrkv", "mla", "mla-qlatent"]
+FAMILY_CASES = [*((family, {}) for family in FAMILIES), ("mla", {"q_latent_dim": 6})]  # and MLA's query latent
+FAMILY_IDS = [*FAMILIES, "mla-qlatent"]
 
 
 class GainOnly(torch.nn.Module):
@@ -69,7 +70,7 @@ def _identity_rope(attn, t: int):
 
 # ---- headlab families --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("attention,overrides", FAMILIES, ids=FAMILY_IDS)
+@pytest.mark.parametrize("attention,overrides", FAMILY_CASES, ids=FAMILY_IDS)
 def test_qk_form_equals_the_models_own_scores(attention, overrides):
     model, attn = _headlab_attention(attention, **overrides)
     x = torch.randn(1, T, model.config.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
@@ -86,7 +87,7 @@ def test_qk_form_equals_the_models_own_scores(attention, overrides):
     assert not torch.allclose(ours.transpose(-1, -2), model_scores, rtol=1e-3, atol=1e-6)
 
 
-@pytest.mark.parametrize("attention,overrides", FAMILIES, ids=FAMILY_IDS)
+@pytest.mark.parametrize("attention,overrides", FAMILY_CASES, ids=FAMILY_IDS)
 def test_ov_form_equals_each_heads_output(attention, overrides):
     model, attn = _headlab_attention(attention, **overrides)
     h, e = model.config.n_head, model.config.head_dim
@@ -104,7 +105,7 @@ def test_ov_form_equals_each_heads_output(attention, overrides):
         torch.testing.assert_close(out, expected[head], rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("attention,overrides", FAMILIES, ids=FAMILY_IDS)
+@pytest.mark.parametrize("attention,overrides", FAMILY_CASES, ids=FAMILY_IDS)
 def test_gram_of_each_family_equals_explicit_d_by_d(attention, overrides):
     """Both Gram routes on the family's own factor layout (shared blocks, latent bases) against
     ⟨A_i, A_j⟩_F with every A_h formed as a d × d matrix."""

@@ -20,9 +20,10 @@ from headlab.analysis.similarity import Analysis, analyze, concat
 from headlab.analysis.spectrum import Factors, data_gram, frobenius_gram
 from headlab.cli.main import main as cli_main
 from headlab.data.sources import synthetic_texts
+from headlab.schema import FAMILIES
 
-FAMILIES = [("mha", {}), ("gqa", {}), ("mqa", {}), ("lrkv", {}), ("mla", {}), ("mla", {"q_latent_dim": 6})]
-FAMILY_IDS = ["mha", "gqa", "mqa", "lrkv", "mla", "mla-qlatent"]
+FAMILY_CASES = [*((family, {}) for family in FAMILIES), ("mla", {"q_latent_dim": 6})]  # and MLA's query latent
+FAMILY_IDS = [*FAMILIES, "mla-qlatent"]
 
 
 def _moment(rng, d: int, rank: int | None = None) -> np.ndarray:
@@ -72,7 +73,7 @@ def test_data_gram_is_the_expected_product_of_scores_on_independent_inputs():
             > 5 * standard_error).any()
 
 
-@pytest.mark.parametrize("attention,overrides", FAMILIES, ids=FAMILY_IDS)
+@pytest.mark.parametrize("attention,overrides", FAMILY_CASES, ids=FAMILY_IDS)
 def test_every_family_against_explicit_forms(attention, overrides):
     """Each family's factor layout (shared KV blocks, LRKV's basis, MLA's latents), both circuits,
     every Gram route, against explicit d × d forms; one Σ is singular (inputs in a subspace)."""
@@ -90,7 +91,7 @@ def test_every_family_against_explicit_forms(attention, overrides):
                                        atol=1e-10 * np.abs(exact).max())
 
 
-@pytest.mark.parametrize("attention,overrides", FAMILIES, ids=FAMILY_IDS)
+@pytest.mark.parametrize("attention,overrides", FAMILY_CASES, ids=FAMILY_IDS)
 def test_identity_moments_give_exactly_the_frobenius_gram(attention, overrides):
     weights = load_heads(tiny_model(attention, **overrides)).layer(0)
     for circuit in ("qk", "ov"):

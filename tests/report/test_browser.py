@@ -2,7 +2,9 @@
 chromium by playwright (its own browser download is not used). All cells run in small mode;
 then every control of the explorer is clicked and the figure must change each time. No cell
 may write to stderr and the browser console must stay free of errors. Screenshots go to
-tests/output/browser/ (look at them when a change touches the explorer)."""
+tests/output/browser/ (look at them when a change touches the explorer). Throughout, the page logs
+every change of the figure and of the pending line: whenever the figure lags the controls, the
+line must say so (`figure_lags_unnoticed`)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,22 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
                   "--disable-component-update", "--disable-sync"]
 RUN_ALL_TIMEOUT_MS = 150_000
 REDRAW_TIMEOUT_S = 30
+PENDING_TEXT = "redrawing for the controls' new state"
+ROUND_TRIP_MS = 2_000  # a click reaches the kernel and its pending line comes back within this
+# Logs, in the page, every change of the explorer's figure (its images) or of its pending line.
+WATCH = """(root, pendingText) => {
+  const read = () => ({pending: root.textContent.includes(pendingText),
+                       figure: Array.from(root.querySelectorAll("img")).map(i => i.src).join("|")});
+  let last = read();
+  window.explorerLog = [];
+  new MutationObserver(() => {
+    const now = read();
+    if (now.pending !== last.pending || now.figure !== last.figure) {
+      window.explorerLog.push({t: performance.now(), pending: now.pending, figure: now.figure !== last.figure});
+      last = now;
+    }
+  }).observe(root, {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +111,29 @@ def _figure_hash(explorer) -> str:
     return hashlib.sha256(sources.encode()).hexdigest() if sources else ""
 
 
+def figure_lags_unnoticed(log: list[dict], clicks: list[float]) -> list[str]:
+    """When the explorer's figure was not the controls' state and its pending line did not say
+    so, from the page's log of figure and pending-line changes (`WATCH`) and the click times (ms):
+    a click the line did not answer within `ROUND_TRIP_MS`, the line going out before a new
+    figure came, or a figure coming after the line had gone out (it was still on its way)."""
+    problems, pending = [], False
+    for n, event in enumerate(log):
+        last_click = max((c for c in clicks if c <= event["t"]), default=None)
+        since_click = [e for e in log[:n + 1] if last_click is not None and e["t"] > last_click]
+        if event["figure"] and not (pending or event["pending"]) and \
+                (last_click is None or event["t"] - last_click > ROUND_TRIP_MS):
+            problems.append(f"at {event['t']:.0f} ms the figure changed with no pending line")
+        if pending and not event["pending"] and not any(e["figure"] for e in since_click):
+            problems.append(f"at {event['t']:.0f} ms the pending line went out before the new figure came")
+        pending = event["pending"]
+    for click in clicks:
+        before = [e for e in log if e["t"] <= click]
+        answered = any(click < e["t"] <= click + ROUND_TRIP_MS and (e["pending"] or e["figure"]) for e in log)
+        if not (before and before[-1]["pending"]) and not answered:
+            problems.append(f"the click at {click:.0f} ms got no pending line within {ROUND_TRIP_MS} ms")
+    return problems
+
+
 def test_notebook_03_runs_and_every_explorer_control_redraws(lab, tmp_path):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     console_errors = []
@@ -118,16 +159,23 @@ def test_notebook_03_runs_and_every_explorer_control_redraws(lab, tmp_path):
         explorer.scroll_into_view_if_needed()
         shown = {"hash": _figure_hash(explorer)}
         assert shown["hash"], "the explorer shows no figure after running the notebook"
-        clicks = []
+        pending = explorer.get_by_text(PENDING_TEXT)
+        pending.wait_for(state="hidden", timeout=REDRAW_TIMEOUT_S * 1000)
+        explorer.evaluate(WATCH, PENDING_TEXT)
+        clicks, clicked_at = [], []
+
+        def click(action) -> None:
+            clicked_at.append(page.evaluate("performance.now()"))
+            action()
 
         def changes(name: str, action) -> None:
-            """Do `action`, then wait until the explorer shows a different figure."""
-            action()
+            """Do `action`, then wait until the explorer shows a different figure and its pending line is gone."""
+            click(action)
             deadline = time.monotonic() + REDRAW_TIMEOUT_S
             while (now := _figure_hash(explorer)) in (shown["hash"], "") and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert now not in (shown["hash"], ""), f"the figure did not change after: {name}"
-            time.sleep(0.3)  # let the Output settle before the next read
+            pending.wait_for(state="hidden", timeout=REDRAW_TIMEOUT_S * 1000)
             shown["hash"] = _figure_hash(explorer)
             clicks.append(name)
 
@@ -167,13 +215,14 @@ def test_notebook_03_runs_and_every_explorer_control_redraws(lab, tmp_path):
                     lambda name=name: view.get_by_role("button", name=name, exact=True).click())
             slow[name] = shown["hash"]
         for name in ("heatmaps", "effective rank", "cumulative variance", "loss curves", "heatmaps"):
-            view.get_by_role("button", name=name, exact=True).click()
-        explorer.get_by_text("redrawing for the controls' new state").wait_for(timeout=5_000)
-        pending = explorer.get_by_text("redrawing for the controls' new state")
+            click(view.get_by_role("button", name=name, exact=True).click)
+        pending.wait_for(timeout=5_000)
         pending.wait_for(state="hidden", timeout=REDRAW_TIMEOUT_S * 1000)
         time.sleep(1.0)
         assert _figure_hash(explorer) == slow["heatmaps"], "after fast clicks the figure is not the controls' state"
         page.screenshot(path=str(SCREENSHOTS / "04_after_fast_clicks.png"), full_page=True)
+        log = page.evaluate("window.explorerLog")
         browser.close()
+    assert not figure_lags_unnoticed(log, clicked_at), figure_lags_unnoticed(log, clicked_at)
     assert len(clicks) >= 12 + 2 + len(options) + 5, clicks
     assert not console_errors, "browser console errors:\n" + "\n".join(console_errors)

@@ -14,10 +14,12 @@ import pytest
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 
+from headlab import schema
 from headlab.io import Manifest
 from headlab.report import plots
-from headlab.schema import ROLES
+from headlab.schema import FAMILIES, ROLES
 from headlab.study.paper import PAPER_PANELS, SEED_SPECTRA
+from headlab.study.roles import comparison_roles
 
 # The six demo variants, deliberately out of figure order, and their redundancy: the share of
 # each head's bilinear form that is common to all heads of a layer.
@@ -129,13 +131,72 @@ def test_methods_are_ordered_by_role_never_by_parsing_their_labels():
     assert plots.method_order(["MQA", "MQA", "Standard MHA"]) == ["MQA", "Standard MHA"]  # no roles: as listed
 
 
-def test_palette_is_tab10_in_the_order_given_and_distinct():
-    colours = plots.palette(FIGURE_ORDER)
-    assert list(colours) == FIGURE_ORDER
-    assert list(colours.values()) == TAB10
-    assert plots.palette(plots.table_methods(synthetic_results())) == colours
-    many = plots.palette([f"model {n}" for n in range(14)])
-    assert len(set(many.values())) == 14
+def test_palette_fixes_each_colour_by_role_or_family_never_by_place():
+    by_role = plots.palette(ROLE_OF)
+    assert list(by_role) == FIGURE_ORDER and list(by_role.values()) == TAB10
+    assert plots.table_palette(synthetic_results()) == by_role
+    backwards = dict(reversed(ROLE_OF.items()))
+    assert plots.palette(backwards) == {m: by_role[m] for m in backwards}
+    assert plots.palette({"MQA": "mqa", "GQA (3 KV heads)": "gqa"}) == {"MQA": TAB10[3], "GQA (3 KV heads)": TAB10[5]}
+    role_of_family = {config.attention: role for role, config in reversed(comparison_roles("tiny").items())}
+    assert plots.palette(FAMILIES) == {f: plots.palette(ROLES)[role_of_family[f]] for f in FAMILIES}  # outside a study
+    many = plots.palette([f"model {n}" for n in range(17)])  # no role, no family: spare colours, distinct
+    assert len(set(many.values())) == 17 and not set(many.values()) & set(TAB10)
+    assert plots.palette(["model 3"]) == {"model 3": many["model 3"]}  # chosen by name, not by place
+
+
+def test_every_role_and_family_has_a_colour_of_its_own():
+    """A role or family added to headlab.schema without a colour in plots.palette fails here."""
+    roles, families = plots.palette(ROLES), plots.palette(FAMILIES)
+    assert len(set(roles.values())) == len(ROLES)
+    assert set(families.values()) <= set(roles.values())  # no family falls back to a spare colour
+
+
+def test_a_new_family_in_a_figure_moves_no_other_colour_or_marker(tables, monkeypatch):
+    """A sixth family (Cross-Layer Attention, say) added to the schema and drawn beside the
+    others: every other method keeps its colour and marker; the new one has its own."""
+    before = plots.spectra_figure(tables["spectra"])
+    monkeypatch.setattr(schema, "FAMILIES", (*schema.FAMILIES, "cla"))
+    monkeypatch.setattr(schema, "ROLES", (*schema.ROLES[:1], "cla", *schema.ROLES[1:]))  # even ahead of the others
+    mha = tables["spectra"][tables["spectra"].model == "Standard MHA"]
+    spectra = pd.concat([tables["spectra"], mha.assign(model="Cross-Layer Attention", role="cla")])
+    after = plots.spectra_figure(spectra)
+    assert legend_labels(after) == ["Standard MHA", "Cross-Layer Attention", *FIGURE_ORDER[1:]]
+    looks = {fig: {h.get_label(): (to_hex(h.get_color()), h.get_marker()) for h in fig.legends[0].legend_handles}
+             for fig in (before, after)}
+    new = looks[after].pop("Cross-Layer Attention")
+    assert looks[after] == looks[before]
+    assert new[0] not in TAB10 and new[1] not in {marker for _, marker in looks[before].values()}
+
+
+def method_colours(fig: Figure) -> dict[str, str]:
+    """The colour a figure gives each method: its legend entry, its heatmap title or its point's label."""
+    if fig.legends:
+        (legend,) = fig.legends
+        return {h.get_label(): to_hex(h.get_color()) for h in legend.legend_handles if h.get_label() in ROLE_OF}
+    titles = {ax.get_title(): to_hex(ax.title.get_color()) for ax in fig.axes if ax.get_title() in ROLE_OF}
+    return titles or {text.get_text(): to_hex(text.get_color()) for text in fig.axes[0].texts}
+
+
+@pytest.mark.parametrize("draw", [
+    lambda t: plots.spectra_figure(t["spectra"]),
+    lambda t: plots.cumulative_variance_figure(t["spectra"]),
+    lambda t: plots.effective_rank_figure(t["summary"]),
+    lambda t: plots.measures_figure(t["summary"].assign(measure="frobenius")),
+    lambda t: plots.similarity_heatmaps(t["similarity"], layer=0),
+    lambda t: plots.loss_curves_figure(t["training"]),
+    lambda t: plots.loss_vs_cache_figure(t["results"]),
+    lambda t: plots.rank_through_training_figure(t["summary"].assign(step=0)),
+    lambda t: plots.factor_norm_figure(t["summary"].query("kind == 'centered'").assign(step=0, norm_ratio=0.5)),
+    lambda t: plots.sweep_figure(t["summary"].drop_duplicates("model").rename(columns={"model": "comparison"}).assign(
+        point="p", metric="m", unit="u", mean=0.0, half_width=0.1, seeds=3)),
+], ids=["spectra", "cumulative", "effective_rank", "measures", "heatmaps", "loss_curves", "loss_vs_cache",
+        "rank_through_training", "factor_norm", "sweep"])
+def test_every_figure_gives_a_method_its_roles_colour_whatever_else_it_shows(tables, draw):
+    some = ["GQA (3 KV heads)", "MQA", "LRKV (r=16)"]  # three of six, out of order
+    subset = {name: table[table.model.isin(some)] for name, table in
+              {**tables, "training": synthetic_training(), "results": synthetic_results()}.items()}
+    assert method_colours(draw(subset)) == {m: TAB10[FIGURE_ORDER.index(m)] for m in some}
 
 
 def test_layer_roles_and_titles():
@@ -199,7 +260,7 @@ def test_spectra_figure_with_seeds_draws_mean_and_band():
 def test_fixed_palette_keeps_colours_for_a_subset(tables):
     spectra = tables["spectra"]
     subset = spectra[spectra.model.isin(["MQA", "GQA (3 KV heads)"])]
-    fig = plots.spectra_figure(subset, palette=plots.palette(FIGURE_ORDER))
+    fig = plots.spectra_figure(subset, palette=plots.palette(ROLE_OF))
     assert legend_labels(fig) == ["MQA", "GQA (3 KV heads)"]
     assert line_colours(fig.axes[0]) == [TAB10[3], TAB10[5]]
     with pytest.raises(ValueError, match="no colour for 'MQA'"):

@@ -14,12 +14,14 @@ from types import SimpleNamespace
 
 import ipywidgets as widgets
 import matplotlib.image
+import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.figure import Figure
 from test_plots import FIGURE_ORDER, TAB10, legend_labels, line_colours, synthetic_tables, synthetic_training
 
 import headlab.report.widgets
-from headlab.report.widgets import NO_METHOD, choice_columns, explore
+from headlab.report.widgets import NO_METHOD, choice_columns, explore, stacked_png
 
 THREE_PANELS = ["Early Layer (L=0)", "Middle Layer (L=2)", "Late Layer (L=3)"]
 
@@ -228,6 +230,28 @@ def test_displayed_explorer_is_its_controls_and_a_png_output_each_redraw_updates
     assert updates[-1] == {"text/plain": NO_METHOD}
 
 
+def test_the_png_stacks_the_figures_each_cropped_to_what_it_draws():
+    margin = headlab.report.widgets.CROP_MARGIN
+    small, wide = Figure(figsize=(4, 3), facecolor="white"), Figure(figsize=(6, 3), facecolor="white")
+    small.text(0.5, 0.5, "small", fontsize=20)
+    wide.text(0.1, 0.5, "a wider drawing", fontsize=20)
+    one = matplotlib.image.imread(io.BytesIO(stacked_png([small])))
+    ink = (one < 1).any(axis=2)
+    rows, columns = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    assert (rows[0], columns[0]) == (margin, margin) and one.shape[1] < 400 / 3  # the text, not the figure
+    assert (rows[-1], columns[-1]) == (one.shape[0] - 1 - margin, one.shape[1] - 1 - margin)
+    two = matplotlib.image.imread(io.BytesIO(stacked_png([small, wide])))
+    assert np.array_equal(two[:one.shape[0], :one.shape[1]], one) and (two[:one.shape[0], one.shape[1]:] == 1).all()
+    assert two.shape[1] > one.shape[1] and (two[one.shape[0]:] < 1).any()
+
+
+def test_the_png_holds_what_a_figure_draws_past_its_edges():
+    narrow = Figure(figsize=(2, 1), facecolor="white")
+    narrow.text(0.1, 0.5, "a title far wider than its figure", fontsize=20)
+    image = matplotlib.image.imread(io.BytesIO(stacked_png([narrow])))
+    assert image.shape[1] > 2 * narrow.dpi and (image[:, -headlab.report.widgets.CROP_MARGIN:] == 1).all()
+
+
 def counting_draws(explorer, monkeypatch) -> list:
     """The method lists `explorer` draws figures for, from now on, one entry per draw."""
     draws, draw = [], explorer._draw
@@ -248,7 +272,7 @@ def test_changes_in_a_kernel_are_coalesced_into_one_redraw_of_the_latest_state(e
         explorer.methods["MQA"].value = False
         assert draws == [] and drawn(explorer) is before  # nothing drawn yet: the figure is pending
         assert explorer.status.value == headlab.report.widgets.PENDING and explorer.kind.disabled is False
-        await asyncio.sleep(3 * headlab.report.widgets.SETTLE_SECONDS)
+        await settled(explorer)
 
     asyncio.run(click_quickly())
     assert draws == [[m for m in FIGURE_ORDER if m != "MQA"]]  # one draw, of the state the controls ended in
@@ -258,11 +282,45 @@ def test_changes_in_a_kernel_are_coalesced_into_one_redraw_of_the_latest_state(e
     assert explorer.status.value == "" and explorer.pending is None
 
 
+def test_the_pending_line_stays_until_the_figure_of_the_controls_state_is_shown(explorer, monkeypatch):
+    """A click that waits in the kernel's queue while a figure draws is handled after that figure
+    is sent: the pending line must not go out between the two (the figure would lag the controls
+    with no sign), nor before the figure of the last state is sent."""
+    seen = []
+    explorer.status.observe(lambda change: seen.append(change["new"] or "cleared"), names="value")
+    monkeypatch.setattr(headlab.report.widgets, "display", lambda bundle, **options: None)
+    explorer._ipython_display_()
+
+    def update(bundle, **options):
+        seen.append(("figure", explorer.shown[0]))
+        if explorer.shown[0] == "spectra":  # the click that came while the spectra drew
+            asyncio.get_running_loop().call_soon(setattr, explorer.view, "value", "heatmaps")
+
+    monkeypatch.setattr(explorer.figure_display, "update", update)
+
+    async def click():
+        explorer.kind.value = "centered"
+        await settled(explorer)
+
+    asyncio.run(click())
+    pending = headlab.report.widgets.PENDING
+    assert seen == [pending, ("figure", "spectra"), ("figure", "heatmaps"), "cleared"]
+
+
+async def settled(explorer) -> None:
+    """Wait (in the event loop) until the explorer has drawn the controls' state and cleared its pending line."""
+    for _ in range(200):
+        await asyncio.sleep(headlab.report.widgets.SETTLE_SECONDS)
+        if explorer.pending is None and explorer.status.value != headlab.report.widgets.PENDING:
+            return
+    raise AssertionError("the explorer never settled")
+
+
 def test_unticking_every_method_quickly_ends_on_no_figure(explorer, monkeypatch):
     async def untick_all():
         for box in explorer.methods.values():
             box.value = False
-        await asyncio.sleep(3 * headlab.report.widgets.SETTLE_SECONDS)
+        await settled(explorer)
 
     asyncio.run(untick_all())
     assert explorer.figures == [] and explorer.figure_bundle() == {"text/plain": NO_METHOD}

@@ -54,7 +54,7 @@ def test_the_sweep_figure_draws_every_variant_in_its_flagship_colour(swept, tmp_
     flagship and every other figure give it (a palette of the six), MLA's two settings MLA's."""
     _, table = swept
     roles = comparison_roles("tiny")
-    flagship = plots.palette(config.label for config in roles.values())
+    flagship = plots.palette({config.label: role for role, config in roles.items()})
     figures, draw = [], plots.sweep_figure
     monkeypatch.setattr(plots, "sweep_figure", lambda *args, **kw: figures.append(draw(*args, **kw)) or figures[-1])
     write_sweep_report(table, tmp_path / "report")

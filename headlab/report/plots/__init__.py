@@ -12,16 +12,18 @@ not track, so nothing is shown or left open and no global style changes. The fig
 Methods look the same in every figure. `method_order` puts a table's models in the order of the
 paper's figures by their role column (`headlab.schema.ROLES`: Standard MHA, LRKV by ascending
 rank, MQA, MLA, GQA), never by parsing a label, then any model without a role (a pretrained
-model, say) in the order first seen. `palette` gives each label, in that order, a tab10 colour,
-and each label also gets a marker by its place in the palette. A figure
-builds its palette from the methods it shows. To keep a method's colour fixed when a figure shows
-only some methods, pass one `palette=` built from all of them to every call (the widgets do this).
+model, say) in the order first seen. `palette` (module `colours`) gives each method the colour of
+its role, or outside a study of its attention family, never of its place in a figure, and a
+marker that goes with the colour: a figure of some methods, or a new family, moves no method's
+colour. A figure takes its colours from its table's role column (`table_palette`) unless given
+`palette=`: a model without a role takes a spare colour, so pass one palette of every model to
+each call where two models share no role (the widgets do this).
 
 A table with a `seed` column holding several seeds is drawn as the mean over seeds with a
 min–max band (error bars in `loss_vs_cache_figure`); every title says how many seeds it shows.
 A table must hold one `mla_rope` setting (see `headlab.analysis`): filter it first.
 
-Modules: `style` (titles, colours, sizes, saving), `methods` (order, palette, markers), `checks`
+Modules: `style` (titles, sizes, saving), `colours` (the palette: colours, markers), `methods` (order), `checks`
 (a figure's table checked), `panels` (layer panels, lines, legend, titles), and the figures:
 `spectra`, `heatmaps`, `training`, `cache`, `sweep`.
 """
@@ -33,7 +35,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "headlab.report.plots.style": ("BAND", "CIRCUIT_TITLES", "HEATMAP_CMAP", "HIGHLIGHT_COLOR", "KIND_TITLES",
                                    "MARKERS", "MEASURE_TITLES", "MLA_ROPE_TITLES", "PANEL_SIZE", "REFERENCE_COLOR",
                                    "SINGLE_SIZE", "SPECTRA_TITLE", "NotebookFigure", "save_figure"),
-    "headlab.report.plots.methods": ("method_order", "palette", "table_methods"),
+    "headlab.report.plots.colours": ("palette",),
+    "headlab.report.plots.methods": ("method_order", "table_methods", "table_palette"),
     "headlab.report.plots.panels": ("layer_roles", "layer_title"),
     "headlab.report.plots.spectra": ("cumulative_variance_figure", "effective_rank_figure", "measures_figure",
                                      "spectra_figure"),

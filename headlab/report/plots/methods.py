@@ -1,4 +1,4 @@
-"""The methods a figure draws: their order (by role), a colour and a marker for each."""
+"""The methods a figure draws: their order (by role), and the colour and marker of each (`palette`)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 import pandas as pd
-import seaborn as sns
 from matplotlib.lines import Line2D
 
-from headlab.report.plots.style import MARKERS
+from headlab.report.plots.colours import markers, palette
 from headlab.schema import role_order
 
 
@@ -27,13 +26,11 @@ def table_methods(table: pd.DataFrame) -> list[str]:
     return method_order(table["model"], table["role"] if "role" in table else None)
 
 
-def palette(labels: Iterable[str]) -> dict[str, str]:
-    """A colour (hex) per distinct label, in the order given (a `method_order`): tab10 in its own
-    order (blue, orange, green, red, purple, brown, ... as in the paper's figures), evenly spaced
-    hues past ten."""
-    order = list(dict.fromkeys(labels))
-    colours = sns.color_palette("tab10" if len(order) <= 10 else "husl", len(order)).as_hex()
-    return dict(zip(order, colours))
+def table_palette(table: pd.DataFrame) -> dict[str, str]:
+    """`palette` of a table's models in `table_methods` order, each by its role (the role column,
+    where the table has one): the colours every figure of the table's models gives them."""
+    roles = table.drop_duplicates("model").set_index("model")["role"] if "role" in table else {}
+    return palette({model: roles.get(model) for model in table_methods(table)})
 
 
 @dataclass(frozen=True)
@@ -52,12 +49,12 @@ class Methods:
 
 def methods_of(data: pd.DataFrame, fixed: Mapping[str, str] | None) -> Methods:
     """The methods of `data` in family order, drawn with the colours of `fixed` (a `palette` that
-    names all of them, and possibly more) or of a palette of just these methods."""
+    names all of them, and possibly more) or with their own (`table_palette`), a marker each
+    (`markers`)."""
     order = table_methods(data)
-    colors = dict(fixed) if fixed is not None else palette(order)
+    colors = dict(fixed) if fixed is not None else table_palette(data)
     unknown = [m for m in order if m not in colors]
     if unknown:
         raise ValueError(f"palette has no colour for {', '.join(map(repr, unknown))}: "
                          f"it names {', '.join(map(repr, colors))}")
-    markers = {m: MARKERS[n % len(MARKERS)] for n, m in enumerate(colors)}
-    return Methods(order, colors, markers)
+    return Methods(order, colors, markers(colors))

@@ -36,7 +36,8 @@ def sweep_figure(table: pd.DataFrame, palette: Mapping[str, str] | None = None, 
     table's order, a line per variant, zero marked; an interval off the zero line is an ordering.
 
     table: point, comparison, metric, unit, mean, half_width, seeds (and steps, and the columns
-    named in `axes`: the grid's varying columns, which label the points).
+    named in `axes`: the grid's varying columns, which label the points) [, role: each comparison
+    in its role's colour, as in the flagship figure].
     """
     data = checked_rows(table, "sweep", ["point", "comparison", "metric", "unit", "mean", "half_width", "seeds"])
     data = data.rename(columns={"comparison": "model"})
