@@ -12,6 +12,7 @@ import pandas as pd
 
 HEAD_COLUMNS = ("head_i", "head_j", "value")
 NAMED_ALWAYS = ("model", "circuit")  # other columns are named only where the table holds several values
+NEVER_NAMED = ("role",)  # a study's role column repeats its model's name
 
 
 def dead_heads(similarity: pd.DataFrame) -> pd.DataFrame:
@@ -33,7 +34,7 @@ def zero_form_note(similarity: pd.DataFrame) -> str | None:
     if not layers["n_dead"].any():
         return None
     keys = [c for c in layers.columns if c not in ("layer", "n_heads", "dead", "n_dead")]
-    named = [c for c in keys if c in NAMED_ALWAYS or layers[c].nunique(dropna=False) > 1]
+    named = [c for c in keys if c in NAMED_ALWAYS or (c not in NEVER_NAMED and layers[c].nunique(dropna=False) > 1)]
     without, partly = [], []
     for key, group in layers.groupby(keys, sort=False, dropna=False):
         values = dict(zip(keys, key))
