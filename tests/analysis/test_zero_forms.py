@@ -165,15 +165,16 @@ def test_dead_heads_are_nan_and_left_out_of_their_layers_spectrum(seed, dead, si
         assert "no circuit" not in note and f"toy qk layer 0 head {heads}." in note
 
 
-@given(seed=seeds, exponent=exponents, head=st.integers(0, H - 1))
-def test_a_form_that_cancels_to_zero_is_dead_at_any_scale(seed, exponent, head):
-    """L_h = [a, a], R_h = [b, −b]: both factors nonzero, A_h = abᵀ − abᵀ = 0. Dead by the rule
-    ‖A_h‖ ≤ DEAD_HEAD_RTOL ‖L_h‖ ‖R_h‖, however large or small the factors are stored."""
+@given(seed=seeds, exponent=exponents, head=st.integers(0, H - 1), c=st.floats(0.1, 10))
+def test_a_form_that_cancels_to_zero_is_dead_at_any_scale(seed, exponent, head, c):
+    """L_h = [a, c·a], R_h = [c·b, −b]: both factors nonzero, A_h = c abᵀ − c abᵀ = 0, computed
+    as a round-off residue. Dead by the rule ‖A_h‖ ≤ DEAD_HEAD_RTOL ‖L_h‖ ‖R_h‖, however large or
+    small the factors are stored."""
     rng = np.random.default_rng(seed)
     q, k = rng.standard_normal((D, H * E)), rng.standard_normal((D, H * E))
     a, b = rng.standard_normal(D), rng.standard_normal(D)
-    q[:, head * E:(head + 1) * E] = np.stack([a, a, np.zeros(D)], axis=1)
-    k[:, head * E:(head + 1) * E] = np.stack([b, -b, np.zeros(D)], axis=1)
+    q[:, head * E:(head + 1) * E] = np.stack([a, c * a, np.zeros(D)], axis=1)
+    k[:, head * E:(head + 1) * E] = np.stack([c * b, -b, np.zeros(D)], axis=1)
     gram, live = normalised_gram(Factors.per_head(q * 10.0 ** exponent, E), Factors.per_head(k, E))
     assert list(np.flatnonzero(~live)) == [head]
     assert DEAD_HEAD_RTOL < 1e-3  # a real head's form is ~‖L‖‖R‖/√e: far from dead
