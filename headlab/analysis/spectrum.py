@@ -142,10 +142,12 @@ class Factors:
         that brings its largest entry into [½, 1) (`power_of_two_scaled`): head h's factor
         becomes c_h F_h with c_h > 0 exact, so cosines are unchanged and no product of these
         factors can overflow or underflow whatever the stored scale."""
-        return self._scaled()[0]
+        return self._scaled[0]
 
+    @cached_property
     def _scaled(self) -> tuple["Factors", np.ndarray]:
-        """`normalised()` and, per block, the exponent k with F_g = 2^k · its normalised factor."""
+        """`normalised()` and, per block, the exponent k with F_g = 2^k · its normalised factor;
+        kept, so the products the Gram takes of it also give `head_norms`."""
         blocks = self.matrix.reshape(self.matrix.shape[0], self.n_blocks, self.head_dim)
         exponents = binary_exponent(np.abs(blocks).max(axis=(0, 2), initial=0.0))
         matrix = np.ldexp(blocks, -exponents[None, :, None]).reshape(self.matrix.shape)
@@ -163,7 +165,7 @@ class Factors:
     def head_norms(self) -> np.ndarray:
         """‖F_h‖_F for every head, shape (H,): of the normalised factors, times the powers of two
         taken out, so no square overflows or underflows whatever the stored scale."""
-        scaled, exponents = self._scaled()
+        scaled, exponents = self._scaled
         return np.ldexp(scaled._norms(), exponents[self.index])
 
     def _norms(self) -> np.ndarray:

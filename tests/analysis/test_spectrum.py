@@ -172,7 +172,7 @@ def test_head_norms_match_materialised_heads():
     f = Factors.per_head(rng.standard_normal((4, H * E)), E, base=rng.standard_normal((D, 4)))
     expected = np.linalg.norm(f.heads(), axis=(1, 2))
     np.testing.assert_allclose(f.head_norms(), expected, rtol=1e-12)
-    assert f.block_gram.shape == (H * E, H * E)  # once computed, the norms come off its diagonal
+    assert f.normalised().block_gram.shape == (H * E, H * E)  # once computed, the norms come off its diagonal
     np.testing.assert_allclose(f.head_norms(), expected, rtol=1e-12)
 
 
