@@ -452,8 +452,10 @@ def mean_offdiagonal(similarity: np.ndarray) -> float:
     """Mean of G[i,j] over i ≠ j, both heads live (NaN entries are dead heads'); NaN with fewer
     than two live heads."""
     g = np.asarray(similarity, dtype=np.float64)
-    pairs = _existing(g[~np.eye(g.shape[0], dtype=bool)])
-    return float(pairs.mean()) if pairs.size else float("nan")
+    live = ~np.isnan(np.diag(g))
+    block = g[np.ix_(live, live)]
+    h = len(block)
+    return float((block.sum() - np.trace(block)) / (h * (h - 1))) if h > 1 else float("nan")
 
 
 @dataclass(frozen=True)
