@@ -123,6 +123,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         result = concat(analyze_snapshots(source, label, circuit=args.circuit, mla_rope=args.mla_rope,
                                           measure=args.measure) for source, label in zip(args.sources, given))
         print(f"wrote the tables of {result.summary['step'].nunique()} training steps to {result.save(args.out)}")
+        print_zero_forms(result.similarity)
         return 0
     sources = [load_heads(source, label) for source, label in zip(args.sources, given)]
     labels = distinct_labels([heads.label for heads in sources], args.sources) if args.label is None else args.label
@@ -141,11 +142,15 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                     for label in order for heads, source in [by_label[label]])
     folder = result.save(args.out)
     print(format_effective_ranks(result.summary))
-    note = zero_form_note(result.similarity)
-    if note:
-        print(note)
+    print_zero_forms(result.similarity)
     print(f"wrote similarity.csv, spectra.csv, summary.csv, norms.csv, lrkv_cosine.csv to {folder}")
     return 0
+
+def print_zero_forms(similarity) -> None:
+    """The line naming dead heads and layers without a circuit, if an analysis has any."""
+    note = zero_form_note(similarity)
+    if note:
+        print(note)
 
 def distinct_labels(labels: list[str], sources: list[str]) -> list[str]:
     """Each source's label; a label several sources share gets the shortest end of each one's

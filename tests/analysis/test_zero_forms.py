@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conftest import tiny_model, write_run
 from headlab.analysis.layer_weights import GroupedWeights, ModelHeads
 from headlab.analysis.similarity import Analysis, analyze
 from headlab.analysis.spectrum import DEAD_HEAD_RTOL, Factors, cosine_similarity, normalised_gram
 from headlab.analysis.zero_forms import dead_heads, zero_form_note
 from headlab.cli.commands import format_effective_ranks
+from headlab.cli.main import main as cli_main
 from headlab.schema import KINDS, SPECTRUM_METRICS
 
 H, D, E, LAYERS = 4, 12, 3, 2
@@ -209,3 +212,17 @@ def test_an_all_zero_model_has_no_number_at_all():
     assert set(dead_heads(result.similarity)["dead"]) == {tuple(range(H))}
     note = zero_form_note(result.similarity)
     assert "toy qk layer 0, 1 (2 of 2 layers)" in note and "toy ov layer 0, 1 (2 of 2 layers)" in note
+
+
+def test_headlab_analyze_prints_the_undefined_layer_and_the_dead_head(tmp_path, capsys):
+    """The issue's command: a run whose layer 1 has W_Q = 0 and whose layer 0 has one dead head."""
+    model = tiny_model("mha")
+    e = model.config.head_dim
+    with torch.no_grad():
+        model.blocks[1].attn.c_q.weight.zero_()
+        model.blocks[0].attn.c_k.weight[e:2 * e] = 0.0
+    assert cli_main(["analyze", str(write_run(tmp_path / "run", model)), "--out", str(tmp_path / "a")]) == 0
+    printed = capsys.readouterr().out
+    assert "    1  undefined: no qk circuit" in printed and "over 1 of 2 layers (1 undefined left out)" in printed
+    assert ("Standard MHA qk layer 1 (1 of 2 layers); and dead heads, whose form is zero (similarity NaN; left out "
+            "of their layer's spectrum, still counted in H): Standard MHA qk layer 0 head 1.") in printed
