@@ -198,7 +198,11 @@ def _layer_rows(model: str, layer: int, circuit: str, weights, mla_rope: str, me
                 roots: tuple[np.ndarray, np.ndarray | None] | None) -> dict[str, dict]:
     """The table rows of one layer and circuit; `roots` (R_L, R_R) weigh the data measure."""
     left, right = weights.factors(circuit, mla_rope) if isinstance(weights, MLAWeights) else weights.factors(circuit)
-    similarity = cosine_similarity(*normalised_gram(left, right, *(roots or (None, None))))
+    gram, live = normalised_gram(left, right, *(roots or (None, None)))
+    if not np.isfinite(gram).all():  # normalised factors bound every entry: only NaN or inf weights get here
+        raise ValueError(f"{model} layer {layer}: the {circuit} weights hold NaN or inf, so the heads' forms are "
+                         "undefined; check the checkpoint (a diverged run?)")
+    similarity = cosine_similarity(gram, live)
     n = similarity.shape[0]
     spectra = [similarity_spectrum(similarity, kind) for kind in KINDS]
     rows = {

@@ -226,3 +226,12 @@ def test_headlab_analyze_prints_the_undefined_layer_and_the_dead_head(tmp_path, 
     assert "    1  undefined: no qk circuit" in printed and "over 1 of 2 layers (1 undefined left out)" in printed
     assert ("Standard MHA qk layer 1 (1 of 2 layers); and dead heads, whose form is zero (similarity NaN; left out "
             "of their layer's spectrum, still counted in H): Standard MHA qk layer 0 head 1.") in printed
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_weights_that_are_not_finite_are_refused_not_called_dead(bad):
+    """NaN or inf is not a zero form: the layer is named, not reported as dead heads."""
+    layers = _layers(0)
+    layers[1]["wq"][4, 2] = bad
+    with pytest.raises(ValueError, match="toy layer 1: the qk weights hold NaN or inf"):
+        _analysis(layers)
