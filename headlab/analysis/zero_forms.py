@@ -43,7 +43,8 @@ def zero_form_note(similarity: pd.DataFrame) -> str | None:
         if len(empty):
             without.append(f"{name} layer {', '.join(map(str, empty['layer']))} ({len(empty)} of {len(group)} layers)")
         some = group[(group["n_dead"] > 0) & (group["n_dead"] < group["n_heads"])]
-        partly += [f"{name} layer {row.layer} head {', '.join(map(str, row.dead))}" for row in some.itertuples()]
+        partly += [f"{name} layer {row.layer} head{'s' * (len(row.dead) > 1)} {', '.join(map(str, row.dead))}"
+                   for row in some.itertuples()]
     parts = []
     if without:
         parts.append("no circuit, as every head's form is zero (similarity and effective rank undefined: NaN, "

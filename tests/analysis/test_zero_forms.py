@@ -165,7 +165,7 @@ def test_dead_heads_are_nan_and_left_out_of_their_layers_spectrum(seed, dead, si
     elif not live.any():
         assert "no circuit" in note and "toy qk layer 0 (1 of 2 layers)" in note and "dead heads" not in note
     else:
-        assert "no circuit" not in note and f"toy qk layer 0 head {heads}." in note
+        assert "no circuit" not in note and f"toy qk layer 0 head{'s' * int(dead.sum() > 1)} {heads}." in note
 
 
 @given(seed=seeds, exponent=exponents, head=st.integers(0, H - 1), c=st.floats(0.1, 10))
