@@ -10,7 +10,7 @@ import torch
 
 from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import run_forward
-from headlab.analysis.spectrum import cosine_similarity, frobenius_gram, similarity_spectrum
+from headlab.analysis.spectrum import cosine_similarity, normalised_gram, similarity_spectrum
 from headlab.model.gpt import eval_mode
 from headlab.model.ops import QK_NORM_EPS
 from headlab.schema import KINDS
@@ -60,13 +60,13 @@ def norm_scale_effect(model, tokens: torch.Tensor, label: str | None = None) -> 
         inv_q, inv_k = (torch.rsqrt(t.square().mean(-1) + QK_NORM_EPS) for t in (q, k))  # (H, B, T)
         median_q = np.median(inv_q.reshape(len(q), -1).cpu().numpy(), axis=1)
         median_k = np.median(inv_k.reshape(len(k), -1).cpu().numpy(), axis=1)
-        raw = frobenius_gram(left, right)
+        raw, live = normalised_gram(left, right)  # each form × a power of two: a constant per head too
         scores = q @ k.transpose(-1, -2)  # (H, B, T, T)
         token_scores = _score_gram(scores)
         scores *= inv_q[..., :, None] * inv_k[..., None, :]  # in place: one T² array per layer, not two
         matrices = {
-            NORM_MEASURES[0]: cosine_similarity(raw),
-            NORM_MEASURES[1]: cosine_similarity(raw * np.outer(median_q * median_k, median_q * median_k)),
+            NORM_MEASURES[0]: cosine_similarity(raw, live),
+            NORM_MEASURES[1]: cosine_similarity(raw * np.outer(median_q * median_k, median_q * median_k), live),
             NORM_MEASURES[2]: cosine_similarity(token_scores),
             NORM_MEASURES[3]: cosine_similarity(_score_gram(scores)),
         }

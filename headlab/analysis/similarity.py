@@ -36,6 +36,10 @@ Tables (layers and heads from 0, eigenvalue index from 1; `spectrum.py` has the 
                ⟨W_shared, U_h B_hᵀ⟩_F / (‖W_shared‖ ‖U_h B_hᵀ‖)
                per head, keys (qk) and values (ov); LRKV only, else empty (App. B)
 
+Undefined is NaN (`spectrum.py`, "Dead heads"): a dead head's similarity row and column; the
+eigenvalues a layer with dead heads lacks (it has one per live head); and every number of a
+layer whose heads are all dead, which has no circuit. `zero_forms.zero_form_note` names them.
+
 The behaviour-space counterpart is `headlab.analysis.attention_maps`; QK-norm's per-token
 scale is measured by `headlab.analysis.qk_norm`, and whether the measures agree by
 `headlab.analysis.measures.measure_agreement`.
@@ -54,13 +58,7 @@ import pandas as pd
 from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import InputMoments
 from headlab.analysis.layer_weights import LRKVWeights, MLAWeights, check_mla_rope
-from headlab.analysis.spectrum import (
-    cosine_similarity,
-    data_gram,
-    frobenius_gram,
-    mean_offdiagonal,
-    similarity_spectrum,
-)
+from headlab.analysis.spectrum import cosine_similarity, mean_offdiagonal, normalised_gram, similarity_spectrum
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.schema import (
     ALL_CIRCUITS,
@@ -200,8 +198,11 @@ def _layer_rows(model: str, layer: int, circuit: str, weights, mla_rope: str, me
                 roots: tuple[np.ndarray, np.ndarray | None] | None) -> dict[str, dict]:
     """The table rows of one layer and circuit; `roots` (R_L, R_R) weigh the data measure."""
     left, right = weights.factors(circuit, mla_rope) if isinstance(weights, MLAWeights) else weights.factors(circuit)
-    raw = frobenius_gram(left, right) if roots is None else data_gram(left, right, *roots)
-    similarity = cosine_similarity(raw)
+    gram, live = normalised_gram(left, right, *(roots or (None, None)))
+    if not np.isfinite(gram).all():  # normalised factors bound every entry: only NaN or inf weights get here
+        raise ValueError(f"{model} layer {layer}: the {circuit} weights hold NaN or inf, so the heads' forms are "
+                         "undefined; check the checkpoint (a diverged run?)")
+    similarity = cosine_similarity(gram, live)
     n = similarity.shape[0]
     spectra = [similarity_spectrum(similarity, kind) for kind in KINDS]
     rows = {

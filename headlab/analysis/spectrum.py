@@ -27,11 +27,21 @@ Both ranks take the spectrum of the kind asked for. The paper reports the effect
 percentage of H; the attainable maximum is H uncentered but H − 1 centered (J G J has rank ≤ H − 1;
 the digest's caveat C8), so `Spectrum` reports both percentages.
 
-Degenerate inputs have defined answers, never NaN:
-  * a head with A_h = 0 ("dead" head) has cosine 0 with every head, itself included: it adds no
-    direction, so it lowers the effective rank instead of looking maximally distinct;
-  * an all-zero spectrum (all heads identical, centered; or every head dead) has variance ratios
-    0, effective rank 0, participation ratio 0 and needs 0 components: there is no variation.
+Scale. A cosine does not see a positive factor per head, so nothing here may either: each head's
+factors are first multiplied by powers of two that bring their largest entry into [½, 1)
+(`Factors.normalised`; exact, only exponents change), and the Gram is taken of those. Weights
+stored at any finite scale, 1e-300 or 1e300, per head or per layer, give the similarity of scale 1,
+where the raw Gram ⟨A_i, A_j⟩ itself would underflow to 0 or overflow to inf.
+
+Dead heads and layers without a circuit. A head whose form is zero, ‖A_h‖_F ≤ DEAD_HEAD_RTOL ·
+‖L_h‖_F ‖R_h‖_F (zero to within the round-off of its own factors' products, at any scale; the
+right side bounds ‖A_h‖_F), is dead: it has no direction, so its cosine with any head, itself
+included, is undefined and is NaN. The layer's spectrum is that of its live heads (n_live
+eigenvalues, then NaN for the H − n_live that do not exist); the percentages stay of H, so a dead
+head counts as a head that adds nothing. A layer whose heads are all dead has no circuit: every
+eigenvalue and metric is NaN, never a number, and means over layers leave it out.
+An all-zero spectrum of live heads (all heads identical, centered) is defined: variance ratios 0,
+effective rank 0, participation ratio 0, 0 components: there is no variation.
 """
 
 from __future__ import annotations
@@ -46,8 +56,10 @@ from headlab.schema import KINDS, check
 # Eigenvalues of a cosine-similarity matrix are O(1) (they sum to at most H); round-off is
 # ~1e-15·H. Anything within ATOL of zero is zero, anything below −ATOL is a real defect.
 ATOL = 1e-9
-# A head whose ‖A_h‖_F is below this fraction of the layer's largest is treated as dead.
-DEAD_HEAD_RTOL = 1e-12
+# A head whose ‖A_h‖_F is at most this fraction of ‖L_h‖_F ‖R_h‖_F is dead: computed from the
+# factors' products, ‖A_h‖²_F carries round-off of ~e·ε·‖L_h‖²‖R_h‖², i.e. ~1e-7 of the bound for
+# e = 128, so a form below 1e-6 of it is zero as far as float64 can tell.
+DEAD_HEAD_RTOL = 1e-6
 # The reduced route's thin per-head products and memory-bound Gram run ~4x fewer multiply-adds
 # per second than the products route's large square ones (OpenBLAS, 2 cores, paper-2.5b shapes),
 # and suffer more on a busy machine; `frobenius_gram` weighs their cost by this. Speed only.
@@ -125,13 +137,39 @@ class Factors:
         """Whether products go through the base's m × m metric (only worth it when m < d)."""
         return self.base is not None and self.base.shape[1] < self.base.shape[0]
 
+    def normalised(self) -> "Factors":
+        """The same heads, each block of `matrix` and the base multiplied by the power of two
+        that brings its largest entry into [½, 1) (`power_of_two_scaled`): head h's factor
+        becomes c_h F_h with c_h > 0 exact, so cosines are unchanged and no product of these
+        factors can overflow or underflow whatever the stored scale."""
+        return self._scaled[0]
+
+    @cached_property
+    def _scaled(self) -> tuple["Factors", np.ndarray]:
+        """`normalised()` and, per block, the exponent k with F_g = 2^k · its normalised factor;
+        kept, so the products the Gram takes of it also give `head_norms`."""
+        blocks = self.matrix.reshape(self.matrix.shape[0], self.n_blocks, self.head_dim)
+        exponents = binary_exponent(np.abs(blocks).max(axis=(0, 2), initial=0.0))
+        matrix = np.ldexp(blocks, -exponents[None, :, None]).reshape(self.matrix.shape)
+        if self.base is None:
+            return Factors(matrix, self.head_dim, self.index), exponents
+        base_exponent = binary_exponent(np.abs(self.base).max(initial=0.0))
+        return (Factors(matrix, self.head_dim, self.index, np.ldexp(self.base, -base_exponent)),
+                exponents + base_exponent)
+
     def heads(self) -> np.ndarray:
         """Every head's factor F_h as an (H, d, e) array (for checks and small models)."""
         full = self._columns()
         return full.reshape(full.shape[0], self.n_blocks, self.head_dim).transpose(1, 0, 2)[self.index]
 
     def head_norms(self) -> np.ndarray:
-        """‖F_h‖_F for every head, shape (H,)."""
+        """‖F_h‖_F for every head, shape (H,): of the normalised factors, times the powers of two
+        taken out, so no square overflows or underflows whatever the stored scale."""
+        scaled, exponents = self._scaled
+        return np.ldexp(scaled._norms(), exponents[self.index])
+
+    def _norms(self) -> np.ndarray:
+        """‖F_h‖_F as stored: its squares over- or underflow unless the factors are normalised."""
         if "block_gram" in self.__dict__:  # already computed: its diagonal holds every ‖column‖²
             squares = np.diag(self.block_gram)
         elif self._latent:
@@ -174,6 +212,17 @@ class Factors:
 
     def _columns(self) -> np.ndarray:
         return self.matrix if self.base is None else self.base @ self.matrix
+
+
+def binary_exponent(value):
+    """k with value = f·2^k, f ∈ [½, 1) (0 for 0): the power of two that normalises a magnitude."""
+    return np.frexp(value)[1]
+
+
+def power_of_two_scaled(array: np.ndarray) -> np.ndarray:
+    """array · 2^−k, k the binary exponent of max|array|, so the largest entry lands in [½, 1).
+    Exact: only exponents change. An all-zero array is returned as is."""
+    return np.ldexp(array, -binary_exponent(np.abs(array).max(initial=0.0)))
 
 
 def _gram_root(gram: np.ndarray) -> np.ndarray:
@@ -254,11 +303,31 @@ def data_gram(left: Factors, right: Factors, left_root: np.ndarray | None, right
     R_R R_h, computed by `frobenius_gram` without forming any A_h. A root of None stands for
     Σ = I on that side; with both None (or both roots I) this is exactly `frobenius_gram`.
     """
+    _check_roots(left, right, left_root, right_root)
+    return frobenius_gram(_transformed(left, left_root), _transformed(right, right_root), method)
+
+
+def _check_roots(left: Factors, right: Factors, left_root: np.ndarray | None, right_root: np.ndarray | None) -> None:
     for side, root, factors in (("left", left_root, left), ("right", right_root, right)):
         if root is not None and np.shape(root) != (factors.dim, factors.dim):
             raise ValueError(f"{side}_root must be ({factors.dim}, {factors.dim}) to match the "
                              f"factors' dimension d; got shape {np.shape(root)}")
-    return frobenius_gram(_transformed(left, left_root), _transformed(right, right_root), method)
+
+
+def normalised_gram(left: Factors, right: Factors, left_root: np.ndarray | None = None,
+                    right_root: np.ndarray | None = None, method: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """(G', live): the Gram of `data_gram` (of `frobenius_gram` without roots) taken of the
+    heads' forms each scaled by an exact positive power of two (`Factors.normalised`, the roots
+    by `power_of_two_scaled`), so G'[i,j] = c_i c_j G_raw[i,j] with c_h > 0 and no product can
+    overflow or underflow; and which heads are live, ‖A_h‖ > DEAD_HEAD_RTOL · ‖L_h‖ ‖R_h‖ (for
+    the data measure: of the factors R L_h, R R_h it compares). `cosine_similarity(G', live)`
+    is the layer's similarity at any stored scale."""
+    _check_roots(left, right, left_root, right_root)
+    left, right = (_transformed(f.normalised(), None if root is None else power_of_two_scaled(root))
+                   for f, root in ((left, left_root), (right, right_root)))
+    gram = frobenius_gram(left, right, method)
+    bound = left._norms() * right._norms()  # normalised already: the stored norms are safe
+    return gram, np.sqrt(np.clip(np.diag(gram), 0.0, None)) > DEAD_HEAD_RTOL * bound
 
 
 def _reduced_gram(left: Factors, right: Factors) -> np.ndarray:
@@ -292,20 +361,19 @@ def _reduced_gram(left: Factors, right: Factors) -> np.ndarray:
     return sum(np.einsum("ik,jk->ij", flat[:, s:s + step], flat[:, s:s + step]) for s in range(0, flat.shape[1], step))
 
 
-def cosine_similarity(raw: np.ndarray) -> np.ndarray:
-    """G[i,j] = G_raw[i,j] / √(G_raw[i,i] G_raw[j,j]): unit diagonal, entries in [−1, 1].
-
-    A dead head (‖A_h‖_F ≤ 1e-12 · the layer's largest) gets a zero row and column, diagonal
-    included: it has no direction to compare.
+def cosine_similarity(raw: np.ndarray, live: np.ndarray | None = None) -> np.ndarray:
+    """G[i,j] = G_raw[i,j] / √(G_raw[i,i] G_raw[j,j]) of the live heads: unit diagonal, entries in
+    [−1, 1]. A dead head (not in `live`; by default, one with G_raw[h,h] = 0; `normalised_gram`
+    gives the documented rule) has no direction: its row and column are NaN, diagonal included.
     """
     raw = np.asarray(raw, dtype=np.float64)
     if raw.ndim != 2 or raw.shape[0] != raw.shape[1]:
         raise ValueError(f"raw Gram must be a square matrix; got shape {raw.shape}")
     norms = np.sqrt(np.clip(np.diag(raw), 0.0, None))  # ‖A_h‖_F
-    alive = norms > DEAD_HEAD_RTOL * norms.max(initial=0.0)
-    inverse = np.divide(1.0, norms, out=np.zeros_like(norms), where=alive)
+    live = norms > 0 if live is None else np.asarray(live, dtype=bool)
+    inverse = np.divide(1.0, norms, out=np.full_like(norms, np.nan), where=live)
     similarity = raw * inverse[:, None] * inverse[None, :]
-    np.fill_diagonal(similarity, alive.astype(np.float64))
+    np.fill_diagonal(similarity, np.where(live, 1.0, np.nan))
     return similarity
 
 
@@ -335,17 +403,23 @@ def eigenspectrum(matrix: np.ndarray, atol: float = ATOL) -> np.ndarray:
     return values
 
 
+# In the functions below a spectrum may end in NaN: eigenvalues that do not exist (dead heads).
+# They are left out; a spectrum with no eigenvalue at all (no live head) has NaN metrics.
+
 def variance_ratios(eigenvalues: np.ndarray) -> np.ndarray:
-    """v_i = λ_i / Σ_j λ_j; all zeros for an all-zero spectrum."""
+    """v_i = λ_i / Σ_j λ_j over the eigenvalues that exist (NaN stays NaN); all zeros for an
+    all-zero spectrum."""
     lam = np.asarray(eigenvalues, dtype=np.float64)
-    total = lam.sum()
-    return lam / total if total > 0 else np.zeros_like(lam)
+    total = np.nansum(lam)
+    return lam / total if total > 0 else np.where(np.isnan(lam), np.nan, 0.0)
 
 
-def n_components(eigenvalues: np.ndarray, threshold: float = 0.9) -> int:
+def n_components(eigenvalues: np.ndarray, threshold: float = 0.9) -> int | float:
     """Smallest k with cumulative variance c_k ≥ threshold (1e-12 slack for round-off, so ten
-    equal eigenvalues need exactly 9 for 90 %); 0 for an all-zero spectrum."""
-    v = variance_ratios(eigenvalues)
+    equal eigenvalues need exactly 9 for 90 %); 0 for an all-zero spectrum, NaN for none."""
+    v = _existing(variance_ratios(eigenvalues))
+    if not v.size:
+        return float("nan")
     if not v.any():
         return 0
     return int(np.argmax(np.cumsum(v) >= threshold - 1e-12)) + 1
@@ -353,24 +427,35 @@ def n_components(eigenvalues: np.ndarray, threshold: float = 0.9) -> int:
 
 def entropy_effective_rank(eigenvalues: np.ndarray) -> float:
     """exp(−Σ v_i log v_i) over the variance ratios of the given spectrum (Roy–Vetterli); 1 for a
-    single nonzero eigenvalue, k for k equal ones, 0 for an all-zero spectrum."""
-    v = variance_ratios(eigenvalues)
+    single nonzero eigenvalue, k for k equal ones, 0 for an all-zero spectrum, NaN for none."""
+    v = _existing(variance_ratios(eigenvalues))
+    if not v.size:
+        return float("nan")
     v = v[v > 0]
     return float(np.exp(-(v * np.log(v)).sum())) if v.size else 0.0
 
 
 def participation_ratio(eigenvalues: np.ndarray) -> float:
-    """(Σ λ_i)² / Σ λ_i² of the given spectrum; 0 for an all-zero spectrum."""
-    lam = np.asarray(eigenvalues, dtype=np.float64)
+    """(Σ λ_i)² / Σ λ_i² of the given spectrum; 0 for an all-zero spectrum, NaN for none."""
+    lam = _existing(np.asarray(eigenvalues, dtype=np.float64))
+    if not lam.size:
+        return float("nan")
     squares = (lam ** 2).sum()
     return float(lam.sum() ** 2 / squares) if squares > 0 else 0.0
 
 
+def _existing(values: np.ndarray) -> np.ndarray:
+    return values[~np.isnan(values)]
+
+
 def mean_offdiagonal(similarity: np.ndarray) -> float:
-    """Mean of G[i,j] over i ≠ j."""
+    """Mean of G[i,j] over i ≠ j, both heads live (NaN entries are dead heads'); NaN with fewer
+    than two live heads."""
     g = np.asarray(similarity, dtype=np.float64)
-    h = g.shape[0]
-    return float((g.sum() - np.trace(g)) / (h * (h - 1)))
+    live = ~np.isnan(np.diag(g))
+    block = g[np.ix_(live, live)]
+    h = len(block)
+    return float((block.sum() - np.trace(block)) / (h * (h - 1))) if h > 1 else float("nan")
 
 
 @dataclass(frozen=True)
@@ -378,7 +463,7 @@ class Spectrum:
     """The eigen-spectrum of one layer's cosine similarity G, centered or not, and its metrics."""
 
     kind: str  # "uncentered" (eigenvalues of G) or "centered" (of J G J)
-    eigenvalues: np.ndarray  # (H,), descending, ≥ 0
+    eigenvalues: np.ndarray  # (H,), descending, ≥ 0; the live heads' n_live, then H − n_live NaN
 
     @property
     def n_heads(self) -> int:
@@ -408,7 +493,7 @@ class Spectrum:
 
     @property
     def effective_rank_pct_of_ceiling(self) -> float:
-        """100 · ER / ceiling; 0 when the ceiling is 0 (one head, centered)."""
+        """100 · ER / ceiling; 0 when the ceiling is 0 (one head, centered), NaN when ER is."""
         return 100.0 * self.effective_rank / self.ceiling if self.ceiling else 0.0
 
     @property
@@ -416,12 +501,19 @@ class Spectrum:
         return participation_ratio(self.eigenvalues)
 
     @property
-    def n_components_90(self) -> int:
+    def n_components_90(self) -> int | float:
         return n_components(self.eigenvalues, 0.9)
 
 
 def similarity_spectrum(similarity: np.ndarray, kind: str) -> Spectrum:
-    """The `kind` spectrum of a cosine similarity matrix G: eigenvalues of G or of J G J."""
+    """The `kind` spectrum of a cosine similarity matrix G: eigenvalues of G or of J G J, where G
+    is the block of the live heads (a dead head's row is NaN, `cosine_similarity`), padded with
+    NaN to H: J centres the live heads' forms only, as a dead head has none to centre."""
     check("kind", kind, KINDS)
-    matrix = double_center(similarity) if kind == "centered" else similarity
-    return Spectrum(kind, eigenspectrum(matrix))
+    g = np.asarray(similarity, dtype=np.float64)
+    if g.ndim != 2 or g.shape[0] != g.shape[1]:
+        raise ValueError(f"expected a square matrix; got shape {g.shape}")
+    live = ~np.isnan(np.diag(g))
+    block = g[np.ix_(live, live)]
+    values = eigenspectrum(double_center(block) if kind == "centered" else block) if live.any() else np.zeros(0)
+    return Spectrum(kind, np.concatenate([values, np.full(g.shape[0] - values.size, np.nan)]))

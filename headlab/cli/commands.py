@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import encode_text, input_moments
 from headlab.analysis.similarity import analyze, concat
 from headlab.analysis.snapshots import analyze_snapshots
+from headlab.analysis.zero_forms import zero_form_note
 from headlab.cli.arguments import CONFIG_OVERRIDES, TRAIN_OVERRIDES
 from headlab.data.corpus import load_corpus
 from headlab.data.encoding import available_cores
@@ -121,6 +123,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         result = concat(analyze_snapshots(source, label, circuit=args.circuit, mla_rope=args.mla_rope,
                                           measure=args.measure) for source, label in zip(args.sources, given))
         print(f"wrote the tables of {result.summary['step'].nunique()} training steps to {result.save(args.out)}")
+        print_zero_forms(result.similarity)
         return 0
     sources = [load_heads(source, label) for source, label in zip(args.sources, given)]
     labels = distinct_labels([heads.label for heads in sources], args.sources) if args.label is None else args.label
@@ -139,8 +142,15 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                     for label in order for heads, source in [by_label[label]])
     folder = result.save(args.out)
     print(format_effective_ranks(result.summary))
+    print_zero_forms(result.similarity)
     print(f"wrote similarity.csv, spectra.csv, summary.csv, norms.csv, lrkv_cosine.csv to {folder}")
     return 0
+
+def print_zero_forms(similarity) -> None:
+    """The line naming dead heads and layers without a circuit, if an analysis has any."""
+    note = zero_form_note(similarity)
+    if note:
+        print(note)
 
 def distinct_labels(labels: list[str], sources: list[str]) -> list[str]:
     """Each source's label; a label several sources share gets the shortest end of each one's
@@ -172,21 +182,28 @@ def _moments(source: str, text_file: Path):
 
 def format_effective_ranks(summary) -> str:
     """Per model and circuit, one line per layer: entropy effective rank uncentered (% of H) and
-    centered (% of H, % of the H − 1 ceiling), then their means over layers."""
+    centered (% of H, % of the H − 1 ceiling), then their means over the layers where it is
+    defined (a layer without a circuit is named undefined and counted as left out)."""
     blocks = []
     for (model, circuit, measure), rows in summary.groupby(["model", "circuit", "measure"], sort=False):
         n = int(rows["n_heads"].iloc[0])
         wide = rows.pivot(index="layer", columns="kind",
                           values=["effective_rank", "effective_rank_pct_of_heads", "effective_rank_pct_of_ceiling"])
+        n_layers, undefined = len(wide), int(wide["effective_rank", "uncentered"].isna().sum())
         wide.loc["mean"] = wide.mean()
         lines = [f"{model} · {circuit} · {measure} · {n} heads — effective rank (% of H; centered also % of "
                  f"ceiling {n - 1})",
                  f"{'layer':>5}  {'uncentered':<16}centered"]
         for layer, row in wide.iterrows():
+            if math.isnan(row["effective_rank", "uncentered"]):
+                lines.append(f"{layer:>5}  undefined: no {circuit} circuit (every head's form is zero)")
+                continue
             unc = f"{row['effective_rank', 'uncentered']:.2f} ({row['effective_rank_pct_of_heads', 'uncentered']:.1f}%)"
             cen = (f"{row['effective_rank', 'centered']:.2f} ({row['effective_rank_pct_of_heads', 'centered']:.1f}%, "
                    f"{row['effective_rank_pct_of_ceiling', 'centered']:.1f}%)")
             lines.append(f"{layer:>5}  {unc:<16}{cen}")
+        if undefined:
+            lines[-1] += f"  over {n_layers - undefined} of {n_layers} layers ({undefined} undefined left out)"
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from headlab.analysis.zero_forms import zero_form_note
 from headlab.io import Manifest, writing
 from headlab.report import plots
 from headlab.report.paper_tables import (
@@ -369,6 +370,7 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
     ratios = tables["rope_ratio"]["rope_to_latent"].to_numpy()
     norm_effect = tables["norm_effect"]
     n_head = meta["n_head"]
+    undefined = zero_form_note(tables["similarity"])  # dead heads and layers without a circuit, or None
     lines = [
         "# Head spectra under KV sharing: reproduction report",
         "",
@@ -403,6 +405,7 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
         "",
         markdown_table(rank_table(summary, metrics, init_table(tables, "init_summary")).drop(columns="role"), 1),
         "",
+        *([undefined, ""] if undefined else []),
         "## KV cache per token (the paper's Tables 7 and 8)",
         "",
         "The paper's MLA figure counts the latent d_c only; ours also counts the decoupled RoPE key d_R.",

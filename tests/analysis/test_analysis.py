@@ -155,7 +155,8 @@ def test_identical_and_dead_heads_end_to_end():
     assert summary.loc[(0, "uncentered"), "mean_offdiag_similarity"] == pytest.approx(1.0)
     assert _isfinite(summary)
     similarity = analyze(model, layers=[1]).similarity
-    assert (similarity.query("head_i == 1 or head_j == 1")["value"] == 0).all()
+    assert similarity.query("head_i == 1 or head_j == 1")["value"].isna().all()
+    assert similarity.query("head_i != 1 and head_j != 1")["value"].notna().all()
 
 
 def test_invalid_arguments_are_named():

@@ -172,34 +172,38 @@ def test_head_norms_match_materialised_heads():
     f = Factors.per_head(rng.standard_normal((4, H * E)), E, base=rng.standard_normal((D, 4)))
     expected = np.linalg.norm(f.heads(), axis=(1, 2))
     np.testing.assert_allclose(f.head_norms(), expected, rtol=1e-12)
-    assert f.block_gram.shape == (H * E, H * E)  # once computed, the norms come off its diagonal
+    assert f.normalised().block_gram.shape == (H * E, H * E)  # once computed, the norms come off its diagonal
     np.testing.assert_allclose(f.head_norms(), expected, rtol=1e-12)
 
 
 # ---- degenerate and invalid input --------------------------------------------------------------
 
-def test_zero_weight_head_has_zero_similarity_and_no_nan():
+def test_zero_weight_head_has_nan_similarity_and_is_left_out_of_the_spectrum():
     rng = np.random.default_rng(6)
     q, k = _random_factors(rng)
     q[2] = 0.0
     g = _layer_similarity(q, k)
-    assert np.isfinite(g).all()
-    assert not g[2].any() and not g[:, 2].any()  # diagonal included: a dead head has no direction
+    assert np.isnan(g[2]).all() and np.isnan(g[:, 2]).all()  # diagonal included: a dead head has no direction
     live = np.delete(np.delete(g, 2, 0), 2, 1)
+    assert np.isfinite(live).all()
     np.testing.assert_allclose(np.diag(live), 1.0)
     for kind in ("uncentered", "centered"):
-        s = similarity_spectrum(g, kind)
-        assert np.isfinite([s.effective_rank, s.participation_ratio]).all()
-    # The dead head is a missing direction, not a distinct one: rank is that of the 5 live heads.
-    assert similarity_spectrum(g, "uncentered").effective_rank == pytest.approx(
-        similarity_spectrum(live, "uncentered").effective_rank)
+        s, alone = similarity_spectrum(g, kind), similarity_spectrum(live, kind)
+        # The spectrum is the 5 live heads' own, then NaN for the eigenvalue that does not exist;
+        # the rank is theirs, its percentage of all 6 heads.
+        np.testing.assert_array_equal(s.eigenvalues, [*alone.eigenvalues, np.nan])
+        assert s.effective_rank == alone.effective_rank
+        assert s.effective_rank_pct_of_heads == pytest.approx(100 * alone.effective_rank / H)
 
 
-def test_all_heads_dead_gives_zero_metrics():
+def test_all_heads_dead_gives_nan_metrics():
     g = cosine_similarity(np.zeros((H, H)))
-    assert not g.any()
-    s = similarity_spectrum(g, "uncentered")
-    assert (s.effective_rank, s.participation_ratio, s.n_components_90) == (0.0, 0.0, 0)
+    assert np.isnan(g).all()
+    for kind in ("uncentered", "centered"):
+        s = similarity_spectrum(g, kind)
+        assert np.isnan(s.eigenvalues).all() and np.isnan(s.cumulative).all()
+        assert np.isnan([s.effective_rank, s.participation_ratio, s.n_components_90,
+                         s.effective_rank_pct_of_heads, s.effective_rank_pct_of_ceiling]).all()
 
 
 def test_round_off_is_clipped_but_non_psd_is_rejected():
