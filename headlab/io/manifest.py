@@ -64,9 +64,10 @@ class Manifest:
     once empty if headlab made it, are removed; nothing there is deleted on a name alone), the
     folders it made (`folders`, recorded before each is made), and `meta`.
 
-    `intended` is the write-ahead record of `write_all`: a name is saved there (entry None)
-    before its temporary exists, then with the size and SHA-256 of its new content before that
-    is renamed over it, and moves to `files` once renamed. A writer killed at any point leaves
+    `intended` is the write-ahead record of `write_all`: a name the manifest does not list yet
+    is saved there (entry None) before its temporary exists; every name is saved there with the
+    size and SHA-256 of its new content before that is renamed over it, and moves to `files`
+    once renamed. A writer killed at any point leaves
     each file it was writing listed, so the file at that name (its earlier version, the new one
     or a stray one) is recognisably headlab's: the next write replaces it and removes its
     temporaries; nothing is deleted on that name alone."""
