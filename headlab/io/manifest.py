@@ -67,10 +67,10 @@ class Manifest:
     `intended` is the write-ahead record of `write_all`: a name the manifest does not list yet
     is saved there (entry None) before its temporary exists; every name is saved there with the
     size and SHA-256 of its new content before that is renamed over it, and moves to `files`
-    once renamed. A writer killed at any point leaves
-    each file it was writing listed, so the file at that name (its earlier version, the new one
-    or a stray one) is recognisably headlab's: the next write replaces it and removes its
-    temporaries; nothing is deleted on that name alone."""
+    once renamed. A writer killed at any point leaves each file it was writing listed, so the
+    file at that name (its earlier version, the new one or a stray one) is recognisably
+    headlab's: the next write replaces it and removes its temporaries; nothing is deleted on
+    that name alone."""
 
     def __init__(self, folder: Path, name: str, kind: str, files: dict | None = None,
                  discard: list | None = None, meta: dict | None = None, retired: dict | None = None,
