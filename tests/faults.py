@@ -1,5 +1,6 @@
 """What a careful or a tired user, or the machine, does to headlab's folders: links, swaps,
-truncations, hand edits of a manifest, a file-size limit, a full disk, kill -9. Shared by the
+truncations, hand edits of a manifest, a file-size limit, a full disk, kill -9 (at a moment, or
+right after any chosen write). Shared by the
 tree-diff test (tests/disk/test_treediff.py) and the hostile-input benchmark
 (benchmarks/hostile_inputs.py), so both inflict the same faults the same way.
 
@@ -172,3 +173,49 @@ def kill_while_writing(work: Callable[[], object], folder: Path, delay: float, t
         return os.WIFSIGNALED(status)
     finally:
         os.close(read)
+
+
+# The os functions through which headlab.io changes a file or folder (tests/disk/test_one_writer.py
+# checks that no other module does): each call to one is a write point `killed_after_write` counts.
+WRITES = ("open", "write", "ftruncate", "replace", "rename", "unlink", "mkdir", "rmdir")
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+KILLED = -signal.SIGKILL  # the status `_finish` gives a child killed -9
+
+
+def written_path(call: str, args: tuple) -> Path | None:
+    """The path that os function `call` with `args` changes (None: it only reads)."""
+    if call in ("write", "ftruncate"):
+        return Path(os.readlink(f"/proc/self/fd/{args[0]}"))
+    if call == "open" and not (len(args) > 1 and args[1] & WRITE_FLAGS):
+        return None
+    path = os.path.abspath(args[1] if call in ("replace", "rename") else args[0])
+    return Path(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
+def kill_after_write(work: Callable[[], object], root: Path, nth: int,
+                     where: Callable[[Path], bool] = lambda path: True) -> int:
+    """Run `work()` in a child process that is killed -9 right after its `nth` write below `root`
+    that `where` accepts (a call of one of `WRITES` that creates, writes, truncates, renames or
+    deletes a path there; a rename counts for its new name). Returns the child's status: KILLED,
+    or (with fewer such writes) 0 when `work()` returned, 1 when it raised."""
+    root = Path(root).resolve()
+
+    def child() -> int:
+        count = 0
+
+        def counted(call: str, real: Callable) -> Callable:
+            def write(*args, **kwargs):
+                nonlocal count
+                path = written_path(call, args)
+                result = real(*args, **kwargs)
+                if path is not None and path.is_relative_to(root) and where(path):
+                    count += 1
+                    if count == nth:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                return result
+            return write
+        for call in WRITES:
+            setattr(os, call, counted(call, getattr(os, call)))
+        work()
+        return 0
+    return _finish(*in_child(child))[0]

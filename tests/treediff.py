@@ -9,8 +9,11 @@ judge the difference by the invariants of `headlab.io`.
 - A file no manifest listed (a user's, a hostile edit's) is never changed or removed, and no new
   file appears outside a folder that holds a headlab manifest (after the command).
 - A file a manifest listed with matching content ("good") stays as it was, unless the folder's
-  manifest afterwards lists a complete, verified state (every listed file present and matching):
-  a verified new version replaced it. A manifest itself changes only into one that verifies.
+  manifest afterwards lists a complete, verified state (every listed file present and matching,
+  or matching the new version it records as being written before renaming it into place): a
+  verified new version replaced it. A manifest itself changes only into one that verifies.
+- A file a manifest records as being written (its `intended`, the write-ahead record) may change
+  only into a verified listed file or the new version recorded for it.
 - A file a manifest names as being written (its `discard`) may change only into a verified
   listed file, or anything inside a folder the manifest records headlab made; one it retired
   (superseded, recorded with its hash) may be deleted while it matches. A folder that appears
@@ -67,12 +70,13 @@ class Tree:
     pending: set[str]  # names below root a manifest lists as being written (its `discard`)
     retired: dict[str, str]  # name below root -> SHA-256 of a file a manifest retired (to be deleted)
     made: set[str]  # folders below root a manifest records headlab made (its `folders`)
+    intended: dict[str, str | None]  # name below root -> SHA-256 of the version being written (None: not yet known)
     logs: dict[str, bytes]  # the content of every `APPEND_ONLY` file
 
     @classmethod
     def read(cls, root: Path) -> "Tree":
         entries = snapshot(root, skip=not_content)
-        listed, complete, pending, retired, made = {}, set(), set(), {}, set()
+        listed, complete, pending, retired, made, intended = {}, set(), set(), {}, set(), {}
         for name, digest in entries.items():
             path = Path(name)
             if path.name not in MANIFESTS or digest.startswith("->") or digest == "folder":
@@ -85,14 +89,17 @@ class Tree:
                 retired.update({(path.parent / f).as_posix(): e["sha256"]
                                 for f, e in payload.get("retired", {}).items()})
                 made |= {(path.parent / f).as_posix() for f in payload.get("folders", []) if isinstance(f, str)}
+                writing = {(path.parent / f).as_posix(): e and e["sha256"]
+                           for f, e in payload.get("intended", {}).items()}
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # a manifest a hostile edit made unreadable lists nothing
             listed.update(recorded)
-            if all(entries.get(f) == sha for f, sha in recorded.items()):
+            intended.update(writing)
+            if all(entries.get(f) in (sha, writing.get(f)) for f, sha in recorded.items()):
                 complete.add(folder)
         logs = {name: (root / name).read_bytes() for name, digest in entries.items()
                 if Path(name).name in APPEND_ONLY and not digest.startswith("->") and digest != "folder"}
-        return cls(root, entries, listed, complete, pending, retired, made, logs)
+        return cls(root, entries, listed, complete, pending, retired, made, intended, logs)
 
     def owned(self, name: str) -> bool:
         """Whether `name` lies in a folder holding a headlab manifest (or is one)."""
@@ -102,6 +109,10 @@ class Tree:
 
     def good(self, name: str) -> bool:
         return name in self.listed and self.entries.get(name) == self.listed[name]
+
+    def as_intended(self, name: str) -> bool:
+        """Whether `name` holds the new version its manifest records as being written."""
+        return self.intended.get(name) is not None and self.entries.get(name) == self.intended[name]
 
 
 def check(before: Tree, after: Tree, status: int, err: str) -> list[str]:
@@ -129,6 +140,8 @@ def check(before: Tree, after: Tree, status: int, err: str) -> list[str]:
                 broken.append(f"good {name} changed or vanished without a verified new version")
         elif name in before.retired and digest == before.retired[name] and name not in after.entries:
             continue  # a file headlab wrote and retired, deleted as its manifest said
+        elif name in before.intended and (after.good(name) or after.as_intended(name)):
+            continue  # being written: replaced by a version its manifest verifies
         elif name in before.pending and any(p.as_posix() in before.made for p in Path(name).parents):
             continue  # being written in a folder headlab made: rewritten (and superseded) by headlab
         elif name not in before.listed and not (name in before.pending and after.good(name)):

@@ -59,20 +59,29 @@ def _is_entry(entry) -> bool:
 class Manifest:
     """What headlab wrote in one folder: each file's size and SHA-256 (`files`, the folder's
     state), files it wrote that are not (or not yet) part of that state (`retired`, same
-    entries: deleted at the next write if their content still matches), names it is writing
-    now (`discard`: at the next write only their temporaries, and a folder among them once
-    empty if headlab made it, are removed; nothing there is deleted on a name alone), the
-    folders it made (`folders`, recorded before each is made), and `meta`."""
+    entries: deleted at the next write if their content still matches), names its caller is
+    writing now (`discard`: at the next write only their temporaries, and a folder among them
+    once empty if headlab made it, are removed; nothing there is deleted on a name alone), the
+    folders it made (`folders`, recorded before each is made), and `meta`.
+
+    `intended` is the write-ahead record of `write_all`: a name the manifest does not list yet
+    is saved there (entry None) before its temporary exists; every name is saved there with the
+    size and SHA-256 of its new content before that is renamed over it, and moves to `files`
+    once renamed. A writer killed at any point leaves each file it was writing listed, so the
+    file at that name (its earlier version, the new one or a stray one) is recognisably
+    headlab's: the next write replaces it and removes its temporaries; nothing is deleted on
+    that name alone."""
 
     def __init__(self, folder: Path, name: str, kind: str, files: dict | None = None,
                  discard: list | None = None, meta: dict | None = None, retired: dict | None = None,
-                 folders: list | None = None):
+                 folders: list | None = None, intended: dict | None = None):
         self.folder, self.name, self.kind = Path(folder), name, kind
         self.files: dict[str, dict] = files or {}
         self.discard: list[str] = discard or []
         self.meta: dict = meta or {}
         self.retired: dict[str, dict] = retired or {}
         self.folders: list[str] = folders or []
+        self.intended: dict[str, dict | None] = intended or {}
 
     @property
     def path(self) -> Path:
@@ -92,14 +101,15 @@ class Manifest:
         if not (isinstance(payload, dict) and payload.get("format") == FORMAT and payload.get("kind") == kind
                 and isinstance(payload.get("files"), dict) and isinstance(payload.get("discard"), list)
                 and isinstance(payload.get("meta"), dict) and isinstance(payload.get("retired", {}), dict)
-                and isinstance(payload.get("folders", []), list)
+                and isinstance(payload.get("folders", []), list) and isinstance(payload.get("intended", {}), dict)
                 and all(map(_is_entry, payload["files"].values()))
-                and all(map(_is_entry, payload.get("retired", {}).values()))):
+                and all(map(_is_entry, payload.get("retired", {}).values()))
+                and all(entry is None or _is_entry(entry) for entry in payload.get("intended", {}).values())):
             raise ValueError(f"{path} is not the manifest of {kind} (format, kind, files, discard, retired, folders, "
-                             "meta)")
+                             "intended, meta)")
         manifest = cls(folder, name, kind, payload["files"], payload["discard"], payload["meta"],
-                       payload.get("retired"), payload.get("folders"))
-        for listed in [*manifest.files, *manifest.retired, *manifest.discard, *manifest.folders]:
+                       payload.get("retired"), payload.get("folders"), payload.get("intended"))
+        for listed in [*manifest.files, *manifest.retired, *manifest.discard, *manifest.folders, *manifest.intended]:
             below(folder, listed)  # the folder itself, its parent or an odd name: refused before anything is done
             if listed.split("/")[0] in (name, LOCK):
                 raise ValueError(f"{path} lists {listed!r}, its own manifest or lock: refusing it")
@@ -119,7 +129,7 @@ class Manifest:
 
     def save(self) -> None:
         payload = {"format": FORMAT, "kind": self.kind, "files": self.files, "discard": self.discard,
-                   "retired": self.retired, "folders": self.folders, "meta": self.meta}
+                   "retired": self.retired, "folders": self.folders, "intended": self.intended, "meta": self.meta}
         atomic_write_text(self.path, json.dumps(payload, indent=1))
 
     def file(self, name: str) -> Path:
@@ -135,11 +145,14 @@ class Manifest:
             self.folders += [f for f in missing if f not in self.folders]
             self.save()
         path = make_folders(self.folder, name)
-        if (os.path.lexists(path) and name not in self.files and name not in self.retired
-                and name not in self.discard):
+        if os.path.lexists(path) and not self._owns(name):
             raise ValueError(f"{path} exists but {self.path} does not list it (not written by headlab): headlab "
                              "never overwrites it; move it away or choose another folder")
         return path
+
+    def _owns(self, name: str) -> bool:
+        """Whether `name` is a file headlab wrote here, or was writing when it last stopped."""
+        return name in self.files or name in self.retired or name in self.discard or name in self.intended
 
     def write(self, name: str, write: Callable[[HashingFile], None]) -> None:
         """Write file `name` atomically and record it (saved with the manifest's next `save`)."""
@@ -150,14 +163,14 @@ class Manifest:
 
     def write_all(self, writes: dict[str, Callable[[HashingFile], None]]) -> None:
         """Write every file of `writes` into temporaries first and only then rename them over
-        their names, so a failure while writing leaves every earlier version in place. The
-        names are recorded (saved with the next `save`)."""
-        new = [name for name in writes if name not in self.files and name not in self.retired
-               and name not in self.discard]
-        if new:  # listed as being written first, so a kill after a rename leaves no file headlab disowns
+        their names, so a failure while writing leaves every earlier version in place. Each
+        step is recorded in `intended` and saved before it is taken (see the class); the names
+        written move to `files` (saved with the next `save`)."""
+        new = [name for name in writes if not self._owns(name)]
+        if new:  # before their temporaries exist
             for name in new:
                 self._target(name)
-            self.discard += new
+            self.intended.update(dict.fromkeys(new))
             self.save()
         staged = {}
         try:
@@ -167,10 +180,14 @@ class Manifest:
             for tmp, _ in staged.values():
                 tmp.unlink(missing_ok=True)
             raise
-        for name, (tmp, entry) in staged.items():
+        self.intended.update({name: entry for name, (_, entry) in staged.items()})
+        self.save()  # before the renames: whichever version a kill leaves at a name, this manifest can verify
+        for name, (tmp, _) in staged.items():
             commit_file(tmp, self.file(name))
+        for name, (_, entry) in staged.items():
             self.files[name] = entry
             self.retired.pop(name, None)
+            del self.intended[name]
         self.discard = [name for name in self.discard if name not in writes]
 
     def retire(self, name: str) -> None:
@@ -191,7 +208,7 @@ class Manifest:
             raise ValueError(f"{path} is missing, but {self.path} lists it: restore it, or write the folder "
                              "again") from None
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise mismatch(path, self.path)
+            raise self._mismatch(name, path)
         return data
 
     def verify(self, name: str) -> Path:
@@ -200,15 +217,21 @@ class Manifest:
         if not path.exists():
             raise ValueError(f"{path} is missing, but {self.path} lists it: restore it, or write the folder again")
         if file_digest(path) != entry["sha256"]:
-            raise mismatch(path, self.path)
+            raise self._mismatch(name, path)
         return path
+
+    def _mismatch(self, name: str, path: Path) -> ValueError:
+        if name in self.intended:
+            return ValueError(f"{path} was being rewritten when headlab stopped ({self.path} lists it as being "
+                              "written): write the folder again")
+        return mismatch(path, self.path)
 
     def remove_leftovers(self) -> list[str]:
         """Delete what a killed or superseded writer left: temporaries whose name says which
         listed or discarded name they were becoming, retired files whose content still matches
         their entry (never one the folder's state lists), and discarded folders once empty.
         Nothing else is touched."""
-        ours = set(self.files) | set(self.retired) | set(self.discard) | {self.name}
+        ours = set(self.files) | set(self.retired) | set(self.discard) | set(self.intended) | {self.name}
         folders = {self.folder} | {self.file(name).parent for name in ours} | {self.file(name) for name in self.discard}
         removed = []
         for folder in folders:
@@ -230,8 +253,9 @@ class Manifest:
         # overwrite it, but nothing on a name alone is deleted.
         pending = [name for name in dict.fromkeys(self.discard) if os.path.lexists(self.file(name))]
         made = [name for name in self.folders if os.path.isdir(self.file(name))]
-        if pending != self.discard or self.retired or made != self.folders:
-            self.discard, self.retired, self.folders = pending, {}, made
+        intended = {name: entry for name, entry in self.intended.items() if os.path.lexists(self.file(name))}
+        if pending != self.discard or self.retired or made != self.folders or intended != self.intended:
+            self.discard, self.retired, self.folders, self.intended = pending, {}, made, intended
             self.save()
         return removed
 

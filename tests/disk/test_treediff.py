@@ -8,6 +8,8 @@ have reached. The faults come from tests/faults.py, which benchmarks/hostile_inp
 Derandomized (a fixed sequence of examples) unless HEADLAB_EXPLORE=1 asks to explore (the profiles
 of tests/conftest.py)."""
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -21,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_sta
 
 import faults
 from headlab.data import sources
+from headlab.io import Manifest
 from headlab.training.runs import load_run
 from treediff import Tree, check, run_cli
 
@@ -54,6 +57,15 @@ def templates(tmp_path_factory):
     return root
 
 
+def listed_tables(folder: Path) -> dict[str, str]:
+    """The SHA-256 of each table the manifest of `folder` lists (none without one), verified."""
+    path = faults.manifest_of(folder)
+    if path is None:
+        return {}
+    manifest = Manifest.read(folder, path.name, json.loads(path.read_text())["kind"])
+    return {table: hashlib.sha256(manifest.read_bytes(table)).hexdigest() for table in manifest.meta.get("tables", {})}
+
+
 HOSTILE_NAMES = st.sampled_from([".", "./", "..", "", "../outside.txt", "notes.md", "figures", "runs",
                                  "checkpoint-00000004", "/etc/passwd", "a//b", "report.md"])
 
@@ -75,7 +87,7 @@ class Disk(RuleBasedStateMachine):
         (box / "study" / "notes.md").write_text("a user's notes inside the study")
         self.box = box
 
-    def command(self, argv, file_size: int | None = None):
+    def command(self, argv, file_size: int | None = None) -> int:
         before = Tree.read(self.root)
         if file_size is None:
             status, err = run_cli(argv)
@@ -86,6 +98,7 @@ class Disk(RuleBasedStateMachine):
         stated = {preset for report in self.box.glob("*/*.md") if report.is_file() and not report.is_symlink()
                   for preset in re.findall(r"[Pp]reset `([^`]+)`", report.read_text(errors="replace"))}
         assert stated <= {"tiny"}, (argv, stated)  # every study here is tiny, whatever a study.json says
+        return status
 
     # ---- commands ----
     @rule(steps=st.sampled_from([4, 6]))
@@ -140,6 +153,46 @@ class Disk(RuleBasedStateMachine):
         reference = load_run(self.templates / "run8").model.state_dict()
         assert all(torch.equal(t, reference[n]) for n, t in load_run(killed).model.state_dict().items())
 
+    @rule(command=st.sampled_from(["reproduce", "fresh_reproduce", "sweep", "report", "docs", "analyze", "resume"]),
+          nth=st.integers(1, 300))
+    def killed_after_a_write(self, command, nth, file: str | None = None):
+        """kill -9 a command right after its `nth` write below the root (any write the io layer
+        makes: a manifest, a lock, a temporary, a rename, a folder; with `file`, only those that
+        make that file of the box), then give it again: the kill loses nothing, and the rerun
+        ends as the command given to an untouched copy of the box does, with the same tables."""
+        argv = self.killable(command)
+        twin = self.root.with_name(self.root.name + "-twin")  # outside the root: not judged, not killed
+        faults.remove(twin)
+        shutil.copytree(self.box, twin, symlinks=True)
+        in_twin = [twin / a.relative_to(self.box) if isinstance(a, Path) and a.is_relative_to(self.box) else a
+                   for a in argv]
+        untouched, _ = run_cli(in_twin)
+        before = Tree.read(self.root)
+        target = None if file is None else (self.box / file).resolve()
+        status = faults.kill_after_write(lambda: run_cli(argv), self.root, nth, lambda path: target in (None, path))
+        assert status == faults.KILLED or file is None, (argv, file, status)  # a named file is always reached
+        broken = check(before, Tree.read(self.root), 0, "")
+        assert not broken, ("kill -9 after write", nth, argv, broken)
+        assert self.command(argv) == untouched, (nth, argv)
+        if untouched == 0:
+            assert listed_tables(argv[-1]) == listed_tables(in_twin[-1]), (nth, argv)
+        faults.remove(twin)
+
+    def killable(self, command) -> list:
+        """The argv of `command`, its output folder last."""
+        faults.remove(self.box / "fresh_sweep")  # a sweep trained and written from scratch
+        if command == "fresh_reproduce":  # a study whose runs are trained but nothing else written yet
+            faults.remove(self.box / "fresh")
+            shutil.copytree(self.templates / "study" / "runs", self.box / "fresh" / "runs", symlinks=True)
+        return {"reproduce": [*REPRODUCE, "--out", self.box / "study"],
+                "fresh_reproduce": [*REPRODUCE, "--out", self.box / "fresh"],
+                "sweep": [*SWEEP, "--out", self.box / "sweep"],
+                "fresh_sweep": [*SWEEP, "--out", self.box / "fresh_sweep"],
+                "report": ["report", self.box / "study"],
+                "docs": ["docs", self.box / "study", "--out", self.box / "docs"],
+                "analyze": ["analyze", self.box / "run", "--out", self.box / "analysis"],
+                "resume": [*TRAIN, "--steps", 6, "--resume", "--out", self.box / "run"]}[command]
+
     # ---- hostile edits (they are the user's: not judged) ----
     @rule(folder=st.sampled_from(["run", "study", "analysis", "docs", "sweep"]),
           field=st.sampled_from(["discard", "files"]), name=HOSTILE_NAMES)
@@ -191,6 +244,10 @@ PINNED = [
     [("edit_study_meta", {"preset": "paper-6.3b", "shape": True}), ("docs", {"out": "docs"}), ("reproduce", {})],
     [("killed_then_resumed", {"delay": 0.05}), ("under_a_file_size_limit", {"command": "report", "file_size": 2_000}),
      ("sweep", {})],
+    # killed the instant a study's, then a sweep's, first figure appeared: the rerun refused it forever
+    [("killed_after_a_write", {"command": "fresh_reproduce", "nth": 1,
+                               "file": "fresh/figures/spectra_uncentered.png"})],
+    [("killed_after_a_write", {"command": "fresh_sweep", "nth": 1, "file": "fresh_sweep/figures/sweep.png"})],
 ]
 
 

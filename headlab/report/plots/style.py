@@ -7,6 +7,7 @@ import functools
 import io
 from pathlib import Path
 
+import matplotlib
 import seaborn as sns
 from matplotlib.figure import Figure
 
@@ -52,10 +53,12 @@ def save_figure(figure: Figure, manifest: Manifest, name: str) -> Path:
     into the folder of `manifest`, which records them (`name` may hold a subfolder: 'figures/x');
     each is drawn into memory and written atomically, never through a link. Returns the PNG's path."""
     drawn = {}
-    # SVG without a date: the same figure gives the same bytes
-    for suffix, options in ((".png", {"dpi": 130}), (".svg", {"metadata": {"Date": None}})):
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format=suffix[1:], bbox_inches="tight", **options)
-        drawn[name + suffix] = buffer.getvalue()
+    # SVG without a date, and its element ids hashed with a fixed salt instead of a random one:
+    # the same figure gives the same bytes in every run
+    with matplotlib.rc_context({"svg.hashsalt": "headlab"}):
+        for suffix, options in ((".png", {"dpi": 130}), (".svg", {"metadata": {"Date": None}})):
+            buffer = io.BytesIO()
+            figure.savefig(buffer, format=suffix[1:], bbox_inches="tight", **options)
+            drawn[name + suffix] = buffer.getvalue()
     manifest.write_all({file: lambda out, data=data: out.write(data) for file, data in drawn.items()})
     return manifest.file(name + ".png")
