@@ -298,7 +298,7 @@ def test_the_flagship_marks_the_seed_figures_first_eigenvalue_per_method_and_pan
     spectra = pd.concat([tables["spectra"], tables["spectra"].query("model == 'MQA'").assign(
         model="my-pretrained-model", role=None)], ignore_index=True)
     fig = plots.spectra_figure(spectra, kind="uncentered", seed_figure=True,
-                               palette=plots.palette(FIGURE_ORDER + ["my-pretrained-model"]))
+                               palette=plots.table_palette(spectra))
     assert [ax.get_title() for ax in fig.axes] == ["Early Layer (L=0) · paper L=0", "Middle Layer (L=2) · paper L=6",
                                                    "Late Layer (L=3) · paper L=11"]
     assert "paper 128M, Fig. 11: λ₁ (read off)" in legend_labels(fig)
