@@ -11,6 +11,7 @@ into `grad_accum` micro-batches, so every setting follows the single-process los
 from __future__ import annotations
 
 import ctypes
+import gc
 import math
 import sys
 import time
@@ -79,6 +80,23 @@ def keep_freed_cpu_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+
+
+GC_PASSES = 4  # collections at most, until one finds nothing
+
+
+def free_finished_run() -> None:
+    """Free what a finished run's dropped references leave behind before the next run builds
+    its model: objects in reference cycles (an FSDP-sharded module and its FSDP state refer to
+    each other, so without the cyclic collector each run would keep its shards, 6.4 GiB per rank
+    at 6.3B), then CUDA's cached blocks, returned to the driver for the next run's differently
+    sized tensors (only where this process has used CUDA). A collection can leave new garbage
+    (after an FSDP run a second pass found ~1,100 more objects, and the model), hence the passes."""
+    for _ in range(GC_PASSES):
+        if not gc.collect():
+            break
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _set_learning_rates(optimizers, factor: float) -> None:
