@@ -39,15 +39,21 @@ def test_flops_are_6ND_plus_a_documented_causal_attention_term():
 
 def test_memory_per_device_matches_hand_computed_bytes_on_tiny():
     config = preset("tiny", "mha")  # 41,120 parameters: root 16,416 (wte, head, norm_f), blocks 12,352 each
-    per_layer_fp32 = 8 * 32 + 4 * (2 * 32 + 2 * 4 * (8 + 8) + 2 * 128)  # 2,048 bytes per token
-    assert activation_bytes(config, 2, "float32") == 2 * 32 * (2 * per_layer_fp32 + 256 * 8)
-    per_layer_bf16 = 8 * 32 + 2 * (2 * 32 + 2 * 4 * (8 + 8) + 2 * 128)
-    assert activation_bytes(config, 2, "bfloat16") == 2 * 32 * (2 * per_layer_bf16 + 256 * 10)
+    # per layer and token: norms 2·(4·32 + 4); the normed input once in fp32, once per W_Q, W_K,
+    # W_V under bf16 autocast, and once for the MLP; q, output, its copy and k, v at 4 heads x 8;
+    # 1/rms of q and k and the log-sum-exp per head; the MLP hidden (128) twice
+    attention_values, statistics = 3 * 32 + 2 * 32, 2 * 4 + 4
+    per_layer_fp32 = 2 * 132 + 4 * 32 + 4 * attention_values + 4 * statistics + 4 * 32 + 4 * 2 * 128
+    head_fp32 = 4 * 32 + 4 + 4 * 32 + 256 * 16  # final norm, the head's input, V·16
+    assert activation_bytes(config, 2, "float32") == 2 * 32 * (2 * per_layer_fp32 + head_fp32)
+    per_layer_bf16 = 2 * 132 + 3 * 2 * 32 + 2 * attention_values + 4 * statistics + 2 * 32 + 2 * 2 * 128
+    head_bf16 = 4 * 32 + 4 + 2 * 32 + 256 * 14
+    assert activation_bytes(config, 2, "bfloat16") == 2 * 32 * (2 * per_layer_bf16 + head_bf16)
 
     ddp = memory_per_device(config, 2, 2, "ddp", "adamw", "float32")
     # gradient_as_bucket_view: the gradients are DDP's buckets, no second copy
     assert (ddp.weights, ddp.gradients, ddp.optimizer, ddp.buffers) == (4 * 41120, 4 * 41120, 8 * 41120, 0)
-    assert ddp.total == 16 * 41120 + 393216
+    assert ddp.total == 16 * 41120 + activation_bytes(config, 2, "float32")
     assert memory_per_device(config, 2, 1, "ddp", "adamw", "float32").buffers == 0  # no buckets alone
     fsdp = memory_per_device(config, 2, 2, "fsdp", "adamw", "float32")
     assert (fsdp.weights, fsdp.optimizer) == (2 * 41120, 4 * 41120)
@@ -240,7 +246,7 @@ def test_every_setup_a_plan_suggests_is_one_the_command_line_can_choose_and_it_f
         assert study_plan(variants, config, parse_devices(f"{devices}xH100"), strategy=config.parallel,
                           grad_accum=config.grad_accum).fits, suggestion
     assert main(["reproduce", "--preset", "paper-6.3b", "--plan", "--plan-gpus", "8xH200", "--optimizer", "adamw",
-                 "--parallel", "fsdp"]) == 0
+                 "--parallel", "fsdp", "--grad-accum", "2"]) == 0
     assert "FSDP, adamw" in capsys.readouterr().out
 
 
