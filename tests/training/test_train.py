@@ -24,7 +24,7 @@ from headlab import (
 from headlab.model.gpt import GPT
 from headlab.runs.checkpoints import current_checkpoint
 from headlab.runs.metrics import read_metrics
-from headlab.training.optimizers import make_optimizers
+from headlab.training.optimizers import Muon, make_optimizers
 
 pytestmark = pytest.mark.xdist_group("train_reference")  # `single_process_run` trains runs: made once (conftest)
 
@@ -210,7 +210,7 @@ def test_impossible_parallel_settings_are_refused_naming_the_fields():
 def _recorded_learning_rates(monkeypatch) -> list[tuple[str, list[float], list[set[int]]]]:
     """Every optimizer step from now on: the optimizer's class, its groups' lr and parameter ids."""
     steps = []
-    for cls in (torch.optim.AdamW, torch.optim.Muon):
+    for cls in (torch.optim.AdamW, Muon):  # headlab's Muon steps by shape (its own step)
         def step(self, *args, original=cls.step, **kwargs):
             steps.append((type(self).__name__, [g["lr"] for g in self.param_groups],
                           [{id(p) for p in g["params"]} for g in self.param_groups]))
