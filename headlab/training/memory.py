@@ -33,7 +33,8 @@ Memory per device (bytes; P parameters, the model is kept in fp32 and autocast t
         log-softmax's gradient dies)
     The per-token bytes are held within 10 % of torch's profiler on an eager CPU step of every
     family (tests/training/test_memory_measured.py). A compiled step fuses the elementwise
-    glue and saves less, so this is an upper bound for it.
+    glue and is expected to save less; that is not measured here (compiling on a CPU per
+    family costs more than the test budget), nor on a GPU (benchmarks/gpu_check.py's row).
 
 A device is counted as holding `USABLE_MEMORY_FRACTION` of its memory (CUDA context, allocator
 fragmentation). These are estimates for planning, not measurements.
