@@ -40,6 +40,7 @@ from headlab.training.distributed import (
     local_main_first,
     together,
     training_device,
+    use_tf32_matmuls,
 )
 from headlab.training.optimizers import make_optimizers
 from headlab.training.runs import Run
@@ -174,6 +175,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
         raise ValueError(f"TrainConfig.batch_size = {train_config.batch_size} must be divisible by the number of "
                          f"processes x TrainConfig.grad_accum = {launched.world_size} x {train_config.grad_accum}")
     device = training_device(train_config.device, launched.local_rank)
+    use_tf32_matmuls(device)
     ddp = join_process_group(device)
     with failing_alone(), RunFolder.open(out, model_config, train_config, corpus, resume, owner=ddp.is_main,
                                          together=lambda: together(ddp)) as folder:

@@ -4,6 +4,7 @@ import os
 import re
 
 import pytest
+import torch
 
 from headlab import preset
 from headlab.cli.main import main
@@ -273,6 +274,17 @@ def test_an_h200_nvl_is_not_planned_at_the_sxm_h200s_peak():
     assert gpu_peak("NVIDIA H200")[:2] == ("H200", 989.4)
 
 
+@pytest.mark.parametrize("name, key", [
+    ("NVIDIA L40", None), ("NVIDIA GH200 480GB", None), ("NVIDIA L4", "L4"), ("NVIDIA L40S", "L40S"),
+    ("Tesla T4", "T4"), ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"),
+    ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB"), ("h200", "H200")])
+def test_gpu_names_are_matched_as_whole_words_not_substrings(name, key):
+    """An L40 is not an L4, nor a GH200 an H200 (no table peak: the plan asks for one); the
+    names torch reports for the listed GPUs still find their rows."""
+    found = gpu_peak(name)
+    assert (found and found[0]) == key
+
+
 def test_a_paper_plan_says_how_its_budget_compares_with_the_papers_and_offers_it(capsys):
     assert main(["reproduce", "--preset", "paper-128m", "--plan", "--plan-gpus", "8xH200"]) == 0
     note = capsys.readouterr().out.splitlines()[-1]
@@ -306,3 +318,30 @@ def test_a_step_whose_unsharded_model_does_not_fit_the_gpu_is_not_timed(monkeypa
     small = study_module.Study("paper-128m", 10, tmp_path / "small", only=("mha",))
     monkeypatch.setattr(study_module, "measure_step", lambda *args, **kwargs: StepTime(0.5, 0.0, 0.1, 1))
     assert re.search(r": about \d+ (s|min) here \(load average", small.training_notice())  # 128M at 4 per rank fits
+
+
+def test_fp32_training_is_planned_at_the_fp32_tf32_peak_and_runs_on_tf32(monkeypatch, capsys):
+    """bf16 plans use the tensor-core bf16 peak; fp32 plans the TF32 one (CUDA-core fp32 on a
+    T4, which has no TF32), on the command line too. Training on an Ampere or later GPU turns
+    TF32 on for fp32 matmuls; an older GPU and the CPU are left alone."""
+    from headlab.training.distributed import use_tf32_matmuls
+
+    assert parse_devices("8xH100").peak_flops == 989.4e12
+    assert parse_devices("8xH100", dtype="float32").peak_flops == 494.7e12
+    assert parse_devices("T4", dtype="float32").peak_flops == 8.1e12
+    fp32_plan = ["--plan", "--plan-gpus", "8xH100", "--set", "dtype=float32"]
+    assert main(["reproduce", "--preset", "paper-128m", *fp32_plan]) == 0
+    assert "peak 494.70 TFLOP/s table" in capsys.readouterr().out
+
+    matmul = torch.backends.cuda.matmul
+    monkeypatch.setattr(matmul, "fp32_precision", "ieee")  # and back to what it was after the test
+    capability = {"value": (7, 5)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability["value"])
+    use_tf32_matmuls(torch.device("cpu"))
+    use_tf32_matmuls(torch.device("cuda", 0))
+    assert matmul.fp32_precision == "ieee"  # a T4 (sm 7.5) has no TF32
+    capability["value"] = (8, 0)
+    use_tf32_matmuls(torch.device("cpu"))
+    assert matmul.fp32_precision == "ieee"
+    use_tf32_matmuls(torch.device("cuda", 0))
+    assert matmul.fp32_precision == "tf32"
