@@ -108,10 +108,12 @@ def _set_learning_rates(optimizers, factor: float) -> None:
 
 def on_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`batch` on `device`. To a GPU through page-locked memory without blocking: the copy is
-    queued behind the kernels already launched, so the host runs ahead to the next step."""
+    queued behind the kernels already launched, so the host runs ahead to the next step. A
+    strided view is made contiguous first: pinning keeps its strides, so it would lock all the
+    memory the view spans and copy it to the GPU as a strided (slower) transfer."""
     if device.type != "cuda":
         return batch.to(device)
-    return batch.pin_memory().to(device, non_blocking=True)
+    return batch.contiguous().pin_memory().to(device, non_blocking=True)
 
 
 @torch.no_grad()

@@ -382,3 +382,17 @@ def test_a_run_on_a_trained_bpe_keeps_its_tokenizer_and_analysis_reads_it(tmp_pa
     shutil.rmtree(tmp_path / "cache")  # the run folder alone suffices
     windows = encode_text(tmp_path / "run", text)
     assert windows.flatten().tolist() == expected[:windows.numel()].tolist()
+
+
+def test_a_batch_goes_to_the_gpu_through_contiguous_pinned_memory(monkeypatch):
+    """A strided view is copied contiguous before pinning (pinning keeps strides: it would lock
+    the whole span the view covers); values unchanged. CUDA stubbed: pinning and the copy to the
+    device are recorded, not done."""
+    from headlab.training.trainer import on_device
+
+    pinned, moved = [], []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pinned.append(self.is_contiguous()) or self)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, device, non_blocking=False: moved.append(non_blocking) or self)
+    batch = torch.arange(48).view(4, 12)[:, ::3]
+    assert torch.equal(on_device(batch, torch.device("cuda", 0)), torch.arange(48).view(4, 12)[:, ::3].clone())
+    assert pinned == [True] and moved == [True]
