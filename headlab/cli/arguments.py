@@ -200,17 +200,21 @@ def study_budget_arguments(reproduce: argparse.ArgumentParser) -> None:
                              "ceil(N / (batch_size x seq_len)) steps")
 
 
+def preset_defaults(field: str) -> str:
+    """Each value the training presets give TrainConfig.`field`, with the presets that give it,
+    e.g. "muon: cpu-small, cpu-deep, …; adamw: tiny", read from the presets themselves."""
+    presets: dict[object, list[str]] = {}
+    for name, config in TRAIN_PRESETS.items():
+        presets.setdefault(getattr(config, field), []).append(name)
+    return "; ".join(f"{value}: {', '.join(names)}" for value, names in presets.items())
+
+
 def reproduce_arguments(reproduce: argparse.ArgumentParser) -> None:
     reproduce.add_argument("--out", default="runs/reproduce", metavar="DIR", help="study folder (default: %(default)s)")
     reproduce.add_argument("--compile", action="store_true", help="torch.compile every model (GPU only)")
-    by_optimizer: dict[str, list[str]] = {}
-    for name, config in TRAIN_PRESETS.items():
-        by_optimizer.setdefault(config.optimizer, []).append(name)
     reproduce.add_argument("--optimizer", choices=OPTIMIZERS,
                            help="muon (Muon on block matrices + AdamW elsewhere, DDP only) or adamw (needed by "
-                                "--parallel fsdp) (default: the preset's; " + "; ".join(
-                                    f"{', '.join(names)}: {optimizer}" for optimizer, names in by_optimizer.items())
-                                + ")")
+                                f"--parallel fsdp) (default: the preset's; {preset_defaults('optimizer')})")
     reproduce.add_argument("--parallel", choices=PARALLEL,
                            help="under torchrun: ddp (a full replica per process) or fsdp (sharded, for models that "
                                 "do not fit one device) (default: the preset's, ddp)")

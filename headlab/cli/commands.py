@@ -320,7 +320,7 @@ def plan_for_args(args, variants: list[ModelConfig], train_config, seeds: int = 
     strategy and `grad_accum` (with `check`, raises PlanError if it cannot fit). Planning this
     CPU (no --plan-gpus, no GPU), the wall time comes from a measured step of every variant on
     the `RUN_THREADS` each of `jobs` runs gets; planning GPUs, from FLOPs at --plan-mfu."""
-    devices = (parse_devices(args.plan_gpus, args.plan_peak_tflops) if args.plan_gpus
+    devices = (parse_devices(args.plan_gpus, args.plan_peak_tflops, train_config.dtype) if args.plan_gpus
                else visible_devices(args.plan_peak_tflops, train_config.dtype))
     step_times, note = None, ""
     if devices.name == "cpu" and not args.plan_peak_tflops:

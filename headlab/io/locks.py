@@ -14,6 +14,8 @@ from pathlib import Path
 from headlab.io.files import open_new, temporary_path
 
 LOCK = ".lock"
+HELD = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)  # flock's answers when another process holds the lock
+NO_FLOCK = (errno.ENOSYS, errno.EOPNOTSUPP)  # a file system that has no flock (Lustre without -o flock)
 
 
 class FolderLocked(RuntimeError):
@@ -70,7 +72,11 @@ class FolderLock:
         except OSError as error:
             holder = os.read(fd, 200).decode(errors="replace").strip() or "unknown process"
             os.close(fd)
-            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            if error.errno in NO_FLOCK:
+                raise RuntimeError(f"{self.path.parent} is on a file system without flock (e.g. Lustre mounted "
+                                   "without -o flock): headlab locks each folder it writes, so write to a folder on "
+                                   "a file system with flock (a local disk, or Lustre mounted with -o flock)") from None
+            if error.errno not in HELD:
                 raise
             raise FolderLocked(f"{self.path.parent} is being written by another {self.writer} ({holder}): wait for "
                                "it to finish, then retry, or choose another folder") from None
@@ -101,7 +107,7 @@ def being_written(folder: Path) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return False
-    except OSError:
-        return True
+    except OSError as error:
+        return error.errno in HELD  # without flock no process can hold the lock either
     finally:
         os.close(fd)

@@ -40,9 +40,10 @@ def generation_speed(models: dict[str, GPT], prompt: torch.Tensor, new_tokens: i
     """Greedy generation of `new_tokens` after `prompt` (1, T), with and without the cache: ms per
     token (fastest of `repeats`), the speed-up, and whether both produce the same tokens."""
     rows = []
-    sync = torch.cuda.synchronize if prompt.is_cuda else (lambda: None)  # CUDA runs ahead of Python
     for label, model in models.items():
         model.eval()
+        on_cuda = model.lm_head.weight.is_cuda  # generate() moves the prompt to the model's device
+        sync = torch.cuda.synchronize if on_cuda else (lambda: None)  # CUDA runs ahead of Python
         same = torch.equal(model.generate(prompt, new_tokens, temperature=0),
                            model.generate(prompt, new_tokens, temperature=0, use_cache=False))
         seconds = {use_cache: min(timeit.repeat(

@@ -98,7 +98,11 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
         """Logits (B, T, vocab) for tokens idx (B, T), and the mean cross-entropy if `targets`
-        are given (-1 = ignored). With a cache, idx continues the cached sequence."""
+        are given (-1 = ignored). With a cache, idx continues the cached sequence.
+        idx and targets may be on any device: they are moved to the model's (a study's run is read
+        back onto the GPU it trained on, while prompts and token windows are built on the CPU)."""
+        idx = idx.to(self.wte.weight.device)
+        targets = None if targets is None else targets.to(idx.device)
         start = cache.pos if cache is not None else 0
         if start + idx.size(1) > self.config.seq_len:
             raise ValueError(
@@ -131,7 +135,9 @@ class GPT(nn.Module):
 
         With the cache, a prompt longer than seq_len is cropped to its last seq_len tokens;
         when the cache fills up it is rebuilt from the last seq_len/2 tokens.
+        idx may be on any device; the result is on the model's.
         """
+        idx = idx.to(self.lm_head.weight.device)
         seq_len = self.config.seq_len
         cache = None
         for _ in range(max_new_tokens):

@@ -54,14 +54,20 @@ def snapshot_name(step: int) -> str:
     return f"{FOLDER}/step-{step:08d}.safetensors"
 
 
-def attention_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def attention_tensors(model: torch.nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
     """CPU copies of the model's `blocks.<i>.attn.*` tensors: what the head analysis reads. FSDP
-    shards (DTensors) are gathered whole, a collective every rank must join."""
+    shards (DTensors) are gathered whole, a collective every rank must join; a rank that does
+    not `keep` them (it writes nothing) joins the gathers and copies nothing: {}."""
     def whole(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
-    return {name: whole(tensor.detach()).to("cpu", copy=True).contiguous()
-            for name, tensor in model.state_dict().items() if re.match(r"blocks\.\d+\.attn\.", name)}
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        if re.match(r"blocks\.\d+\.attn\.", name):
+            gathered = whole(tensor.detach())
+            if keep:
+                tensors[name] = gathered.to("cpu", copy=True).contiguous()
+    return tensors
 
 
 def write_snapshot(run_dir: Path, model: torch.nn.Module, step: int, every: int, write: bool = True) -> Path | None:
@@ -70,7 +76,7 @@ def write_snapshot(run_dir: Path, model: torch.nn.Module, step: int, every: int,
     returns its path, or None when none is due or written."""
     if not is_snapshot_step(step, every):
         return None
-    tensors = attention_tensors(model)
+    tensors = attention_tensors(model, keep=write)
     if not write:
         return None
     manifest = run_manifest(run_dir)

@@ -49,7 +49,7 @@ from headlab.training.config import MAX_STEPS, TrainConfig, train_preset
 from headlab.training.distributed import is_main_process, launched_processes, training_device
 from headlab.training.hardware import RUN_THREADS, TIMING_STEPS, load_note, measure_step, run_seconds, step_fits
 from headlab.training.runs import Run, load_run
-from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
+from headlab.training.trainer import free_finished_run, keep_freed_cpu_memory, prepared_corpus, repetition_note, train
 
 
 @dataclass(frozen=True)
@@ -244,6 +244,7 @@ class Study:
                 if (seed, role) not in reused:
                     self._log_run(log, config, seed, run, time.perf_counter() - start)
                 del run  # the model leaves the device before the next one is built (its folder keeps it)
+                free_finished_run()
                 runs.append(StudyRun(role, config, seed, folder, device=device))
             return runs
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_prepare_worker,

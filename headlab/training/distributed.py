@@ -58,6 +58,15 @@ def is_main_process() -> bool:
     return launched_processes().is_main
 
 
+def use_tf32_matmuls(device: torch.device) -> None:
+    """fp32 matmuls on TF32 tensor cores (fp32 range, 10-bit mantissa inputs, fp32 sums) on
+    Ampere and later GPUs: about 8x the fp32 CUDA cores, and the rate `--plan` prices fp32
+    training at (headlab.training.hardware.GPU_PEAKS). Process-wide; bf16 autocast's matmuls are
+    unaffected."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+
+
 def training_device(requested: str, local_rank: int) -> torch.device:
     """The device a rank trains on: `auto` is CUDA when there is one, else the CPU; a CUDA device
     without an index is the rank's own GPU, cuda:LOCAL_RANK (torchrun starts one process per GPU),

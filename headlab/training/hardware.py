@@ -7,6 +7,7 @@ import functools
 import gc
 import math
 import os
+import re
 import statistics
 import time
 from contextlib import nullcontext
@@ -23,23 +24,26 @@ from headlab.training.memory import USABLE_MEMORY_FRACTION, GiB, PlanError, memo
 from headlab.training.optimizers import make_optimizers
 from headlab.training.trainer import on_device
 
-# Dense (no sparsity) bf16 tensor-core peaks in TFLOPS and memory as marketed, from the
-# vendors' data sheets (USABLE_MEMORY_FRACTION leaves room for what the driver reserves).
-# Matched in order as substrings of torch.cuda.get_device_name(), so the more specific names
-# come first. The T4 has no bf16 tensor cores: its fp16 peak is given.
-GPU_PEAKS: tuple[tuple[str, float, float], ...] = (
-    ("B200", 2250.0, 180.0),
-    ("H100 PCIe", 756.5, 80.0),
-    ("H100 NVL", 835.5, 94.0),
-    ("H200 NVL", 835.5, 141.0),
-    ("H200", 989.4, 141.0),
-    ("H100", 989.4, 80.0),
-    ("A100-SXM4-40GB", 312.0, 40.0),
-    ("A100-PCIE-40GB", 312.0, 40.0),
-    ("A100", 312.0, 80.0),
-    ("L40S", 362.0, 48.0),
-    ("L4", 121.0, 24.0),
-    ("T4", 65.0, 16.0),
+# Dense (no sparsity) peaks in TFLOPS, bf16 on tensor cores and fp32 as fp32 training runs
+# (TF32 tensor cores from Ampere on: `headlab.training.distributed.use_tf32_matmuls`), and
+# memory as marketed, from the vendors' data sheets (USABLE_MEMORY_FRACTION leaves room for what the driver reserves).
+# Matched in order as whole words of torch.cuda.get_device_name() (case aside), so the more
+# specific names come first and "NVIDIA L40" is not an L4 nor "NVIDIA GH200 480GB" an H200.
+# The T4 has neither bf16 tensor cores (its fp16 peak is given) nor TF32 (its CUDA-core fp32).
+GPU_PEAKS: tuple[tuple[str, float, float, float], ...] = (
+    # name, bf16 TFLOPS, GiB, fp32 (TF32) TFLOPS
+    ("B200", 2250.0, 180.0, 1100.0),
+    ("H100 PCIe", 756.5, 80.0, 378.0),
+    ("H100 NVL", 835.5, 94.0, 417.5),
+    ("H200 NVL", 835.5, 141.0, 417.5),
+    ("H200", 989.4, 141.0, 494.7),
+    ("H100", 989.4, 80.0, 494.7),
+    ("A100-SXM4-40GB", 312.0, 40.0, 156.0),
+    ("A100-PCIE-40GB", 312.0, 40.0, 156.0),
+    ("A100", 312.0, 80.0, 156.0),
+    ("L40S", 362.0, 48.0, 183.0),
+    ("L4", 121.0, 24.0, 60.0),
+    ("T4", 65.0, 16.0, 8.1),
 )
 
 
@@ -65,24 +69,25 @@ class Devices:
         return USABLE_MEMORY_FRACTION * self.memory_bytes
 
 
-def gpu_peak(name: str) -> tuple[str, float, float] | None:
-    """(table key, bf16 dense TFLOPS, GiB) of the first GPU_PEAKS entry found in `name`."""
-    for key, tflops, gib in GPU_PEAKS:
-        if key.lower() in name.lower():
-            return key, tflops, gib
+def gpu_peak(name: str, dtype: str = "bfloat16") -> tuple[str, float, float] | None:
+    """(table key, dense TFLOPS in the training `dtype`, GiB) of the first GPU_PEAKS entry found
+    in `name` as whole words: neither a letter nor a digit on either side of it."""
+    for key, bf16, gib, fp32 in GPU_PEAKS:
+        if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", name, re.IGNORECASE):
+            return key, bf16 if dtype == "bfloat16" else fp32, gib
     return None
 
 
-def parse_devices(spec: str, peak_tflops: float | None = None) -> Devices:
+def parse_devices(spec: str, peak_tflops: float | None = None, dtype: str = "bfloat16") -> Devices:
     """Devices from a spec like '8xH100', 'H200' or '4xA100-SXM4-40GB' (GPU_PEAKS names), for
-    planning a machine this one is not."""
+    planning a machine this one is not, at their peak in the training `dtype`."""
     count_text, separator, name = spec.partition("x")
     if not separator or not count_text.isdigit():
         count_text, name = "1", spec
-    known = gpu_peak(name)
+    known = gpu_peak(name, dtype)
     if known is None:
         raise PlanError(f"devices = {spec!r} is invalid: write [N x]GPU, e.g. 8xH100, with GPU one of "
-                        f"{', '.join(key for key, _, _ in GPU_PEAKS)}")
+                        f"{', '.join(row[0] for row in GPU_PEAKS)}")
     key, tflops, gib = known
     peak, source = (peak_tflops, "stated") if peak_tflops else (tflops, "table")
     return Devices(key, int(count_text), int(gib * GiB), peak * 1e12, source)
@@ -123,12 +128,12 @@ def visible_devices(peak_tflops: float | None = None, dtype: str = "bfloat16") -
         count = torch.cuda.device_count()
         name = torch.cuda.get_device_name(0)
         memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(count))
-        known = gpu_peak(name)
+        known = gpu_peak(name, dtype)
         if peak_tflops:
             return Devices(name, count, memory, peak_tflops * 1e12, "stated")
         if known is None:
             raise PlanError(f"GPU {name!r} has no entry in headlab.training.hardware.GPU_PEAKS: state its dense "
-                            "bf16 peak with --plan-peak-tflops")
+                            f"{'bf16' if dtype == 'bfloat16' else 'fp32 (TF32)'} peak with --plan-peak-tflops")
         return Devices(name, count, memory, known[1] * 1e12, "table")
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if peak_tflops:

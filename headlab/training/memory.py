@@ -10,20 +10,35 @@ Memory per device (bytes; P parameters, the model is kept in fp32 and autocast t
     FSDP (fully_shard per block and at the root): weights, gradients and optimizer state / W,
          plus the unsharded working set: the root's parameters (embedding, head, final norm)
          and two blocks (the one running and the one prefetched), 4 B weight + 4 B gradient each
-    activations of one micro-batch of b sequences of T tokens, e the autocast element size
-    (2 for bf16, 4 for fp32), d = d_model, A = n_head·(d_qk + d_v) (queries and keys at d_qk,
-    values and attention output at d_v, all at full head count: an upper bound for the
-    shared-K/V families), F the MLP hidden width (mlp_ratio·d; twice for swiglu's gate):
-        per layer and token  8·d  (the fp32 residual stream saved by both norms)
-                           + e·(2·d + 2·A + 2·F)  (normed inputs, Q/K/V/attention output, MLP
-                             hidden before and after its nonlinearity)
-        per token at the head  V·(e + 4 + 4)  (logits, their fp32 copy and the saved
-                             log-softmax; V·(4 + 4) in fp32)
+    activations of one micro-batch of b sequences of T tokens, as the eager step holds them at
+    its peak (the start of backward), e the autocast element size (2 for bf16, 4 for fp32):
         activations = b·T·(n_layer · per layer + head)
+    per layer and token:
+        norms       2·(4·d + 4)   the fp32 residual stream and its 1/rms, saved by both norms
+        inputs      e·d·k   the normed input as each of the k projections that read it saves it:
+                    under bf16 autocast every projection casts its own copy (k = 3 for MHA's
+                    W_Q, W_K, W_V; 5 for LRKV's W_Q, shared K/V and U_K, U_V; 2 for MLA's W_Q
+                    and W_DKV; 1 for the MLP, 2 for swiglu); in fp32 they share one (k = 1)
+        attention   e·(what attention saves) + 4·(its per-head fp32 statistics), by family
+                    (`attention_activation_values`): the rotated, QK-normed queries and keys,
+                    the values, the kernel's output and its copy for the output projection,
+                    LRKV's latents, MLA's latent and RoPE parts; QK-norm's 1/rms and the
+                    softmax's log-sum-exp per head
+        mlp         e·2·F (relu2, gelu: the hidden before and after its nonlinearity);
+                    e·4·F for swiglu (both hidden halves, the gate's silu, their product)
+    per token at the head: 4·d + 4 + e·d (the final norm and the head's input as above) and
+        V·(e + 12) under bf16: the logits, their fp32 copy for the loss, the saved log-softmax
+        and its gradient, all alive at once when backward starts (V·16 in fp32: the logits
+        themselves are the fp32 copy, and the logits' gradient is born before the
+        log-softmax's gradient dies)
+    The per-token bytes are held within 10 % of torch's profiler on an eager CPU step of every
+    family (tests/training/test_memory_measured.py). A compiled step fuses the elementwise
+    glue and saves less: inductor's CPU step of the tiny MHA peaked at 0.70 of these bytes
+    (measured once; compiling each family takes about a minute on a CPU, too long for the
+    tests), and gpu_check's memory row holds a compiled GPU run to them.
 
 A device is counted as holding `USABLE_MEMORY_FRACTION` of its memory (CUDA context, allocator
-fragmentation). These are estimates for planning (expect ±30 % on activations), not
-measurements.
+fragmentation). These are estimates for planning, not measurements.
 """
 
 from __future__ import annotations
@@ -36,7 +51,7 @@ import torch
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
 from headlab.training.config import PARALLEL
-from headlab.training.flops import attention_widths, parameter_counts
+from headlab.training.flops import parameter_counts
 from headlab.training.optimizers import is_muon_matrix
 
 STRATEGIES = PARALLEL  # TrainConfig.parallel
@@ -91,15 +106,36 @@ def optimizer_state_bytes(config: ModelConfig, optimizer: str) -> int:
     return 8 * groups["total"]
 
 
+def attention_activation_values(config: ModelConfig) -> tuple[int, int, int]:
+    """Per layer and token, what the attention block saves for backward beyond its normed input:
+    (projections reading the normed input, values at the autocast width, fp32 values), from
+    each family's forward (headlab.model.attention). H heads of width d_h, H_kv key/value heads."""
+    h, dh = config.n_head, config.head_dim
+    if config.attention == "lrkv":  # per-head q, k, v, output, copy; the rank-r latents of K and V
+        return 5, 5 * h * dh + 2 * h * config.kv_rank, 3 * h
+    if config.attention == "mla":
+        dr, dc, dq = config.rope_head_dim, config.kv_latent_dim, config.q_latent_dim
+        width = dh + dr  # queries, keys and the padded values as the kernel reads them
+        values = (4 * h * width + h * dh  # q, k, padded v, the output, its copy
+                  + (dc + dr) + dc  # W_DKV's output (the latent norm's input) and the normed latent
+                  + h * dr + dr  # the rotated RoPE parts of the queries and the shared key
+                  + 2 * dq)  # with a query latent: W_DQ's output and its normed copy
+        return 2, values, 3 * h + 2 + (dq > 0)  # W_Q (or W_DQ) and W_DKV read the normed input
+    kv = config.kv_heads
+    return 3, 3 * h * dh + 2 * kv * dh, 2 * h + kv  # q, output, copy; k, v
+
+
 def activation_bytes(config: ModelConfig, micro_batch: int, dtype: str = "bfloat16") -> float:
     """Saved activations of one micro-batch (formula in the module docstring)."""
     e = 2 if dtype == "bfloat16" else 4
+    copies = (lambda readers: readers) if e == 2 else (lambda readers: 1)  # autocast: a cast per projection
     d = config.d_model
-    d_qk, d_v = attention_widths(config)
-    attention_width = config.n_head * (d_qk + d_v)  # Q and K at d_qk, V and the output at d_v
-    hidden = config.mlp_ratio * d * (2 if config.mlp == "swiglu" else 1)
-    per_layer = 8 * d + e * (2 * d + 2 * attention_width + 2 * hidden)
-    head = config.vocab_size * ((e + 8) if e == 2 else 8)
+    reading, values, statistics = attention_activation_values(config)
+    swiglu = config.mlp == "swiglu"
+    hidden = config.mlp_ratio * d
+    mlp = e * d * copies(2 if swiglu else 1) + e * hidden * (4 if swiglu else 2)
+    per_layer = 2 * (4 * d + 4) + e * d * copies(reading) + e * values + 4 * statistics + mlp
+    head = 4 * d + 4 + e * d + config.vocab_size * (e + 12 if e == 2 else 16)
     return micro_batch * config.seq_len * (config.n_layer * per_layer + head)
 
 

@@ -48,12 +48,13 @@ def is_lrkv_factor(name: str) -> bool:
     return name.endswith(LRKV_FACTORS)
 
 
-def orthogonalize(update: torch.Tensor, steps: int = NEWTON_SCHULZ_STEPS, eps: float = 1e-7) -> torch.Tensor:
+def orthogonalize(update: torch.Tensor, steps: int = NEWTON_SCHULZ_STEPS, eps: float = 1e-7,
+                  coefficients: tuple[float, float, float] = NEWTON_SCHULZ) -> torch.Tensor:
     """Approximately U Vᵀ for each matrix G = U S Vᵀ in a batch (…, m, n), by the quintic
     Newton–Schulz iteration X ← a·X + (b·A + c·A²)·X with A = X Xᵀ, from X = G / ‖G‖_F (per matrix),
     iterated on the wide orientation in bfloat16 as torch.optim.Muon does; singular values end
     near 1 (roughly within 0.5 to 1.5), which is all Muon asks of it."""
-    a, b, c = NEWTON_SCHULZ
+    a, b, c = coefficients
     tall = update.size(-2) > update.size(-1)
     x = update.bfloat16().reshape(-1, *update.shape[-2:])
     if tall:
@@ -65,11 +66,51 @@ def orthogonalize(update: torch.Tensor, steps: int = NEWTON_SCHULZ_STEPS, eps: f
     return (x.mT if tall else x).reshape(update.shape).to(update.dtype)
 
 
+@torch.no_grad()
+def muon_step(params: list[torch.Tensor], state, lr: float, weight_decay: float, momentum: float,
+              nesterov: bool = True, steps: int = NEWTON_SCHULZ_STEPS, eps: float = 1e-7,
+              coefficients: tuple[float, float, float] = NEWTON_SCHULZ) -> None:
+    """torch.optim.Muon's update of every parameter with a gradient, batched by shape: per matrix
+    (or per trailing m × n slice of a stacked tensor), buf ← μ·buf + (1 − μ)·g,
+    u = g + μ·(buf − g) (Nesterov; else buf), p ← (1 − lr·wd)·p − lr·√max(1, m/n)·NS(u). The
+    parameters of one shape are stacked and orthogonalised in one batched Newton–Schulz call,
+    so a step launches a few dozen kernels per shape instead of per matrix (a paper block's
+    matrices come in three or four shapes). `state` is the optimizer's per-parameter state."""
+    by_shape: dict[tuple, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            by_shape.setdefault((p.shape, p.dtype, p.device), []).append(p)
+    for (shape, _, _), same in by_shape.items():
+        grads = [p.grad for p in same]
+        buffers = [state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in same]
+        torch._foreach_lerp_(buffers, grads, 1 - momentum)
+        updates = torch.stack(grads).lerp_(torch.stack(buffers), momentum) if nesterov else torch.stack(buffers)
+        updates = orthogonalize(updates, steps, eps, coefficients)
+        torch._foreach_mul_(same, 1 - lr * weight_decay)
+        torch._foreach_add_(same, updates.unbind(0), alpha=-lr * math.sqrt(max(1.0, shape[-2] / shape[-1])))
+
+
+class Muon(torch.optim.Muon):
+    """torch.optim.Muon (same options, state and saved form, so runs saved by it resume) with
+    `muon_step`'s update batched by shape. Its learning-rate scale is the original
+    √max(1, m/n) only."""
+
+    def __init__(self, params, **options):
+        super().__init__(params, **options)
+        if any(group["adjust_lr_fn"] not in (None, "original") for group in self.param_groups):
+            raise ValueError("headlab's Muon scales the learning rate as the original Muon only (adjust_lr_fn None)")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            muon_step(group["params"], self.state, group["lr"], group["weight_decay"], group["momentum"],
+                      group["nesterov"], group["ns_steps"], group["eps"], tuple(group["ns_coefficients"]))
+
+
 class HeadwiseMuon(torch.optim.Optimizer):
     """Muon for stacks of per-head matrices (H, m, n): momentum and the update as in
     torch.optim.Muon, but each head's m × n slice is orthogonalised on its own, so no head's update
-    is mixed with another's. Decoupled weight decay p ← (1 − lr·wd)·p, then
-    p ← p − lr·√max(1, m/n)·NS(g + μ·(buf − g)) with buf ← μ·buf + (1 − μ)·g (Nesterov)."""
+    is mixed with another's (`muon_step`)."""
 
     def __init__(self, params, lr: float, weight_decay: float = 0.0, momentum: float = MUON_MOMENTUM):
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "momentum": momentum})
@@ -81,15 +122,7 @@ class HeadwiseMuon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
-            lr, decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                buffer = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
-                buffer.lerp_(p.grad, 1 - momentum)
-                update = orthogonalize(p.grad.lerp(buffer, momentum))
-                p.mul_(1 - lr * decay)
-                p.add_(update, alpha=-lr * math.sqrt(max(1.0, p.size(-2) / p.size(-1))))
+            muon_step(group["params"], self.state, group["lr"], group["weight_decay"], group["momentum"])
 
 
 def make_optimizers(model: GPT, config: TrainConfig) -> list[torch.optim.Optimizer]:
@@ -126,8 +159,7 @@ def _build_optimizers(model: GPT, config: TrainConfig) -> list[torch.optim.Optim
         {"params": list(model.lm_head.parameters()), "lr": config.unembedding_lr, "weight_decay": 0.0},
         {"params": other, "lr": config.lr, "weight_decay": 0.0},
     ]
-    optimizers = [torch.optim.Muon([g for g in muon_groups if g["params"]], lr=config.matrix_lr,
-                                   weight_decay=config.weight_decay),
+    optimizers = [Muon([g for g in muon_groups if g["params"]], lr=config.matrix_lr, weight_decay=config.weight_decay),
                   torch.optim.AdamW(adam_groups, betas=ADAM_BETAS, fused=True)]
     if headwise:
         optimizers.append(HeadwiseMuon(headwise, lr=config.matrix_lr, weight_decay=factor_decay))

@@ -144,3 +144,17 @@ def test_info_reads_a_config_file(tmp_path, capsys):
     assert main(["info", "--config", str(path), "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["attention"] == "gqa" and row["kv_values_per_token_per_layer"] == 2 * 2 * 8
+
+
+def test_reproduce_optimizer_help_states_each_presets_own_default():
+    """The help names, for every training preset, the optimizer the preset itself picks."""
+    import re
+
+    from headlab.training.config import TRAIN_PRESETS
+
+    reproduce = build_parser()._subparsers._group_actions[0].choices["reproduce"]
+    option = next(action for action in reproduce._actions if "--optimizer" in action.option_strings)
+    stated = {}
+    for optimizer, names in re.findall(r"(adamw|muon): ([a-z0-9., -]+?)(?:;|\)$)", option.help):
+        stated.update(dict.fromkeys(names.split(", "), optimizer))
+    assert stated == {name: config.optimizer for name, config in TRAIN_PRESETS.items()}

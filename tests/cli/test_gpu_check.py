@@ -167,3 +167,19 @@ def test_the_wrapper_refuses_a_torch_older_than_2_9_before_anything_runs(tmp_pat
                           env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(fake.parent)})
     assert done.returncode == 2, done.stderr[-2000:]
     assert "torch 2.8.0+cu128; headlab needs torch >= 2.9" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_wrapper_names_every_missing_base_dependency_in_one_line(tmp_path):
+    """A Python without scipy and seaborn (two of pyproject.toml's dependencies): gpu_check.sh
+    names both in one line and exits with status 2 before any stage runs, no traceback."""
+    import os
+    import subprocess
+
+    for name in ("scipy", "seaborn"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named {name!r}\")\n")
+    done = subprocess.run(["bash", str(SCRIPT.with_suffix(".sh")), "--smoke"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.splitlines() == [f"gpu_check.sh: {sys.executable} lacks headlab's base dependencies scipy, "
+                                        "seaborn: pip install scipy seaborn (or pip install -e . in the checkout)"]

@@ -8,7 +8,7 @@ from torch.optim._muon import _zeropower_via_newtonschulz
 from headlab.model.config import preset
 from headlab.model.gpt import GPT
 from headlab.training.config import TrainConfig
-from headlab.training.optimizers import HeadwiseMuon, is_lrkv_factor, make_optimizers, orthogonalize
+from headlab.training.optimizers import HeadwiseMuon, Muon, is_lrkv_factor, make_optimizers, orthogonalize
 
 TINY = TrainConfig(steps=4, batch_size=2)
 
@@ -83,3 +83,32 @@ def test_per_head_muon_on_b_takes_exactly_the_b_tensors():
     assert all(decay == 0.1 for kind, decay in where.values() if kind == "HeadwiseMuon")
     with pytest.raises(ValueError, match="lrkv_b_optimizer"):
         TINY.replace(lrkv_b_optimizer="muon")  # AdamW's recipe has no Muon to put B_h in
+
+
+def test_muon_batched_by_shape_is_the_per_matrix_update_and_torchs():
+    """Two steps over matrices of three shapes (two of each, one without a gradient): stacking a
+    shape's matrices into one Newton–Schulz call gives each matrix the update it gets alone
+    (bit for bit) and torch.optim.Muon's (to bf16 rounding: its iteration is ordered otherwise)."""
+    torch.manual_seed(2)
+    shapes = [(16, 16), (32, 16), (16, 32), (16, 16), (32, 16), (16, 32), (8, 8)]
+    start = [torch.randn(shape) for shape in shapes]
+    gradients = [[torch.randn(shape) for shape in shapes] for _ in range(2)]
+
+    def trained(make, alone=False):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        optimizers = [make([p]) for p in params] if alone else [make(params)]
+        for step in gradients:
+            for p, g in zip(params, step):
+                p.grad = None if p.shape == (8, 8) else g.clone()
+            for optimizer in optimizers:
+                optimizer.step()
+        return params
+
+    def make(cls):
+        return lambda params: cls(params, lr=0.05, weight_decay=0.1)
+
+    batched, alone, torchs = trained(make(Muon)), trained(make(Muon), alone=True), trained(make(torch.optim.Muon))
+    assert all(torch.equal(p, q) for p, q in zip(batched, alone))
+    assert all(torch.allclose(p, q, atol=2e-3) for p, q in zip(batched, torchs))
+    assert torch.equal(batched[-1], start[-1])  # no gradient: not touched, not even decayed
+    assert not torch.allclose(batched[0], start[0], atol=1e-2)

@@ -4,6 +4,7 @@ import os
 import re
 
 import pytest
+import torch
 
 from headlab import preset
 from headlab.cli.main import main
@@ -39,15 +40,21 @@ def test_flops_are_6ND_plus_a_documented_causal_attention_term():
 
 def test_memory_per_device_matches_hand_computed_bytes_on_tiny():
     config = preset("tiny", "mha")  # 41,120 parameters: root 16,416 (wte, head, norm_f), blocks 12,352 each
-    per_layer_fp32 = 8 * 32 + 4 * (2 * 32 + 2 * 4 * (8 + 8) + 2 * 128)  # 2,048 bytes per token
-    assert activation_bytes(config, 2, "float32") == 2 * 32 * (2 * per_layer_fp32 + 256 * 8)
-    per_layer_bf16 = 8 * 32 + 2 * (2 * 32 + 2 * 4 * (8 + 8) + 2 * 128)
-    assert activation_bytes(config, 2, "bfloat16") == 2 * 32 * (2 * per_layer_bf16 + 256 * 10)
+    # per layer and token: norms 2·(4·32 + 4); the normed input once in fp32, once per W_Q, W_K,
+    # W_V under bf16 autocast, and once for the MLP; q, output, its copy and k, v at 4 heads x 8;
+    # 1/rms of q and k and the log-sum-exp per head; the MLP hidden (128) twice
+    attention_values, statistics = 3 * 32 + 2 * 32, 2 * 4 + 4
+    per_layer_fp32 = 2 * 132 + 4 * 32 + 4 * attention_values + 4 * statistics + 4 * 32 + 4 * 2 * 128
+    head_fp32 = 4 * 32 + 4 + 4 * 32 + 256 * 16  # final norm, the head's input, V·16
+    assert activation_bytes(config, 2, "float32") == 2 * 32 * (2 * per_layer_fp32 + head_fp32)
+    per_layer_bf16 = 2 * 132 + 3 * 2 * 32 + 2 * attention_values + 4 * statistics + 2 * 32 + 2 * 2 * 128
+    head_bf16 = 4 * 32 + 4 + 2 * 32 + 256 * 14
+    assert activation_bytes(config, 2, "bfloat16") == 2 * 32 * (2 * per_layer_bf16 + head_bf16)
 
     ddp = memory_per_device(config, 2, 2, "ddp", "adamw", "float32")
     # gradient_as_bucket_view: the gradients are DDP's buckets, no second copy
     assert (ddp.weights, ddp.gradients, ddp.optimizer, ddp.buffers) == (4 * 41120, 4 * 41120, 8 * 41120, 0)
-    assert ddp.total == 16 * 41120 + 393216
+    assert ddp.total == 16 * 41120 + activation_bytes(config, 2, "float32")
     assert memory_per_device(config, 2, 1, "ddp", "adamw", "float32").buffers == 0  # no buckets alone
     fsdp = memory_per_device(config, 2, 2, "fsdp", "adamw", "float32")
     assert (fsdp.weights, fsdp.optimizer) == (2 * 41120, 4 * 41120)
@@ -240,7 +247,7 @@ def test_every_setup_a_plan_suggests_is_one_the_command_line_can_choose_and_it_f
         assert study_plan(variants, config, parse_devices(f"{devices}xH100"), strategy=config.parallel,
                           grad_accum=config.grad_accum).fits, suggestion
     assert main(["reproduce", "--preset", "paper-6.3b", "--plan", "--plan-gpus", "8xH200", "--optimizer", "adamw",
-                 "--parallel", "fsdp"]) == 0
+                 "--parallel", "fsdp", "--grad-accum", "2"]) == 0
     assert "FSDP, adamw" in capsys.readouterr().out
 
 
@@ -265,6 +272,17 @@ def test_muons_orthogonalisation_is_counted_per_rank_in_the_wall_time():
 def test_an_h200_nvl_is_not_planned_at_the_sxm_h200s_peak():
     assert gpu_peak("NVIDIA H200 NVL")[:2] == ("H200 NVL", 835.5)
     assert gpu_peak("NVIDIA H200")[:2] == ("H200", 989.4)
+
+
+@pytest.mark.parametrize("name, key", [
+    ("NVIDIA L40", None), ("NVIDIA GH200 480GB", None), ("NVIDIA L4", "L4"), ("NVIDIA L40S", "L40S"),
+    ("Tesla T4", "T4"), ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"),
+    ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB"), ("h200", "H200")])
+def test_gpu_names_are_matched_as_whole_words_not_substrings(name, key):
+    """An L40 is not an L4, nor a GH200 an H200 (no table peak: the plan asks for one); the
+    names torch reports for the listed GPUs still find their rows."""
+    found = gpu_peak(name)
+    assert (found and found[0]) == key
 
 
 def test_a_paper_plan_says_how_its_budget_compares_with_the_papers_and_offers_it(capsys):
@@ -300,3 +318,30 @@ def test_a_step_whose_unsharded_model_does_not_fit_the_gpu_is_not_timed(monkeypa
     small = study_module.Study("paper-128m", 10, tmp_path / "small", only=("mha",))
     monkeypatch.setattr(study_module, "measure_step", lambda *args, **kwargs: StepTime(0.5, 0.0, 0.1, 1))
     assert re.search(r": about \d+ (s|min) here \(load average", small.training_notice())  # 128M at 4 per rank fits
+
+
+def test_fp32_training_is_planned_at_the_fp32_tf32_peak_and_runs_on_tf32(monkeypatch, capsys):
+    """bf16 plans use the tensor-core bf16 peak; fp32 plans the TF32 one (CUDA-core fp32 on a
+    T4, which has no TF32), on the command line too. Training on an Ampere or later GPU turns
+    TF32 on for fp32 matmuls; an older GPU and the CPU are left alone."""
+    from headlab.training.distributed import use_tf32_matmuls
+
+    assert parse_devices("8xH100").peak_flops == 989.4e12
+    assert parse_devices("8xH100", dtype="float32").peak_flops == 494.7e12
+    assert parse_devices("T4", dtype="float32").peak_flops == 8.1e12
+    fp32_plan = ["--plan", "--plan-gpus", "8xH100", "--set", "dtype=float32"]
+    assert main(["reproduce", "--preset", "paper-128m", *fp32_plan]) == 0
+    assert "peak 494.70 TFLOP/s table" in capsys.readouterr().out
+
+    matmul = torch.backends.cuda.matmul
+    monkeypatch.setattr(matmul, "fp32_precision", "ieee")  # and back to what it was after the test
+    capability = {"value": (7, 5)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability["value"])
+    use_tf32_matmuls(torch.device("cpu"))
+    use_tf32_matmuls(torch.device("cuda", 0))
+    assert matmul.fp32_precision == "ieee"  # a T4 (sm 7.5) has no TF32
+    capability["value"] = (8, 0)
+    use_tf32_matmuls(torch.device("cpu"))
+    assert matmul.fp32_precision == "ieee"
+    use_tf32_matmuls(torch.device("cuda", 0))
+    assert matmul.fp32_precision == "tf32"

@@ -576,3 +576,22 @@ def test_run_files_are_readable_by_others(tmp_path, corpus):
             assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path
     assert math.isfinite(load_run(tmp_path / "run").final_val_loss)
 
+
+
+def test_a_file_system_without_flock_gets_one_line_saying_so(tmp_path, monkeypatch, capsys):
+    """Lustre mounted without -o flock answers flock with ENOSYS: training there stops in one
+    line naming the cause and the way out (not "[Errno 38] Function not implemented"), and no
+    folder there counts as being written."""
+    import fcntl
+
+    from headlab.io.locks import being_written
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    assert main(["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "1", "--out",
+                 str(tmp_path / "run")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "without flock (e.g. Lustre mounted without -o flock)" in lines[0], lines
+    assert not being_written(tmp_path / "run")

@@ -160,3 +160,18 @@ def test_two_fsdp_processes_gather_whole_snapshots_equal_to_one_process(tmp_path
     for step in single:
         a, b = load_file(single[step]), load_file(sharded[step])
         assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6, step
+
+
+def test_a_rank_that_writes_no_snapshot_copies_no_tensor(tmp_path, monkeypatch):
+    """Every rank calls write_snapshot at a snapshot step (FSDP's gathers need them all), but only
+    the writing rank copies the attention tensors to the CPU: the others copy nothing."""
+    from headlab.model.gpt import GPT
+    from headlab.runs.snapshots import write_snapshot
+
+    model = GPT(preset("tiny", "mha"))
+    copies = []
+    to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: copies.append(args) or to(self, *args,
+                                                                                                       **kwargs))
+    assert write_snapshot(tmp_path, model, step=0, every=100, write=False) is None
+    assert copies == [] and not list(tmp_path.iterdir())

@@ -123,9 +123,11 @@ def test_a_run_resumes_under_other_execution_settings_and_records_what_changed(t
 
 # train() called from a script under torchrun, as an API user would: "buckets" trains a tiny DDP
 # run and rank 0 prints whether every gradient it ends with is a view into DDP's buckets; "raise"
-# makes rank 1 raise inside its second training forward while rank 0 goes on into the all-reduce.
+# makes rank 1 raise inside its second training forward while rank 0 goes on into the all-reduce;
+# "fsdp-study" trains a two-variant FSDP study with the cyclic collector off, and each rank prints
+# how many models were alive before each run and after the last.
 API_SCRIPT = """
-import json, os, sys
+import gc, json, os, sys, weakref
 from headlab import GPT, preset
 from headlab.data.corpus import load_corpus
 from headlab.training.config import train_preset
@@ -133,6 +135,25 @@ from headlab.training.trainer import prepared_corpus, train
 
 mode, rank = sys.argv[1], int(os.environ["RANK"])
 open(f"rank{rank}.pid", "w").write(str(os.getpid()))  # torchrun starts each worker in a session of its own
+if mode == "fsdp-study":
+    from headlab.study import study as study_module
+
+    built, alive, init, train_run = [], [], GPT.__init__, study_module.train
+
+    def recorded_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        built.append(weakref.ref(self))
+
+    def counted_train(*args, **kwargs):
+        alive.append(sum(model() is not None for model in built))
+        return train_run(*args, **kwargs)
+
+    GPT.__init__, study_module.train = recorded_init, counted_train
+    gc.disable()
+    study_module.Study("tiny", 2, "study", corpus="synthetic", only=("mha", "mqa"),
+                       train_overrides={"parallel": "fsdp", "optimizer": "adamw"}).train(progress=False, log=print)
+    print(json.dumps({"rank": rank, "alive": alive + [sum(model() is not None for model in built)]}))
+    sys.exit()
 if mode == "raise" and rank == 1:
     forward, calls = GPT.forward, [0]
 
@@ -180,6 +201,18 @@ def test_ddp_gradients_are_views_into_its_buckets(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     views = json.loads(done.stdout.strip().splitlines()[-1])["bucket_views"]
     assert views and all(views)
+
+
+@pytest.mark.slow
+def test_an_fsdp_study_frees_each_run_on_every_rank_without_waiting_for_the_collector(tmp_path):
+    """An FSDP-sharded model and its FSDP state refer to each other: with Python's cyclic
+    collector off, each run's shards (and rank 0's gathered model) must still be gone before the
+    next run builds its model, and after the last run, on both ranks."""
+    done = _torchrun_script(tmp_path, ["fsdp-study"], timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"rank"')]
+    assert sorted(c["rank"] for c in counts) == [0, 1]
+    assert all(c["alive"] == [0, 0, 0] for c in counts), counts
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from headlab import (
 from headlab.model.gpt import GPT
 from headlab.runs.checkpoints import current_checkpoint
 from headlab.runs.metrics import read_metrics
-from headlab.training.optimizers import make_optimizers
+from headlab.training.optimizers import Muon, make_optimizers
 
 pytestmark = pytest.mark.xdist_group("train_reference")  # `single_process_run` trains runs: made once (conftest)
 
@@ -210,7 +210,7 @@ def test_impossible_parallel_settings_are_refused_naming_the_fields():
 def _recorded_learning_rates(monkeypatch) -> list[tuple[str, list[float], list[set[int]]]]:
     """Every optimizer step from now on: the optimizer's class, its groups' lr and parameter ids."""
     steps = []
-    for cls in (torch.optim.AdamW, torch.optim.Muon):
+    for cls in (torch.optim.AdamW, Muon):  # headlab's Muon steps by shape (its own step)
         def step(self, *args, original=cls.step, **kwargs):
             steps.append((type(self).__name__, [g["lr"] for g in self.param_groups],
                           [{id(p) for p in g["params"]} for g in self.param_groups]))
@@ -382,3 +382,17 @@ def test_a_run_on_a_trained_bpe_keeps_its_tokenizer_and_analysis_reads_it(tmp_pa
     shutil.rmtree(tmp_path / "cache")  # the run folder alone suffices
     windows = encode_text(tmp_path / "run", text)
     assert windows.flatten().tolist() == expected[:windows.numel()].tolist()
+
+
+def test_a_batch_goes_to_the_gpu_through_contiguous_pinned_memory(monkeypatch):
+    """A strided view is copied contiguous before pinning (pinning keeps strides: it would lock
+    the whole span the view covers); values unchanged. CUDA stubbed: pinning and the copy to the
+    device are recorded, not done."""
+    from headlab.training.trainer import on_device
+
+    pinned, moved = [], []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pinned.append(self.is_contiguous()) or self)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, device, non_blocking=False: moved.append(non_blocking) or self)
+    batch = torch.arange(48).view(4, 12)[:, ::3]
+    assert torch.equal(on_device(batch, torch.device("cuda", 0)), torch.arange(48).view(4, 12)[:, ::3].clone())
+    assert pinned == [True] and moved == [True]
