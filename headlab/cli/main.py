@@ -9,7 +9,9 @@ HEADLAB_DEBUG=1 shows the traceback instead):
     1    a bug in headlab (an unexpected exception): the line says so; please report it
     2    a mistake in the input: a bad value, a file that is missing, damaged or not headlab's,
          a folder in use ("busy, retry"), a full disk
-    130  interrupted (Ctrl-C); a run folder resumes from its last checkpoint"""
+    130  interrupted (Ctrl-C); a run folder resumes from its last checkpoint
+    141  the reader of its output went away (`headlab analyze ... | head -1`): it stops quietly,
+         as a Unix tool ended by SIGPIPE does (what it wrote to files before is complete)"""
 
 from __future__ import annotations
 
@@ -150,7 +152,7 @@ def _one_line(error: BaseException) -> str:
     return str(error)
 
 USER_ERRORS = (ValueError, RuntimeError, OSError, TypeError, OverflowError, KeyError)  # what bad input raises
-EXIT_INPUT, EXIT_BUG, EXIT_INTERRUPTED = 2, 1, 130
+EXIT_INPUT, EXIT_BUG, EXIT_INTERRUPTED, EXIT_CLOSED_OUTPUT = 2, 1, 130, 141
 
 def main(argv: list[str] | None = None) -> int:
     args, unknown = build_parser().parse_known_args(argv)
@@ -164,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         status = _say(error, "interrupted; a run folder resumes from its last checkpoint (--resume)", EXIT_INTERRUPTED,
                       debug)
+    except BrokenPipeError:  # stdout closed by its reader: not a disk problem, nothing to say
+        _silence_stdout()
+        return EXIT_CLOSED_OUTPUT
     except USER_ERRORS as error:  # bad values (also inside parsed JSON), files, folders in use, full disks
         if debug and not in_process_group():
             raise
@@ -176,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     if in_process_group():  # the other ranks may never reach the exit barrier: end now
         abandon(status)
     return status
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not fail a second time."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no descriptor (a captured stdout): nothing is flushed to a pipe
+        pass
 
 def _say(error: BaseException, message: str, status: int, debug: bool) -> int:
     """Print `message` (or, with --debug under torchrun, the traceback) if this process reports

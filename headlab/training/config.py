@@ -93,10 +93,13 @@ class TrainConfig:
             raise invalid_field("seed", self.seed, "must be in 0 .. 2**63 - 1", "TrainConfig")
         if self.device != "auto":
             try:
-                torch.device(self.device)
+                device = torch.device(self.device)
             except RuntimeError:
                 raise invalid_field("device", self.device, "allowed values are auto, cpu, cuda, cuda:<index> "
                                "or another torch device name", "TrainConfig") from None
+            if device.type == "meta":
+                raise invalid_field("device", self.device, "a meta tensor holds no data, so nothing trains on it; "
+                                    "use auto, cpu, cuda or cuda:<index>", "TrainConfig")
 
     def replace(self, **changes) -> "TrainConfig":
         return config_from_dict(TrainConfig, {**asdict(self), **changes})
