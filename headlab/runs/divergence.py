@@ -32,8 +32,10 @@ class Divergence:
     vocab_size: int
 
     def describe(self, unit: str = "nats/token") -> str:
-        return (f"loss {self.loss:.3f} {unit} at step {self.step}, worse than a uniform guess "
-                f"(ln {self.vocab_size} = {uniform_loss(self.vocab_size):.3f})")
+        uniform = f"ln {self.vocab_size} = {uniform_loss(self.vocab_size):.3f}"
+        if not math.isfinite(self.loss):
+            return f"loss {self.loss} at step {self.step}, not a number (a uniform guess scores {uniform})"
+        return f"loss {self.loss:.3f} {unit} at step {self.step}, worse than a uniform guess ({uniform})"
 
     def to_dict(self) -> dict:
         # a non-finite loss as text: the manifest stays strict JSON
