@@ -23,7 +23,7 @@ from headlab import (
 )
 from headlab.model.gpt import GPT
 from headlab.runs.checkpoints import current_checkpoint
-from headlab.runs.divergence import Divergence, is_diverged, run_divergence
+from headlab.runs.divergence import MARGIN, Divergence, is_diverged, run_divergence
 from headlab.runs.metrics import read_metrics
 from headlab.training.optimizers import make_optimizers
 
@@ -126,7 +126,7 @@ def test_a_run_ending_worse_than_a_uniform_guess_is_marked_diverged(tmp_path, sy
     healthy = train(preset("tiny", "mha"), config.replace(lr=3e-3), synthetic, out=tmp_path / "healthy",
                     progress=False)
     assert healthy.diverged is None and run_divergence(tmp_path / "healthy") is None
-    assert is_diverged(math.log(256) + 1e-9, 256) and not is_diverged(math.log(256), 256)
+    assert is_diverged(math.log(256) + MARGIN + 1e-9, 256) and not is_diverged(math.log(256) + MARGIN, 256)
     assert is_diverged(math.inf, 256) and is_diverged(math.nan, 256)
 
 
