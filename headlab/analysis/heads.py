@@ -103,6 +103,9 @@ def load_heads(source, label: str | None = None) -> ModelHeads:
     config_path = folder / "config.json"
     if not config_path.exists():
         raise ValueError(f"{folder} has no config.json: cannot tell which layout {path.name} uses ({SUPPORTED})")
+    if not config_path.is_file():  # looked at before it is opened: reading a FIFO would wait for ever
+        raise ValueError(f"{config_path} is not a regular file (a FIFO, device or folder): give a checkpoint folder "
+                         "whose config.json is a file")
     try:
         cfg = json.loads(config_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:

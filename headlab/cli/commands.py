@@ -110,6 +110,8 @@ def cmd_train(args) -> int:
     if is_main_process():
         print(f"{model_config.label}: {run.step} steps, final validation loss "
               f"{run.final_val_loss:.4f} nats/token" + (f", run folder {args.out}" if args.out else ""))
+        if run.diverged:
+            print(f"the run diverged: {run.diverged.describe()}; a study reports it instead of comparing it")
     return 0
 
 # ---- analyze ----------------------------------------------------------------------------------------
@@ -209,16 +211,23 @@ def format_effective_ranks(summary) -> str:
 
 # ---- reproduce --------------------------------------------------------------------------------------
 
+def settings_by_field(settings: list[tuple[str, list]]) -> dict[str, list]:
+    """`--set FIELD=V1,V2` pairs -> {field: values}, a field given twice refused (the last would win)."""
+    by_field = {}
+    for name, values in settings:
+        if name in by_field:
+            raise ValueError(f"--set {name} is given twice: give it once")
+        by_field[name] = values
+    return by_field
+
 def study_settings(settings: list[tuple[str, list]]) -> tuple[dict, dict]:
     """`--set FIELD=VALUE` pairs of a study -> (ModelConfig overrides, TrainConfig overrides); one
     value each (a sweep takes several)."""
     model, training = {}, {}
-    for name, values in settings:
+    for name, values in settings_by_field(settings).items():
         if len(values) != 1:
             raise ValueError(f"--set {name}={','.join(map(str, values))}: a study takes one value per field "
                              "(headlab sweep takes several)")
-        if name in model or name in training:
-            raise ValueError(f"--set {name} is given twice: give it once")
         (model if name in ModelConfig.__dataclass_fields__ else training)[name] = values[0]
     return model, training
 
@@ -289,13 +298,12 @@ def _duration_text(seconds: float) -> str:
 def cmd_sweep(args) -> int:
     """Train the comparison at every grid point (reusing finished runs), write sweep.csv, the
     figure and sweep.md."""
-    fields = dict(args.set or [])
-    points = grid(args.preset, args.lengths, args.depths, fields)
     only = tuple(args.only) if args.only else None
+    points = grid(args.preset, args.lengths, args.depths, settings_by_field(args.set or []), only)
+    check_jobs(args.jobs or 1, len(points) * len(sweep_roles(args.preset, only)) * args.seeds)
     print(f"sweep: {len(points)} grid point(s) x {len(sweep_roles(args.preset, only))} variants x "
           f"{args.seeds} seed(s) into {args.out}")
     claim_sweep_folder(args.out)
-    check_jobs(args.jobs or 1, len(points) * len(sweep_roles(args.preset, only)) * args.seeds)
     table = save_sweep(args.out, sweep_table(points, args.seeds, args.out, jobs=args.jobs, only=only))
     print(f"sweep written: {write_sweep_report(table, args.out)}")
     return 0

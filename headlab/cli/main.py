@@ -21,7 +21,7 @@ def _one_line(error: BaseException) -> str:
     return str(error)
 
 USER_ERRORS = (ValueError, RuntimeError, OSError, TypeError, OverflowError, KeyError)  # what bad input raises
-EXIT_INPUT, EXIT_BUG, EXIT_INTERRUPTED = 2, 1, 130
+EXIT_INPUT, EXIT_BUG, EXIT_INTERRUPTED, EXIT_CLOSED_OUTPUT = 2, 1, 130, 141
 
 def main(argv: list[str] | None = None) -> int:
     return run(parse_arguments(argv))
@@ -37,6 +37,9 @@ def run(args) -> int:
             raise
         status = _say(error, "interrupted; a run folder resumes from its last checkpoint (--resume)", EXIT_INTERRUPTED,
                       debug)
+    except BrokenPipeError:  # stdout closed by its reader: not a disk problem, nothing to say
+        _silence_stdout()
+        return EXIT_CLOSED_OUTPUT
     except USER_ERRORS as error:  # bad values (also inside parsed JSON), files, folders in use, full disks
         if debug and not in_process_group():
             raise
@@ -49,6 +52,13 @@ def run(args) -> int:
     if in_process_group():  # the other ranks may never reach the exit barrier: end now
         abandon(status)
     return status
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not fail a second time."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no descriptor (a captured stdout): nothing is flushed to a pipe
+        pass
 
 def _say(error: BaseException, message: str, status: int, debug: bool) -> int:
     """Print `message` (or, with --debug under torchrun, the traceback) if this process reports

@@ -38,7 +38,9 @@ HEADLAB_DEBUG=1 shows the traceback instead):
     1    a bug in headlab (an unexpected exception): the line says so; please report it
     2    a mistake in the input: a bad value, a file that is missing, damaged or not headlab's,
          a folder in use ("busy, retry"), a full disk
-    130  interrupted (Ctrl-C); a run folder resumes from its last checkpoint"""
+    130  interrupted (Ctrl-C); a run folder resumes from its last checkpoint
+    141  the reader of its output went away (`headlab analyze ... | head -1`): it stops quietly,
+         as a Unix tool ended by SIGPIPE does (what it wrote to files before is complete)"""
 
 class Parser(argparse.ArgumentParser):
     """argparse without prefix matching, so `--seed 2` is an error rather than `--seeds 2`; every

@@ -1,7 +1,8 @@
 """A run folder behind one object: `RunFolder` writes it as a run trains, `load_weights` reads it.
 
     manifest.json                 what headlab wrote here: each file's size and SHA-256, the
-                                  current checkpoint {"step": 40, "folder": "checkpoint-00000040"}
+                                  current checkpoint {"step": 40, "folder": "checkpoint-00000040"},
+                                  whether the run diverged (`headlab.runs.divergence`)
     config.json                   model + training config, data identity, headlab version, git
                                   commit (`headlab.runs.layout`)
     tokenizer.json                the trained BPE, for runs on a `bpe:<vocab>` tokenizer
@@ -51,6 +52,7 @@ from headlab.runs.checkpoints import (
     save_checkpoint,
     set_weights,
 )
+from headlab.runs.divergence import DIVERGED, Divergence, run_divergence
 from headlab.runs.layout import (
     CONFIG,
     EXECUTION_FIELDS,
@@ -58,8 +60,8 @@ from headlab.runs.layout import (
     METRICS,
     RUN,
     STARTS,
+    check_resumable,
     read_config,
-    resume_differences,
     run_manifest,
     write_run_config,
 )
@@ -132,6 +134,11 @@ class RunFolder:
                 self.metrics.truncate_after(step)
             else:
                 self.metrics.reset()
+            if step < self.train_config.steps and self.owner and run_divergence(self.path) is not None:
+                # trained again from an earlier step: judged again at the end
+                manifest = run_manifest(self.path)
+                del manifest.meta[DIVERGED]
+                manifest.save()
             if self.owner:
                 record_start(self.path, step, {"processes": processes, "threads": torch.get_num_threads(),
                                                "device": str(device), **{k: getattr(self.train_config, k) for k in
@@ -171,6 +178,15 @@ class RunFolder:
                 save_checkpoint(self.path, weights, optimizer_states, generator, step, self.metrics)
         self.last_checkpoint = step
 
+    def mark_diverged(self, divergence: Divergence) -> None:
+        """Record in the manifest that the run diverged (`headlab.runs.divergence`): a study then
+        reports it and never trains it again. Every rank calls it; the owner writes."""
+        with self.together():
+            if self.owner and self.path is not None:
+                manifest = run_manifest(self.path)
+                manifest.meta[DIVERGED] = divergence.to_dict()
+                manifest.save()
+
     def kept(self) -> str:
         """What the folder keeps if training stops now, as the end of an error message."""
         if self.path is None:
@@ -190,10 +206,7 @@ def _checked(manifest: Manifest, model_config: ModelConfig, train_config, corpus
         raise FileExistsError(f"{run_dir} already holds a run: resume it (resume=True, --resume) or choose another "
                               "folder")
     if resume and CONFIG in manifest.files:
-        differences = resume_differences(run_dir, model_config, train_config, corpus)
-        if differences:
-            raise ValueError(f"cannot resume {run_dir}: {len(differences)} setting(s) differ from the saved run: "
-                             + "; ".join(differences) + ". Resume with the saved settings, or choose another folder")
+        check_resumable(run_dir, model_config, train_config, corpus)
     elif checkpoint is not None:
         raise ValueError(f"{run_dir} holds a checkpoint but no config.json, so what it continues cannot be checked")
     if write:

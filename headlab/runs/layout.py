@@ -102,6 +102,14 @@ def resume_differences(run_dir: str | Path, model_config: ModelConfig, train_con
     return differences
 
 
+def check_resumable(run_dir: str | Path, model_config: ModelConfig, train_config, corpus) -> None:
+    """Refuse, naming every difference (`resume_differences`), to continue the run in `run_dir` as another."""
+    differences = resume_differences(run_dir, model_config, train_config, corpus)
+    if differences:
+        raise ValueError(f"cannot resume {run_dir}: {len(differences)} setting(s) differ from the saved run: "
+                         + "; ".join(differences) + ". Resume with the saved settings, or choose another folder")
+
+
 def run_identity(run_dir: str | Path) -> str:
     """The SHA-256 of a run's config.json as its manifest lists it: what it was trained as."""
     return run_manifest(run_dir).entry(CONFIG)["sha256"]

@@ -40,7 +40,11 @@ from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
 from headlab.io import LOCK, Manifest, being_written, inside, make_folder
 from headlab.model.config import ModelConfig, preset
 from headlab.runs.checkpoints import checkpoint_step, has_checkpoint
+from headlab.runs.divergence import Divergence, run_divergence
+from headlab.runs.layout import CONFIG, check_resumable, run_manifest
 from headlab.runs.layout import MANIFEST as RUN_MANIFEST
+from headlab.runs.layout import METRICS as RUN_METRICS
+from headlab.runs.metrics import read_metrics
 from headlab.runs.snapshots import study_snapshot_every
 from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
@@ -49,7 +53,19 @@ from headlab.training.config import MAX_STEPS, TrainConfig, train_preset
 from headlab.training.distributed import is_main_process, launched_processes, training_device
 from headlab.training.hardware import RUN_THREADS, TIMING_STEPS, load_note, measure_step, run_seconds, step_fits
 from headlab.training.runs import Run, load_run
-from headlab.training.trainer import free_finished_run, keep_freed_cpu_memory, prepared_corpus, repetition_note, train
+from headlab.training.trainer import (
+    TrainingDiverged,
+    free_finished_run,
+    keep_freed_cpu_memory,
+    prepared_corpus,
+    repetition_note,
+    train,
+)
+
+# Settings a study makes itself, which overrides cannot replace, and what sets each.
+STUDY_SETS = {"attention": "a study's roles are its attention families; choose roles with only (--only)",
+              "vocab_size": "it follows the tokenizer (--tokenizer)",
+              "seed": "a study trains seeds 0 … seeds − 1 (--seeds)"}
 
 
 @dataclass(frozen=True)
@@ -114,6 +130,16 @@ class Study:
         if unknown or self.only == ():
             raise ValueError(f"only = {self.only!r} is invalid: choose roles among {', '.join(every)}")
         tokenizer_vocab_size(self.tokenizer)  # refuses an unknown tokenizer, naming the allowed ones
+        for name in set(STUDY_SETS) & {*self.model_overrides, *self.train_overrides}:
+            value = {**self.model_overrides, **self.train_overrides}[name]
+            raise ValueError(f"{name} = {value!r} cannot replace the preset's: {STUDY_SETS[name]}")
+        folders = {}  # every setting checked before anything is written: a refused one leaves no folder
+        for role, config in self.roles.items():
+            if config.run_name in folders:
+                raise ValueError(f"roles {folders[config.run_name]} and {role} become the same model "
+                                 f"({config.label}) with {self.model_overrides}: give settings that keep them apart")
+            folders[config.run_name] = role
+        self.train_config(0)
 
     @property
     def loss_unit(self) -> str:
@@ -162,9 +188,26 @@ class Study:
         return [folder for folder in (self.run_folder(c, seed) for c in self.variants) if has_checkpoint(folder)]
 
     def steps_left(self, seeds: int = 1) -> dict[tuple[int, str], int]:
-        """(seed, role) -> the training steps that run still needs: 0 for a finished run."""
-        return {(seed, role): max(0, self.train_config(seed).steps - checkpoint_step(self.run_folder(config, seed)))
-                for seed in range(seeds) for role, config in self.roles.items()}
+        """(seed, role) -> the training steps that run still needs: 0 for a finished run, and for a
+        diverged one (`headlab.runs.divergence`): it is reported, never trained again."""
+        return {(seed, role): 0 if run_divergence(folder) else max(0, self.train_config(seed).steps
+                                                                    - checkpoint_step(folder))
+                for seed in range(seeds) for role, config in self.roles.items()
+                for folder in [self.run_folder(config, seed)]}
+
+    def diverged_runs(self, seeds: int = 1) -> dict[tuple[int, str], Divergence]:
+        """(seed, role) -> how that run diverged, for the runs of this study that did."""
+        return {(seed, role): divergence for seed in range(seeds) for role, config in self.roles.items()
+                if (divergence := run_divergence(self.run_folder(config, seed)))}
+
+    def check_resumable(self, seeds: int, corpus: Corpus) -> None:
+        """Refuse, before anything is said or trained, a run folder of this study that holds a run
+        of other settings (it could be neither reused nor resumed)."""
+        for seed in range(seeds):
+            for config in self.variants:
+                folder = self.run_folder(config, seed)
+                if (folder / RUN_MANIFEST).is_file() and CONFIG in run_manifest(folder).files:
+                    check_resumable(folder, config, self.train_config(seed), corpus)
 
     def training_notice(self, seeds: int = 1, jobs: int = 1) -> str | None:
         """One line saying what `train(seeds)` will train and about how long it takes on this
@@ -207,6 +250,8 @@ class Study:
         interrupted ones resumed, missing ones trained. When anything is to be trained, `log` gets
         `training_notice` first, and without per-step bars (`progress` False) a bar counts the runs;
         then a line per run trained (its loss and seconds) and one line for the finished runs reused.
+        A run that diverges (`headlab.runs.divergence`) is finished, never trained again: once the
+        others are trained, `DivergedRuns` names every diverged run, and no conclusions are drawn.
 
         `jobs` > 1 trains that many runs at once in worker processes (`default_jobs`: one per core).
         Every run trains on `RUN_THREADS` torch threads whatever `jobs` is, so a study's numbers
@@ -222,10 +267,12 @@ class Study:
             claim_study_folder(self.folder)  # a folder headlab did not write is refused
         keep_freed_cpu_memory()  # small CPU models train ~10% faster; a study opts in for its processes
         corpus = prepared_corpus(self.load_corpus, self.train_config(0).device)
+        self.check_resumable(seeds, corpus)
         if note := repetition_note(self.train_config(0), self.variants[0].seq_len, corpus):
             log(note)
         work = [(seed, role, config) for seed in range(seeds) for role, config in self.roles.items()]
-        reused = {key for key, steps in self.steps_left(seeds).items() if not steps}
+        diverged = set(self.diverged_runs(seeds))
+        reused = {key for key, steps in self.steps_left(seeds).items() if not steps} - diverged
         if reused:
             log(f"  {len(reused)} finished run(s) in {shown_path(self.folder / 'runs')} reused")
         notice = self.training_notice(seeds, jobs)
@@ -234,34 +281,63 @@ class Study:
         runs_bar = {"total": len(work), "desc": "runs", "unit": "run",
                     "disable": progress or notice is None or not watched()}
         device = str(training_device(self.train_config(0).device, launched_processes().local_rank))
+        said = reused | diverged  # what this call trains is logged as it finishes
+        work_left = [(seed, role, config) for seed, role, config in work if (seed, role) not in diverged]
         if jobs == 1:
-            runs = []
-            for seed, role, config in tqdm(work, **runs_bar):
+            for seed, role, config in tqdm(work_left, **runs_bar):
                 start = time.perf_counter()
-                folder = self.run_folder(config, seed)
                 with torch_threads(RUN_THREADS):
-                    run = train(config, self.train_config(seed), corpus, out=folder, resume=True, progress=progress)
-                if (seed, role) not in reused:
-                    self._log_run(log, config, seed, run, time.perf_counter() - start)
-                del run  # the model leaves the device before the next one is built (its folder keeps it)
-                free_finished_run()
-                runs.append(StudyRun(role, config, seed, folder, device=device))
-            return runs
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_prepare_worker,
-                                 initargs=(RUN_THREADS,)) as pool:
-            pending = {pool.submit(_train_one, self, seed, config): (seed, role, config) for seed, role, config in work}
-            finished = {}
-            for future in tqdm(as_completed(pending), **runs_bar):
-                seed, role, config = pending[future]
-                elapsed = future.result()
-                finished[seed, role] = StudyRun(role, config, seed, self.run_folder(config, seed), device=device)
-                if (seed, role) not in reused:
-                    self._log_run(log, config, seed, finished[seed, role].run, elapsed)
-        return [finished[seed, role] for seed, role, _ in work]
+                    train_study_run(self, seed, config, corpus, progress)
+                free_finished_run()  # the model leaves the device before the next one is built (its folder keeps it)
+                if (seed, role) not in said:
+                    self._log_run(log, config, seed, time.perf_counter() - start)
+        else:
+            with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_prepare_worker,
+                                     initargs=(RUN_THREADS,)) as pool:
+                pending = {pool.submit(_train_one, self, seed, config): (seed, role, config)
+                           for seed, role, config in work_left}
+                for future in tqdm(as_completed(pending), **runs_bar):
+                    seed, role, config = pending[future]
+                    elapsed = future.result()
+                    if (seed, role) not in said:
+                        self._log_run(log, config, seed, elapsed)
+        if diverged := self.diverged_runs(seeds):
+            raise DivergedRuns({self.run_folder(self.roles[role], seed): divergence
+                                for (seed, role), divergence in diverged.items()}, self.loss_unit)
+        return [StudyRun(role, config, seed, self.run_folder(config, seed), device=device)
+                for seed, role, config in work]
 
-    def _log_run(self, log, config: ModelConfig, seed: int, run: Run, elapsed: float) -> None:
-        log(f"  {config.label:<20} seed {seed}: validation loss {run.final_val_loss:.3f} {self.loss_unit} "
-            f"({elapsed:.0f} s)")
+    def _log_run(self, log, config: ModelConfig, seed: int, elapsed: float) -> None:
+        folder = self.run_folder(config, seed)
+        divergence = run_divergence(folder)
+        if divergence is not None:
+            what = f"diverged: {divergence.describe(self.loss_unit)}"
+        else:
+            final = [r["val_loss"] for r in read_metrics(folder / RUN_METRICS) if "val_loss" in r][-1]
+            what = f"validation loss {final:.3f} {self.loss_unit}"
+        log(f"  {config.label:<20} seed {seed}: {what} ({elapsed:.0f} s)")
+
+
+class DivergedRuns(ValueError):
+    """Runs of a study diverged (`headlab.runs.divergence`): it draws no conclusions from them.
+    `runs`: run folder -> how it diverged."""
+
+    def __init__(self, runs: dict[Path, Divergence], unit: str):
+        self.runs = runs
+        super().__init__(f"{len(runs)} run(s) diverged, so no conclusions are drawn from them: "
+                         + "; ".join(f"{shown_path(folder)}: {divergence.describe(unit)}"
+                                     for folder, divergence in runs.items())
+                         + ". Train with other settings (a lower lr) into another folder")
+
+
+def train_study_run(study: "Study", seed: int, config: ModelConfig, corpus: Corpus, progress: bool = False) -> None:
+    """Train, resume or reuse one run of `study`. A run that diverges is left as its manifest
+    records it, for the study to report with the others (`Study.train`)."""
+    try:
+        train(config, study.train_config(seed), corpus, out=study.run_folder(config, seed), resume=True,
+              progress=progress)
+    except TrainingDiverged:
+        pass
 
 
 @contextmanager
@@ -315,10 +391,9 @@ def watched() -> bool:
 
 
 def _train_one(study: Study, seed: int, config: ModelConfig) -> float:
-    """Train (or reuse, or resume) one run of `study` in a worker process; returns its seconds."""
+    """`train_study_run` in a worker process; returns its seconds."""
     start = time.perf_counter()
-    train(config, study.train_config(seed), study.load_corpus(), out=study.run_folder(config, seed), resume=True,
-          progress=False)
+    train_study_run(study, seed, config, study.load_corpus())
     return time.perf_counter() - start
 
 

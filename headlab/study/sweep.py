@@ -29,7 +29,7 @@ from headlab.model.config import ModelConfig, preset
 from headlab.schema import FLAGSHIP_MLA_ROPE
 from headlab.study.claims import METRICS, difference_to_mha, margins, per_seed_metrics, variant_name, variant_rows
 from headlab.study.roles import compared_roles, comparison_roles
-from headlab.study.study import Study
+from headlab.study.study import DivergedRuns, Study
 from headlab.study.table_files import SWEEP, SWEEP_MANIFEST, loss_unit
 from headlab.study.tables import analysis_tables, training_table
 from headlab.training.config import UNSWEPT_TRAIN_FIELDS, TrainConfig, train_preset
@@ -74,11 +74,12 @@ class GridPoint:
 
 
 def grid(preset_name: str, lengths: list[float] = (1.0,), depths: list[int] | None = None,
-         fields: dict[str, list] | None = None) -> list[GridPoint]:
+         fields: dict[str, list] | None = None, only: tuple[str, ...] | None = None) -> list[GridPoint]:
     """Every combination of training length (multiples of the preset's steps), depth (n_layer;
     None: the preset's) and the values of other ModelConfig or TrainConfig `fields`, each checked
-    as a config. Two points that would train the same runs (lengths that round to one step count,
-    a value given twice) are refused: a grid shows each setting once."""
+    as the study of the roles `only` (None: all six). Two points that would train the same runs
+    (lengths that round to one step count, a value given twice, -0.0 and 0.0) are refused: a grid
+    shows each setting once."""
     if not lengths or any(not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0 for x in lengths):
         raise ValueError(f"lengths = {list(lengths)!r} is invalid: give positive multiples of the preset's steps")
     fields = dict(fields or {})
@@ -90,22 +91,21 @@ def grid(preset_name: str, lengths: list[float] = (1.0,), depths: list[int] | No
     if unknown:
         raise ValueError(f"sweep field(s) {unknown} are not ModelConfig or TrainConfig fields (steps and seed are "
                          "swept with --lengths and --seeds)")
-    points = []
+    points, seen = [], {}
     for length in lengths:
         for values in itertools.product(*axes.values()):
             overrides = dict(zip(axes, values))
             model = {k: v for k, v in overrides.items() if k in model_fields}
             training = {k: v for k, v in overrides.items() if k not in model_fields}
-            preset(preset_name, "lrkv", **model)  # refuses a bad value, naming the field
-            train_preset(preset_name, **training)
-            points.append(GridPoint(preset_name, float(length), model, training))
-    seen = {}
-    for point in points:
-        same = (point.steps, tuple(sorted((k, setting_text(v)) for k, v in point.overrides.items())))
-        if same in seen:
-            raise ValueError(f"grid points {seen[same]} and {point.key} train the same runs ({point.steps} steps, "
-                             "same settings): give distinct lengths and values")
-        seen[same] = point.key
+            point = GridPoint(preset_name, float(length), model, training)
+            study = point.study(Path("."), only)  # refuses a bad value, naming the field, for every role
+            # the configs as they store the values (-0.0 is 0.0, 1e-3 is 0.001): what the runs train
+            same = (tuple(study.variants), study.train_config(0))
+            if same in seen:
+                raise ValueError(f"grid points {seen[same]} and {point.key} train the same runs ({point.steps} "
+                                 "steps, same settings): give distinct lengths and values")
+            seen[same] = point.key
+            points.append(point)
     return points
 
 
@@ -139,17 +139,28 @@ def sweep_roles(preset_name: str, only: tuple[str, ...] | None = None) -> list[s
 def sweep_table(points: list[GridPoint], seeds: int, folder: Path, log=print, jobs: int | None = None,
                 only: tuple[str, ...] | None = None) -> pd.DataFrame:
     """Train (or reuse) every point's study and tabulate its comparisons (see the module docstring).
+    A point with a diverged run (`headlab.study.study.DivergedRuns`) is named and left out.
     `only`: the roles to train (None: all six; see `sweep_roles`); `jobs`: runs at once (None:
     `Study.default_jobs`)."""
     sweep_roles(points[0].preset, only)
-    rows = []
+    rows, diverged = [], []
     for point in points:
         study = point.study(folder, only)
         log(f"sweep point {point.key}: {study.train_config().steps} steps, {seeds} seed(s)")
-        runs = study.train(seeds, progress=False, log=log, jobs=jobs or study.default_jobs(seeds))
+        try:
+            runs = study.train(seeds, progress=False, log=log, jobs=jobs or study.default_jobs(seeds))
+        except DivergedRuns as error:
+            log(f"sweep point {point.key} left out: {error}")
+            diverged.append(point.key)
+            continue
         tables = analysis_tables(runs)
         metrics = per_seed_metrics(tables["summary"], training_table(runs, loss_unit(study.tokenizer)))
         rows += point_rows(point, metrics)
+    if diverged:
+        left = f"{len(diverged)} of {len(points)} grid point(s) diverged ({', '.join(diverged)})"
+        if not rows:
+            raise ValueError(f"{left}: nothing to tabulate; sweep lower learning rates")
+        log(f"{left}: left out of the table, which holds the other points")
     return pd.DataFrame(rows)
 
 

@@ -323,11 +323,14 @@ def are_tables_of(tables: StudyTables, study: Study, seeds: int) -> bool:
 def shipped_tables(study: Study, seeds: int, folder: Path | None = None) -> StudyTables | None:
     """The tables shipped with headlab in `folder`, if they are of `study`'s runs and of every
     setting behind them (`settings_key`, which scripts/ship_demo_tables.py records), else None.
-    `folder`: where to look (default `SHIPPED`)."""
+    `folder`: where to look (default `SHIPPED`). Tables that cannot be read as shipped (edited,
+    deleted) are a damaged installation, and the error says so."""
     try:
         tables = read_study_tables(folder or SHIPPED)
-    except ValueError:
-        return None
+    except ValueError as error:
+        raise ValueError(f"the demo study's tables shipped with headlab are damaged, so is this installation of "
+                         f"headlab ({error}): reinstall headlab (pip install --force-reinstall headlab; in a checkout, "
+                         "git checkout headlab/study/demo_tables)") from None
     meta = tables.meta
     same = (are_tables_of(tables, study, seeds)
             and (meta["corpus"], meta["tokenizer"]) == (study.corpus, study.tokenizer)

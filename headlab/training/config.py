@@ -95,10 +95,13 @@ class TrainConfig:
             import torch  # only here: the command line builds its parser from these presets without torch
 
             try:
-                torch.device(self.device)
+                device = torch.device(self.device)
             except RuntimeError:
                 raise invalid_field("device", self.device, "allowed values are auto, cpu, cuda, cuda:<index> "
                                "or another torch device name", "TrainConfig") from None
+            if device.type == "meta":
+                raise invalid_field("device", self.device, "a meta tensor holds no data, so nothing trains on it; "
+                                    "use auto, cpu, cuda or cuda:<index>", "TrainConfig")
 
     def replace(self, **changes) -> "TrainConfig":
         return config_from_dict(TrainConfig, {**asdict(self), **changes})

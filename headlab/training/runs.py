@@ -10,6 +10,7 @@ import pandas as pd
 
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
+from headlab.runs.divergence import Divergence, run_divergence
 from headlab.runs.folder import load_weights
 from headlab.runs.layout import METRICS
 from headlab.runs.metrics import read_metrics
@@ -26,6 +27,7 @@ class Run:
     step: int  # optimizer steps behind `model`'s weights
     metrics: list[dict] = field(default_factory=list)  # may run past `step` if a run was cut short
     path: Path | None = None
+    diverged: Divergence | None = None  # set when the run ended worse than a uniform guess
 
     def val_losses(self) -> list[dict]:
         return [r for r in self.metrics if "val_loss" in r]
@@ -47,4 +49,4 @@ def load_run(path: str | Path, device: str = "cpu") -> Run:
     weights = load_weights(run_dir)
     return Run(model=weights.model(device), model_config=weights.model_config,
                train_config=TrainConfig.from_dict(weights.config["train"]), step=weights.step,
-               metrics=read_metrics(run_dir / METRICS), path=run_dir)
+               metrics=read_metrics(run_dir / METRICS), path=run_dir, diverged=run_divergence(run_dir))

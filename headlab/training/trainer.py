@@ -30,6 +30,7 @@ from headlab.data.shards import Corpus, random_windows
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, eval_mode
 from headlab.runs.checkpoints import gather_training_state
+from headlab.runs.divergence import Divergence, is_diverged
 from headlab.runs.folder import RunFolder
 from headlab.training.config import TrainConfig
 from headlab.training.distributed import (
@@ -47,7 +48,8 @@ from headlab.training.runs import Run
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the run folder keeps its last good checkpoint (if any)."""
+    """The loss became NaN or infinite; the run folder keeps its last good checkpoint (if any) and
+    its manifest records the divergence (`headlab.runs.divergence`)."""
 
 
 def learning_rate_factor(step: int, config: TrainConfig) -> float:
@@ -159,7 +161,9 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
     against a second trainer while this one runs. `resume=True` continues from the folder's
     last checkpoint (or from step 0 if it has none) after checking that the model, training and
     data settings match the saved run; on CPU the resumed loss curve equals the uninterrupted one
-    exactly. A NaN/inf loss raises `TrainingDiverged` and leaves the last good checkpoint in place.
+    exactly. A NaN/inf loss raises `TrainingDiverged` and leaves the last good checkpoint in place;
+    a final validation loss worse than a uniform guess makes `Run.diverged` say so. Either is
+    recorded in the run folder's manifest (`headlab.runs.divergence`).
     """
     train_config = train_config or TrainConfig()
     corpus = load_corpus(data) if isinstance(data, str) else data
@@ -245,6 +249,7 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     def stop_if_diverged() -> None:
         bad_step, bad_loss = divergence.tolist()
         if not math.isnan(bad_step):
+            folder.mark_diverged(Divergence(int(bad_step), bad_loss, corpus.vocab_size))
             raise TrainingDiverged(f"loss is {bad_loss} at step {int(bad_step)}{folder.kept()}")
 
     for step in bar:
@@ -289,6 +294,8 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
             val_loss = _global_mean(torch.tensor(val_loss, device=device), ddp).item()
             folder.log({"step": done, "tokens": done * tokens_per_step, "val_loss": val_loss,
                         "val_bpb": val_loss / math.log(2) / corpus.bytes_per_token})
+            if done == train_config.steps and is_diverged(val_loss, corpus.vocab_size):
+                folder.mark_diverged(Divergence(done, val_loss, corpus.vocab_size))  # before the final checkpoint
         if folder.checkpoint_due(done):
             folder.checkpoint(model, optimizers, generator, done)
     bar.close()
@@ -296,8 +303,11 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
         dist.barrier()
     if sharded:
         model = _whole_model_on_main(model, model_config, ddp, device)
-    return Run(model=model.eval() if model is not None else None, model_config=model_config,
-               train_config=train_config, step=train_config.steps, metrics=folder.records, path=folder.path)
+    run = Run(model=model.eval() if model is not None else None, model_config=model_config,
+              train_config=train_config, step=train_config.steps, metrics=folder.records, path=folder.path)
+    if run.final_val_loss is not None and is_diverged(run.final_val_loss, corpus.vocab_size):
+        run.diverged = Divergence(run.step, run.final_val_loss, corpus.vocab_size)
+    return run
 
 
 class _HiddenBar:

@@ -58,7 +58,7 @@ def test_reproduce_states_each_presets_default_optimizer_as_the_presets_have_it(
     (commands_action,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     (optimizer,) = [a for a in commands_action.choices["reproduce"]._actions if a.dest == "optimizer"]
     defaults = optimizer.help.split("(default: the preset's; ")[1].rstrip(")")
-    stated = {name: chosen for part in defaults.split("; ") for names, chosen in [part.split(": ")]
+    stated = {name: chosen for part in defaults.split("; ") for chosen, names in [part.split(": ")]
               for name in names.split(", ")}
     assert stated == {name: config.optimizer for name, config in TRAIN_PRESETS.items()}
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from conftest import EXPLORE_ENV
 from headlab.cli import commands
-from headlab.cli.main import EXIT_INPUT, EXIT_INTERRUPTED, main
+from headlab.cli.main import EXIT_CLOSED_OUTPUT, EXIT_INPUT, EXIT_INTERRUPTED, main
 from headlab.cli.parser import build_parser, printable
 
 HOSTILE = ["", "-1", "0", "99999999999999999999", "-99999999999999999999", "1e999", "nan", "inf", "1.5", "abc",
@@ -115,3 +115,47 @@ def test_property_tests_draw_a_fixed_sequence_unless_exploring():
     test` are the same on every run and machine; only HEADLAB_EXPLORE=1 explores."""
     assert settings.default.derandomize == (os.environ.get(EXPLORE_ENV, "") in ("", "0"))
     assert settings.default.database is None
+
+
+def test_a_fifo_config_is_refused_in_one_line_never_read(tmp_path, capsys):
+    """Opening a FIFO for reading waits for a writer for ever: it is looked at, never opened."""
+    import signal
+
+    def hung(signum, frame):
+        raise TimeoutError("analyze waited on the FIFO")
+
+    os.mkfifo(tmp_path / "config.json")
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        assert main(["analyze", str(tmp_path), "--out", str(tmp_path / "out")]) == EXIT_INPUT
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert capsys.readouterr().err.strip() == (f"headlab: error: {tmp_path / 'config.json'} is not a regular file (a "
+                                               "FIFO, device or folder): give a checkpoint folder whose config.json "
+                                               "is a file")
+
+
+def test_a_closed_output_stops_quietly_as_unix_tools_do():
+    """`headlab ... | head -1`: the reader has gone, which is no disk problem and no error to print."""
+    import subprocess
+    import sys
+
+    command = subprocess.Popen([sys.executable, "-m", "headlab", "info", "--attention", "mha"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    command.stdout.close()  # before its first line: it prints into a pipe nobody reads
+    assert command.stderr.read() == b"" and command.wait() == EXIT_CLOSED_OUTPUT
+
+
+@pytest.mark.parametrize("setting,refusal", [
+    ("attention=mla", "attention = 'mla' cannot replace the preset's: a study's roles are its attention families"),
+    ("device=meta", "TrainConfig.device = 'meta' is invalid: a meta tensor holds no data"),
+    ("kv_rank=8", "roles lrkv-small and lrkv-large become the same model")])
+def test_a_refused_study_setting_trains_nothing_and_leaves_no_folder(tmp_path, capsys, setting, refusal):
+    out = tmp_path / "study"
+    assert main(["reproduce", "--preset", "tiny", "--corpus", "synthetic", "--steps", "2", "--seeds", "1",
+                 "--set", setting, "--out", str(out)]) == EXIT_INPUT
+    captured = capsys.readouterr()
+    assert captured.err.strip().startswith(f"headlab: error: {refusal}") and len(captured.err.splitlines()) == 1
+    assert captured.out == "" and not out.exists()

@@ -111,6 +111,27 @@ def test_study_tables_that_may_not_train_read_the_shipped_ones_beside_a_study_un
         study_tables(begun, 2, log=said.append, train=False)  # two seeds: none shipped
 
 
+@pytest.mark.parametrize("damage", ["edited", "deleted", "no manifest"])
+def test_damaged_shipped_tables_name_the_damaged_installation(tmp_path, monkeypatch, damage):
+    """Tables the package shipped that no longer read as shipped are a damaged install, not
+    "none shipped": the error says so and how to mend it, whatever the study asks for."""
+    import shutil
+
+    from headlab.study.table_files import SHIPPED
+
+    package = tmp_path / "demo_tables"
+    shutil.copytree(SHIPPED, package)
+    summary = package / "summary.csv"
+    {"edited": lambda: summary.write_text(summary.read_text() + "0"), "deleted": summary.unlink,
+     "no manifest": (package / "study.json").unlink}[damage]()
+    monkeypatch.setattr(tables_module, "SHIPPED", package)
+    fresh = Study(SMALL.preset, SMALL.steps, tmp_path / "fresh")
+    with pytest.raises(ValueError, match=r"^the demo study's tables shipped with headlab are damaged, so is this "
+                                         r"installation of headlab \(.*\): reinstall headlab"):
+        study_tables(fresh, 1, log=lambda line: None, train=False)
+    assert not fresh.folder.exists()
+
+
 @pytest.mark.slow
 def test_notebook_03_installed_outside_the_repository_shows_the_shipped_tables_untrained(finished, shipped, tmp_path,
                                                                                           monkeypatch):

@@ -261,6 +261,54 @@ def test_a_studys_tables_read_each_run_once_and_hold_one_model_at_a_time(tmp_pat
     assert set(tables["summary"]["role"]) == {"mha", "lrkv-small", "mla"}
 
 
+def test_a_study_with_a_diverged_run_names_it_and_never_trains_it_again(tmp_path, monkeypatch):
+    """lr = 10 ends every run tens of times worse than a uniform guess: the study draws nothing
+    from them, names each with its loss beside ln 256 in one line, and a rerun trains nothing."""
+    from headlab.study import study as study_module
+    from headlab.study.study import DivergedRuns
+
+    study = Study("tiny", 4, tmp_path / "study", corpus="synthetic", only=("mha", "mla"), train_overrides={"lr": 10.0})
+    said = []
+    with pytest.raises(DivergedRuns) as first:
+        study.train(seeds=1, progress=False, log=said.append)
+    message = str(first.value)
+    assert "\n" not in message and message.startswith("2 run(s) diverged, so no conclusions are drawn from them: ")
+    for folder in (study.folder / "runs" / "standard-mha-seed0", study.folder / "runs" / "mla-d-c12-seed0"):
+        assert re.search(rf"{folder}: loss \d+\.\d+ nats/byte at step 4, worse than a uniform guess "
+                         r"\(ln 256 = 5\.545\)", message)
+    assert sum("diverged: loss" in line for line in said) == 2
+    assert study.steps_left() == {(0, "mha"): 0, (0, "mla"): 0}  # finished: reported, not trained again
+    monkeypatch.setattr(study_module, "train", lambda *args, **kwargs: pytest.fail("a diverged run was retrained"))
+    said.clear()
+    with pytest.raises(DivergedRuns) as again:
+        study.train(seeds=1, progress=False, log=said.append)
+    assert str(again.value) == message and not any("reused" in line for line in said)
+
+
+def test_runs_of_other_settings_are_refused_before_anything_is_said_reused(tmp_path):
+    study = Study("tiny", 2, tmp_path / "study", corpus="synthetic", only=("mha", "mla"))
+    study.train(seeds=1, progress=False, log=lambda line: None)
+    changed = Study("tiny", 2, tmp_path / "study", corpus="synthetic", only=("mha", "mla"),
+                    train_overrides={"lr": 0.01})
+    said = []
+    with pytest.raises(ValueError, match="cannot resume .*train.lr: saved 0.003, given 0.01"):
+        changed.train(seeds=1, progress=False, log=said.append)
+    assert said == []
+
+
+@pytest.mark.parametrize("overrides,refusal", [
+    ({"model_overrides": {"attention": "mla"}}, "attention = 'mla' cannot replace the preset's"),
+    ({"model_overrides": {"vocab_size": 100}}, "vocab_size = 100 cannot replace the preset's"),
+    ({"train_overrides": {"seed": 3}}, "seed = 3 cannot replace the preset's"),
+    ({"model_overrides": {"kv_rank": 8}}, "roles lrkv-small and lrkv-large become the same model"),
+    ({"train_overrides": {"device": "meta"}}, "TrainConfig.device = 'meta' is invalid"),
+    ({"train_overrides": {"grad_accum": 3}}, "TrainConfig.grad_accum = 3 is invalid")])
+def test_settings_a_study_cannot_take_are_refused_before_its_folder_exists(tmp_path, overrides, refusal):
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        Study("tiny", 2, tmp_path / "study", **overrides)
+    assert not (tmp_path / "study").exists()
+
+
 def test_an_imported_kernel_module_is_not_a_person_watching():
     """A test runner that executed notebooks has ipykernel loaded; only a running kernel draws bars."""
     import ipykernel.ipkernel  # noqa: F401

@@ -1,6 +1,7 @@
 """headlab sweep: every grid point an ordinary study, the table's differences are the paired
 statistics of those runs, and the paragraph says what the rule says."""
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -120,9 +121,12 @@ def test_a_grid_over_training_settings_trains_each_point_with_them():
 def test_every_grid_point_trains_distinct_runs():
     keys = [p.key for p in grid("tiny", [1.0], fields={"rope_base": [100000.0, 100000.4]})]
     assert len(set(keys)) == 2  # not both 'rope_base100000'
-    for lengths, fields in (([0.001, 0.01], {}), ([1.0, 1.0], {}), ([1.0], {"kv_rank": [2, 2]})):
+    for lengths, fields in (([0.001, 0.01], {}), ([1.0, 1.0], {}), ([1.0], {"kv_rank": [2, 2]}),
+                            ([1.0], {"kv_residual_init": [0.0, -0.0]}), ([1.0], {"lr": [0.001, 1e-3]})):
         with pytest.raises(ValueError, match="train the same runs"):
-            grid("tiny", lengths, fields=fields)
+            grid("tiny", lengths, fields=fields, only=("mha", "lrkv-large"))
+    with pytest.raises(ValueError, match="roles lrkv-small and lrkv-large become the same model"):
+        grid("tiny", [1.0], fields={"kv_rank": [2, 4]})  # both LRKV roles at each rank: one model twice
     with pytest.raises(ValueError, match="give one of them"):
         grid("tiny", [1.0], depths=[2], fields={"n_layer": [3]})
 
@@ -142,3 +146,40 @@ def test_a_sweep_of_some_roles_over_a_field_compares_the_same_variant_at_every_p
     assert "include 'mha'" in capsys.readouterr().err and not (tmp_path / "no-mha").exists()
     assert main(["sweep", "--preset", "tiny", "--only", "mha", "mha", "--out", str(tmp_path / "mha-alone")]) == 2
     assert "at least one variant" in capsys.readouterr().err and not (tmp_path / "mha-alone").exists()
+
+
+def test_a_field_set_twice_is_refused_in_one_line_before_the_folder_exists(tmp_path, capsys):
+    out = tmp_path / "twice"
+    assert main(["sweep", "--preset", "tiny", "--set", "lr=0.001", "--set", "lr=0.01,0.02", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == "headlab: error: --set lr is given twice: give it once"
+    assert not out.exists()
+    for refused in (["--set", "attention=mha,mla"], ["--set", "device=meta"], ["--jobs", "99"]):
+        assert main(["sweep", "--preset", "tiny", *refused, "--out", str(out)]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_diverged_point_is_named_and_the_others_are_tabulated(tmp_path, capsys, monkeypatch):
+    from headlab.study import study as study_module
+
+    out = tmp_path / "diverging"
+    argv = ["sweep", "--preset", "tiny", "--lengths", "0.1", "--seeds", "1", "--only", "mha", "mla",
+            "--set", "lr=0.003,10", "--jobs", "1", "--out", str(out)]
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    assert "1 of 2 grid point(s) diverged (x0.1-lr10): left out of the table, which holds the other points" in said
+    assert re.search(r"sweep point x0.1-lr10 left out: 2 run\(s\) diverged, .*standard-mha-seed0: loss [\d.]+ "
+                     r"nats/byte at step 4, worse than a uniform guess \(ln 256 = 5.545\)", said)
+    table = load_tables(out, "sweep.json", "a sweep folder")[0]["sweep"]
+    assert set(table["point"]) == {"x0.1-lr0.003"} and (out / "sweep.md").exists()
+    train = study_module.train  # a finished run is reused through it: it loads, trains nothing
+
+    def reused(config, train_config, corpus, out, **kwargs):
+        assert "lr10" not in str(out), "a diverged run was trained again"
+        return train(config, train_config, corpus, out=out, **kwargs)
+
+    monkeypatch.setattr(study_module, "train", reused)
+    assert main(argv) == 0  # the rerun reports the same
+    assert "x0.1-lr10 left out" in capsys.readouterr().out
+    assert main([*argv[:-6], "--set", "lr=10", "--jobs", "1", "--out", str(out)]) == 2  # nothing left: one line
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "headlab: error: 1 of 1 grid point(s) diverged (x0.1-lr10): nothing to tabulate; sweep lower learning rates"]

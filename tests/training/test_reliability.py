@@ -356,7 +356,7 @@ def test_10_info_refuses_a_negative_context(capsys):
     lambda: ModelConfig(rope_base=float("nan")), lambda: ModelConfig(rope_base=float("inf")),
     lambda: TrainConfig(grad_clip=float("nan")), lambda: TrainConfig(weight_decay=float("inf")),
     lambda: TrainConfig(lr=float("nan")), lambda: TrainConfig(grad_clip=0.0), lambda: TrainConfig(seed=-1),
-    lambda: TrainConfig(steps=True), lambda: TrainConfig(device="gpu0")])
+    lambda: TrainConfig(steps=True), lambda: TrainConfig(device="gpu0"), lambda: TrainConfig(device="meta")])
 def test_10_non_finite_and_out_of_range_numbers_are_refused_at_construction(make):
     with pytest.raises(ValueError, match=r"(ModelConfig|TrainConfig)\.\w+ = .* is invalid"):
         make()

@@ -23,6 +23,7 @@ from headlab import (
 )
 from headlab.model.gpt import GPT
 from headlab.runs.checkpoints import current_checkpoint
+from headlab.runs.divergence import MARGIN, Divergence, is_diverged, run_divergence
 from headlab.runs.metrics import read_metrics
 from headlab.training.optimizers import Muon, make_optimizers
 
@@ -99,12 +100,34 @@ def test_interrupted_run_resumes_to_the_uninterrupted_loss_curve(tmp_path, synth
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, synthetic, monkeypatch):
-    _fail_at_step(monkeypatch, 25, make_nan=True)
-    with pytest.raises(TrainingDiverged, match="loss is nan at step 25"):
-        train(preset("tiny", "mha"), TINY_TRAIN, synthetic, out=tmp_path / "run", progress=False)
+    with monkeypatch.context() as patch:
+        _fail_at_step(patch, 25, make_nan=True)
+        with pytest.raises(TrainingDiverged, match="loss is nan at step 25"):
+            train(preset("tiny", "mha"), TINY_TRAIN, synthetic, out=tmp_path / "run", progress=False)
     kept = load_run(tmp_path / "run")
     assert kept.step == 20  # the checkpoint before the NaN (checkpoint_every = 20)
     assert all(torch.isfinite(p).all() for p in kept.model.parameters())
+    divergence = run_divergence(tmp_path / "run")  # the manifest says so: a study reports it, never retrains it
+    assert divergence.step == kept.diverged.step == 25 and math.isnan(divergence.loss)
+    resumed = train(preset("tiny", "mha"), TINY_TRAIN, synthetic, out=tmp_path / "run", resume=True, progress=False)
+    assert resumed.diverged is None and run_divergence(tmp_path / "run") is None  # trained again: judged again
+
+
+def test_a_run_ending_worse_than_a_uniform_guess_is_marked_diverged(tmp_path, synthetic):
+    """Finite losses 40 x ln 256 are no result: the run says so, in memory and in its manifest,
+    and a resume of the finished run keeps saying so."""
+    config = TINY_TRAIN.replace(steps=4, lr=10.0)
+    run = train(preset("tiny", "mha"), config, synthetic, out=tmp_path / "run", progress=False)
+    assert math.isfinite(run.final_val_loss) and run.final_val_loss > math.log(256)
+    assert run.diverged == Divergence(4, run.final_val_loss, 256) == run_divergence(tmp_path / "run")
+    assert load_run(tmp_path / "run").diverged == run.diverged
+    again = train(preset("tiny", "mha"), config, synthetic, out=tmp_path / "run", resume=True, progress=False)
+    assert again.diverged == run.diverged == run_divergence(tmp_path / "run")
+    healthy = train(preset("tiny", "mha"), config.replace(lr=3e-3), synthetic, out=tmp_path / "healthy",
+                    progress=False)
+    assert healthy.diverged is None and run_divergence(tmp_path / "healthy") is None
+    assert is_diverged(math.log(256) + MARGIN + 1e-9, 256) and not is_diverged(math.log(256) + MARGIN, 256)
+    assert is_diverged(math.inf, 256) and is_diverged(math.nan, 256)
 
 
 def test_the_host_waits_for_the_device_only_when_it_logs_evaluates_or_saves(synthetic, monkeypatch):
