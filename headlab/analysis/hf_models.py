@@ -28,10 +28,9 @@ def transformers_module():
 
 
 def load_hf_model(folder: Path, model_type: str, what: str) -> torch.nn.Module:
-    """The checkpoint in `folder` as a `transformers` base model (no head), in eval mode, with the
-    eager attention implementation: the one that returns attention maps, and the same math."""
+    """The checkpoint in `folder` as a `transformers` base model (no head), in eval mode."""
     check_runnable(model_type, what)
-    return transformers_module().AutoModel.from_pretrained(str(folder), attn_implementation="eager").eval()
+    return transformers_module().AutoModel.from_pretrained(str(folder)).eval()
 
 
 def attention_input_modules(model: torch.nn.Module, model_type: str) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
@@ -52,6 +51,8 @@ def attention_input_modules(model: torch.nn.Module, model_type: str) -> list[tup
 def hf_attention_maps(model: torch.nn.Module, tokens: torch.Tensor) -> list[torch.Tensor]:
     """Each layer's attention maps (B, H, T, T), rows summing to 1, of a model from `load_hf_model`
     reading `tokens` (B, T): the probabilities the model itself computes (masks, RoPE and biases
-    included), returned by `output_attentions=True`."""
+    included), returned by `output_attentions=True`, which needs the eager attention
+    implementation (fused kernels never form the maps): the model is switched to it."""
+    model.set_attn_implementation("eager")
     device = next(model.parameters()).device
     return list(model(torch.as_tensor(tokens).long().to(device), output_attentions=True).attentions)

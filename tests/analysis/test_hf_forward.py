@@ -97,8 +97,8 @@ def test_moments_are_the_normed_hidden_states(checkpoint):
         for layer in range(moments.n_layers):
             x = attention_input_norm(model, layer)(hidden[layer]).reshape(-1, 32).double()
             expected = (x.T @ x / x.size(0)).numpy()
-            np.testing.assert_allclose(moments.query[layer], expected, rtol=1e-5, atol=1e-6)  # float32 forward passes
-            np.testing.assert_allclose(moments.key[layer], expected, rtol=1e-5, atol=1e-6)  # float32 forward passes
+            np.testing.assert_allclose(moments.query[layer], expected, rtol=1e-6, atol=1e-9)
+            np.testing.assert_allclose(moments.key[layer], expected, rtol=1e-6, atol=1e-9)
     assert moments.n_tokens == tokens.numel()
 
 
