@@ -28,18 +28,17 @@ def local_path(source) -> Path:
     if name is None:
         return Path(source)
     try:
-        import huggingface_hub
+        from huggingface_hub import constants, errors, snapshot_download
     except ImportError:
         raise RuntimeError(f"{source}: reading Hugging Face Hub names needs huggingface_hub: "
                            "pip install 'headlab[hf]'") from None
     if not name:
         raise ValueError(f"{source!r}: give the model's Hub name after {HUB_PREFIX}, e.g. hf:gpt2 or hf:ORG/NAME")
-    errors = huggingface_hub.errors
     try:
-        return Path(huggingface_hub.snapshot_download(name, allow_patterns=HUB_FILES))
+        return Path(snapshot_download(name, allow_patterns=HUB_FILES))
     except errors.LocalEntryNotFoundError:
-        reason = (f"it is not in the Hub cache {huggingface_hub.constants.HF_HUB_CACHE}"
-                  + (" and HF_HUB_OFFLINE is set" if huggingface_hub.constants.HF_HUB_OFFLINE else
+        reason = (f"it is not in the Hub cache {constants.HF_HUB_CACHE}"
+                  + (" and HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
                      " and the Hub could not be reached"))
     except (errors.HFValidationError, errors.RepositoryNotFoundError, errors.HfHubHTTPError) as error:
         reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"

@@ -1,20 +1,26 @@
 """The data-aware and behaviour views of Hugging Face checkpoints, for every layout headlab reads
 (BERT, GPT-2, Llama, Qwen2, DeepSeek MLA with and without a query latent): tiny random models built
-offline from their configs and saved as checkpoints, with small tokenizers trained or built here."""
+offline from their configs and saved as checkpoints, with small tokenizers trained or built here;
+and a Hub name (hf:ORG/NAME) read offline from a cache folder laid out as the Hub's."""
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from headlab.analysis.attention_maps import attention_similarity, js_distance_matrix
+from headlab.analysis.heads import load_heads
 from headlab.analysis.hf_layouts import HF_ATTENTION_INPUTS, HF_LAYOUTS
 from headlab.analysis.hf_models import hf_attention_maps, load_hf_model
 from headlab.analysis.inputs import encode_text, input_moments
 from headlab.analysis.similarity import analyze
+from headlab.cli.main import main as cli_main
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -163,3 +169,49 @@ def test_gpt2_maps_are_the_softmax_of_its_query_key_scores(tmp_path):
     first = table[table["layer"] == 0].pivot(index="head_i", columns="head_j", values="value").to_numpy()
     np.testing.assert_allclose(first, 1.0 - js_distance_matrix(by_hand), atol=1e-6)
     assert set(table["model"]) == {"tiny"}
+
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """HF_HUB_CACHE holding org/tiny-gpt2 as the Hub lays a download out, and HF_HUB_OFFLINE=1,
+    both in the environment (for subprocesses) and in huggingface_hub, which read them at import."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    repo = tmp_path / "hub" / "models--org--tiny-gpt2"
+    save_checkpoint(repo / "snapshots" / REVISION, "gpt2")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(REVISION)
+    for name, value in (("HF_HUB_OFFLINE", True), ("HF_HUB_CACHE", str(tmp_path / "hub"))):
+        monkeypatch.setenv(name, str(int(value)) if value is True else value)
+        monkeypatch.setattr(huggingface_hub.constants, name, value)
+    return tmp_path / "hub"
+
+
+def test_a_hub_name_reads_the_cached_snapshot(hub_cache):
+    heads = load_heads("hf:org/tiny-gpt2")
+    assert (heads.label, heads.layout, heads.n_layers, heads.n_heads) == ("org/tiny-gpt2", "gpt2", 2, 4)
+    tokens = encode_text("hf:org/tiny-gpt2", TEXT)
+    result = analyze("hf:org/tiny-gpt2", measure="data", inputs=input_moments("hf:org/tiny-gpt2", tokens))
+    assert set(result.similarity["model"]) == {"org/tiny-gpt2"} and len(result.similarity) == 2 * 4 * 4
+    assert set(attention_similarity("hf:org/tiny-gpt2", tokens[:1])["model"]) == {"org/tiny-gpt2"}
+
+
+def test_cli_analyzes_a_hub_name_offline(hub_cache, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "headlab", "analyze", "hf:org/tiny-gpt2", "--measure", "data",
+                             "--text", str(text), "--out", str(out)], capture_output=True, text=True,
+                            env=dict(os.environ))
+    assert result.returncode == 0, result.stderr
+    assert "org/tiny-gpt2 · qk · data · 4 heads" in result.stdout
+    assert (out / "similarity.csv").exists()
+
+
+def test_a_hub_name_missing_from_the_cache_is_one_line(hub_cache, tmp_path, capsys):
+    assert cli_main(["analyze", "hf:org/missing", "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "Traceback" not in error
+    assert "hf:org/missing" in error and str(hub_cache) in error and "HF_HUB_OFFLINE" in error
