@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -20,6 +21,7 @@ from headlab.analysis.hf_layouts import HF_ATTENTION_INPUTS, HF_LAYOUTS
 from headlab.analysis.hf_models import hf_attention_maps, load_hf_model
 from headlab.analysis.inputs import encode_text, input_moments
 from headlab.analysis.similarity import analyze
+from headlab.cli.commands import MAP_WINDOWS
 from headlab.cli.main import main as cli_main
 
 transformers = pytest.importorskip("transformers")
@@ -169,6 +171,20 @@ def test_gpt2_maps_are_the_softmax_of_its_query_key_scores(tmp_path):
     first = table[table["layer"] == 0].pivot(index="head_i", columns="head_j", values="value").to_numpy()
     np.testing.assert_allclose(first, 1.0 - js_distance_matrix(by_hand), atol=1e-6)
     assert set(table["model"]) == {"tiny"}
+
+
+def test_cli_adds_attention_map_rows_beside_the_weight_rows(tmp_path, capsys):
+    folder = save_checkpoint(tmp_path / "gpt2", "gpt2")
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    assert cli_main(["analyze", str(folder), "--label", "tiny", "--attention-maps", "--text", str(text),
+                     "--out", str(tmp_path / "out")]) == 0
+    similarity = pd.read_csv(tmp_path / "out" / "similarity.csv")
+    assert similarity.groupby("circuit").size().to_dict() == {"pattern": 2 * 4 * 4, "qk": 2 * 4 * 4}
+    expected = attention_similarity(folder, encode_text(folder, TEXT)[:MAP_WINDOWS], "tiny")
+    np.testing.assert_allclose(similarity[similarity["circuit"] == "pattern"]["value"], expected["value"], atol=1e-9)
+    assert cli_main(["analyze", str(folder), "--attention-maps", "--out", str(tmp_path / "again")]) == 2
+    assert "--attention-maps" in capsys.readouterr().err
 
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
