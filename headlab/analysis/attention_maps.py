@@ -1,7 +1,9 @@
 """Behaviour-space head similarity: the heads' attention maps on a batch of tokens, compared by
 Jensen–Shannon distance, in the similarity table of `headlab.analysis.similarity` (circuit
 "pattern", measure "jensen_shannon", mla_rope "n/a", value 1 − mean Jensen–Shannon distance), so
-weight-space and behaviour-space similarity can be set side by side."""
+weight-space and behaviour-space similarity can be set side by side. Maps of headlab models are
+recorded from their attention kernels; those of Hugging Face checkpoints are the probabilities
+`transformers` returns (`headlab.analysis.hf_models`)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headlab.analysis.inputs import run_forward
+from headlab.analysis.heads import load_heads
+from headlab.analysis.hf_models import hf_attention_maps
+from headlab.analysis.inputs import forward_model, run_forward
 from headlab.analysis.similarity import similarity_rows, table_from_pieces
 from headlab.model.attention.common import AttentionCore, attention_probabilities
 from headlab.model.gpt import eval_mode
@@ -50,8 +54,9 @@ def attention_pattern(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.T
 def js_distance_matrix(probs: torch.Tensor) -> np.ndarray:
     """H × H mean Jensen–Shannon distance √JSD (log base 2, so in [0, 1]; the value of scipy's
     `jensenshannon`) between the heads' attention distributions, averaged over batch and query
-    positions 1…T−1 (position 0 can only attend to itself, in every head). probs: (B, H, T, T)
-    rows summing to 1, on any device.
+    positions 1…T−1 (causal position 0 can only attend to itself, in every head; a bidirectional
+    model's position 0, BERT's [CLS], is left out alike). probs: (B, H, T, T) rows summing to 1,
+    on any device.
 
         JSD(p, q) = E(m) − (E(p) + E(q)) / 2,   m = (p + q) / 2,   E(p) = −Σ p log₂ p
 
@@ -70,19 +75,25 @@ def js_distance_matrix(probs: torch.Tensor) -> np.ndarray:
 
 
 @torch.no_grad()
-def attention_similarity(model, tokens: torch.Tensor, label: str | None = None) -> pd.DataFrame:
-    """Behaviour-space head similarity of a headlab GPT on `tokens` (B, T): per layer, the
-    similarity table (circuit "pattern") with value = 1 − mean Jensen–Shannon distance between
-    two heads' attention maps (1: identical maps; 0: disjoint supports everywhere)."""
-    config = getattr(model, "config", None)
-    if not hasattr(config, "attention"):
-        raise TypeError("attention_similarity needs a headlab GPT (attention maps are recorded from its modules)")
-    with eval_mode(model), recorded_attention(model) as calls:
-        run_forward(model, tokens)
-    if len(calls) != config.n_layer:
-        raise RuntimeError(f"recorded {len(calls)} attention calls for {config.n_layer} layers")
-    label = label or config.label
-    pieces = [similarity_rows(label, layer, PATTERN, BEHAVIOUR, NOT_APPLICABLE,
-                               1.0 - js_distance_matrix(attention_pattern(q, k, s)))
-              for layer, (q, k, s) in enumerate(calls)]
+def attention_similarity(source, tokens: torch.Tensor, label: str | None = None) -> pd.DataFrame:
+    """Behaviour-space head similarity of `source` (a headlab GPT, run folder, Hugging Face
+    checkpoint folder or hf:ORG/NAME) on `tokens` (B, T) (`headlab.analysis.inputs.encode_text`):
+    per layer, the similarity table (circuit "pattern") with value = 1 − mean Jensen–Shannon
+    distance between two heads' attention maps (1: identical maps; 0: disjoint supports everywhere).
+    `label` defaults to the one the weights view gives the model."""
+    model, kind = forward_model(source)
+    with eval_mode(model):
+        maps = _headlab_maps(model, tokens) if kind == "headlab" else hf_attention_maps(model, tokens)
+    label = label or (model.config.label if kind == "headlab" else load_heads(source).label)
+    pieces = [similarity_rows(label, layer, PATTERN, BEHAVIOUR, NOT_APPLICABLE, 1.0 - js_distance_matrix(probs))
+              for layer, probs in enumerate(maps)]
     return table_from_pieces(pieces, "similarity")
+
+
+def _headlab_maps(model, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """Each layer's causal attention maps (B, H, T, T) of a headlab GPT, from its recorded q, k."""
+    with recorded_attention(model) as calls:
+        run_forward(model, tokens)
+    if len(calls) != model.config.n_layer:
+        raise RuntimeError(f"recorded {len(calls)} attention calls for {model.config.n_layer} layers")
+    return [attention_pattern(q, k, s) for q, k, s in calls]

@@ -1,5 +1,5 @@
 """The heads of a model, from wherever it is: a headlab GPT or run folder, a state dict, a Hugging
-Face checkpoint folder or .safetensors file (local files only, no network). Each layer's weights
+Face checkpoint folder or .safetensors file, or a Hub name hf:ORG/NAME (`headlab.analysis.hub`). Each layer's weights
 and the math of the factors: `headlab.analysis.layer_weights`; the Hugging Face layouts:
 `headlab.analysis.hf_layouts`."""
 
@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from headlab.analysis.hf_layouts import MINILM, MINILM_PACKAGE, SUPPORTED, from_hf
+from headlab.analysis.hub import hub_name, local_path
 from headlab.analysis.layer_weights import GroupedWeights, LayerWeights, LRKVWeights, MLAWeights, ModelHeads
 from headlab.analysis.tensors import TensorStore, check_layer_count
 from headlab.io import below, read_regular
@@ -88,7 +89,8 @@ def _headlab_config(cfg: dict) -> ModelConfig | None:
 def load_heads(source, label: str | None = None) -> ModelHeads:
     """The heads of `source`: a headlab GPT (or any module with a ModelConfig `.config`), a
     `ModelHeads`, or a path to a folder (or a .safetensors file in a folder) holding config.json:
-    a headlab run folder, or a Hugging Face checkpoint chosen by its `model_type`."""
+    a headlab run folder, or a Hugging Face checkpoint chosen by its `model_type`, also as its Hub
+    name hf:ORG/NAME (labelled ORG/NAME)."""
     if isinstance(source, ModelHeads):
         return source if label is None else dataclasses.replace(source, label=label)
     if isinstance(getattr(source, "config", None), ModelConfig):
@@ -96,7 +98,8 @@ def load_heads(source, label: str | None = None) -> ModelHeads:
     if not isinstance(source, (str, Path)):
         raise TypeError(f"cannot analyse a {type(source).__name__}: pass a headlab GPT or a path to a "
                         f"run folder / Hugging Face checkpoint ({SUPPORTED})")
-    path = Path(source)
+    path = local_path(source)
+    label = label or hub_name(source)
     if not path.exists():
         raise ValueError(f"source {str(path)!r} does not exist")
     folder, files = (path.parent, [path]) if path.is_file() else (path, None)

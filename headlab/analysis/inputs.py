@@ -14,6 +14,12 @@ Where x is taken:
   * BERT / RoBERTa checkpoints (post-norm): what `attention.self.query` and `.key` read, the
     layer's input hidden state (the embedding LayerNorm's output for layer 0, else the previous
     layer's output LayerNorm). Windows are [CLS] text-piece [SEP], no padding.
+  * GPT-2, Llama-style (Llama, Mistral, Qwen2/3) and DeepSeek (MLA) checkpoints (pre-norm): what
+    the query and key projections read (GPT-2's fused c_attn; DeepSeek's q_a_proj or q_proj and
+    kv_a_proj_with_mqa), the block's input norm output, gain included. Windows are HF_WINDOW tokens,
+    the first one the tokenizer's BOS where it has one. Read through forward pre-hooks on the
+    modules `headlab.analysis.hf_layouts.HF_ATTENTION_INPUTS` names, so any checkpoint is
+    measured where its own forward pass feeds the projections.
 In self-attention both sides read the same tokens, so Σ_q = Σ_k and the value side is the
 same Σ too; they are kept apart so the inner product stays general.
 
@@ -38,14 +44,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from headlab.analysis.hf_models import attention_input_modules, check_runnable, load_hf_model, transformers_module
+from headlab.analysis.hub import local_path
 from headlab.data.tokenizers import get_tokenizer
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import eval_mode
 from headlab.runs.folder import load_weights
 from headlab.runs.layout import read_config
 
-HF_TYPES = ("bert", "roberta")  # checkpoints whose forward pass headlab can run (with transformers)
-HF_WINDOW = 128  # tokens per BERT window, [CLS] and [SEP] included (MiniLM was tuned on ≤ 256)
+HF_WINDOW = 128  # tokens per checkpoint window, special tokens included (MiniLM was tuned on ≤ 256)
 MAX_TOKENS = 16384  # default cap on the tokens read from a text
 
 
@@ -106,23 +113,25 @@ def second_moment_root(moment: np.ndarray) -> np.ndarray:
     return (lam.clamp(min=0.0).sqrt()[:, None] * v.T).numpy()
 
 
-def _forward_model(source) -> tuple[torch.nn.Module, str]:
-    """A module that can run `source` forward, and its kind ("headlab" or the HF model_type)."""
+def forward_model(source) -> tuple[torch.nn.Module, str]:
+    """A module that can run `source` (a headlab GPT, run folder, Hugging Face checkpoint folder or
+    hf:ORG/NAME) forward, and its kind ("headlab" or the checkpoint's model_type)."""
     if isinstance(getattr(source, "config", None), ModelConfig):
         return source, "headlab"
     if not isinstance(source, (str, Path)):
         raise TypeError(f"input moments need a model to run forward: pass a headlab GPT, a run folder or a "
-                        f"{'/'.join(HF_TYPES)} checkpoint folder, not a {type(source).__name__}")
-    folder = Path(source)
-    folder = folder.parent if folder.is_file() else folder
+                        f"Hugging Face checkpoint folder, not a {type(source).__name__}")
+    folder = source_folder(source)
     cfg = _config_json(folder)
     if "model_type" not in cfg:
         return load_weights(folder).model(), "headlab"
-    if cfg["model_type"] not in HF_TYPES:
-        raise ValueError(f"input moments of model_type = {cfg['model_type']!r} are not supported: headlab runs "
-                         f"the forward pass of headlab models and of model_type {', '.join(HF_TYPES)}")
-    transformers = _transformers()
-    return transformers.AutoModel.from_pretrained(str(folder)).eval(), cfg["model_type"]
+    return load_hf_model(folder, cfg["model_type"], "input moments"), cfg["model_type"]
+
+
+def source_folder(source: str | Path) -> Path:
+    """The folder holding the config.json of a source path (a folder, a file in it, or hf:ORG/NAME)."""
+    folder = local_path(source)
+    return folder.parent if folder.is_file() else folder
 
 
 def _config_json(folder: Path) -> dict:
@@ -132,20 +141,11 @@ def _config_json(folder: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _transformers():
-    try:
-        import transformers
-    except ImportError as error:
-        raise RuntimeError("input moments of Hugging Face checkpoints need transformers: "
-                           "pip install 'headlab[hf]'") from error
-    return transformers
-
-
 def _projection_inputs(model: torch.nn.Module, kind: str) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
     """Per layer, the modules whose first input is the query-side and the key-side input."""
     if kind == "headlab":
         return [(block.attn, block.attn) for block in model.blocks]
-    return [(layer.attention.self.query, layer.attention.self.key) for layer in model.encoder.layer]
+    return attention_input_modules(model, kind)
 
 
 def run_forward(model: torch.nn.Module, tokens: torch.Tensor):
@@ -156,9 +156,9 @@ def run_forward(model: torch.nn.Module, tokens: torch.Tensor):
 
 @torch.no_grad()
 def input_moments(source, tokens: torch.Tensor, text: str = "") -> InputMoments:
-    """Σ_q, Σ_k of every layer of `source` (a headlab GPT, run folder, or BERT/RoBERTa checkpoint
-    folder), averaged over all positions of `tokens` (B, T) (from `encode_text`), in float64."""
-    model, kind = _forward_model(source)
+    """Σ_q, Σ_k of every layer of `source` (a headlab GPT, run folder, Hugging Face checkpoint
+    folder or hf:ORG/NAME), averaged over all positions of `tokens` (B, T) (from `encode_text`), in float64."""
+    model, kind = forward_model(source)
     tokens = torch.as_tensor(tokens)
     if tokens.ndim != 2 or tokens.numel() == 0:
         raise ValueError(f"tokens must be a non-empty (batch, time) array; got shape {tuple(tokens.shape)}")
@@ -185,16 +185,16 @@ def input_moments(source, tokens: torch.Tensor, text: str = "") -> InputMoments:
 def encode_text(source, text: str, tokenizer: str | None = None, max_tokens: int = MAX_TOKENS) -> torch.Tensor:
     """The first `max_tokens` tokens of `text` as (B, T) windows `source` can read: its
     training sequence length for headlab models (tokenizer from the run's config.json, or
-    `tokenizer` = "byte" / "gpt2" for a GPT object); [CLS] piece [SEP] windows of HF_WINDOW
-    tokens for BERT/RoBERTa. A short text gives one shorter window; a partial last window is
+    `tokenizer` = "byte" / "gpt2" for a GPT object); for a Hugging Face checkpoint, windows of
+    HF_WINDOW tokens of its tokenizer: [CLS] piece [SEP] where it has both (BERT, RoBERTa), else
+    BOS piece where it has a BOS, else the piece alone. A short text gives one shorter window; a partial last window is
     dropped, so no window is padded."""
     if isinstance(getattr(source, "config", None), ModelConfig):
         if tokenizer is None:
             raise ValueError("encode_text of a GPT object needs tokenizer = 'byte' or 'gpt2' (a run folder names "
                              "its own)")
         return _windows(get_tokenizer(tokenizer).encode(text)[:max_tokens], source.config.seq_len)
-    folder = Path(source)
-    folder = folder.parent if folder.is_file() else folder
+    folder = source_folder(source)
     cfg = _config_json(folder)
     if "model_type" not in cfg:
         cfg = read_config(folder)  # a headlab run's, as its manifest verifies it
@@ -204,14 +204,17 @@ def encode_text(source, text: str, tokenizer: str | None = None, max_tokens: int
                              "'byte' or 'gpt2'")
         seq_len = ModelConfig.from_dict(cfg["model"]).seq_len
         return _windows(get_tokenizer(name, folder).encode(text)[:max_tokens], seq_len)  # a trained BPE: the run's copy
-    if cfg["model_type"] not in HF_TYPES:
-        raise ValueError(f"encode_text: model_type = {cfg['model_type']!r} is not supported; supported are "
-                         f"headlab runs and {', '.join(HF_TYPES)}")
-    hf = _transformers().AutoTokenizer.from_pretrained(str(folder))
-    ids = np.asarray(hf(text, add_special_tokens=False)["input_ids"][:max_tokens])
-    pieces = _windows(ids, HF_WINDOW - 2)
-    cls, sep = (torch.full((len(pieces), 1), token, dtype=torch.long) for token in (hf.cls_token_id, hf.sep_token_id))
-    return torch.cat([cls, pieces, sep], dim=1)
+    check_runnable(cfg["model_type"], "token windows")
+    hf = transformers_module().AutoTokenizer.from_pretrained(str(folder))
+    # verbose=False: the text is cut into windows below, so a text longer than the model's context is expected
+    ids = np.asarray(hf(text, add_special_tokens=False, verbose=False)["input_ids"][:max_tokens])
+    if hf.cls_token_id is not None and hf.sep_token_id is not None:
+        before, after = [hf.cls_token_id], [hf.sep_token_id]
+    else:
+        before, after = ([hf.bos_token_id] if hf.bos_token_id is not None else []), []
+    pieces = _windows(ids, HF_WINDOW - len(before) - len(after))
+    return torch.cat([torch.full((len(pieces), 1), token, dtype=torch.long) for token in before] + [pieces] +
+                     [torch.full((len(pieces), 1), token, dtype=torch.long) for token in after], dim=1)
 
 
 def _windows(ids: np.ndarray, length: int) -> torch.Tensor:

@@ -164,7 +164,8 @@ def train_arguments(train: argparse.ArgumentParser) -> None:
 
 def analyze_arguments(analyze: argparse.ArgumentParser) -> None:
     analyze.add_argument("sources", nargs="+", metavar="SOURCE",
-                         help="a headlab run folder, or a Hugging Face checkpoint folder / .safetensors file")
+                         help="a headlab run folder, a Hugging Face checkpoint folder / .safetensors file, or a Hub "
+                              "name hf:ORG/NAME (read from the Hub cache, downloaded first when online)")
     analyze.add_argument("--out", required=True, type=Path, metavar="DIR",
                          help="folder for similarity.csv, spectra.csv, summary.csv, norms.csv, lrkv_cosine.csv")
     analyze.add_argument("--circuit", default="qk", choices=(*CIRCUITS, ALL_CIRCUITS),
@@ -173,7 +174,11 @@ def analyze_arguments(analyze: argparse.ArgumentParser) -> None:
                          help="inner product of head forms: frobenius (the paper's) or data (weighted by the second "
                               "moments of each layer's inputs on --text) (default: %(default)s)")
     analyze.add_argument("--text", type=Path, metavar="FILE",
-                         help="UTF-8 text each SOURCE reads to measure its input moments (needed by --measure data)")
+                         help="UTF-8 text each SOURCE reads: its input moments (--measure data) and attention maps "
+                              "(--attention-maps) are measured on it")
+    analyze.add_argument("--attention-maps", action="store_true",
+                         help="also compare the heads' attention maps on --text (1 − Jensen–Shannon distance): rows "
+                              "of circuit 'pattern' in similarity.csv, beside the weight rows")
     analyze.add_argument("--label", action="append", metavar="NAME",
                          help="display name of each SOURCE, in order (default: from its config)")
     analyze.add_argument("--mla-rope", default="included", choices=MLA_ROPE,

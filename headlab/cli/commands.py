@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 import time
 from pathlib import Path
 
+from headlab.analysis.attention_maps import attention_similarity
 from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import encode_text, input_moments
-from headlab.analysis.similarity import analyze, concat
+from headlab.analysis.similarity import analyze, concat, stack_tables
 from headlab.analysis.snapshots import analyze_snapshots
 from headlab.analysis.zero_forms import zero_form_note
 from headlab.cli.arguments import CONFIG_OVERRIDES, TRAIN_OVERRIDES
@@ -122,6 +124,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                          "per SOURCE")
     given = args.label or [None] * len(args.sources)
     if args.snapshots:
+        if args.attention_maps or args.text:
+            raise ValueError("--snapshots reads weights only: leave out --attention-maps and --text")
         result = concat(analyze_snapshots(source, label, circuit=args.circuit, mla_rope=args.mla_rope,
                                           measure=args.measure) for source, label in zip(args.sources, given))
         print(f"wrote the tables of {result.summary['step'].nunique()} training steps to {result.save(args.out)}")
@@ -133,15 +137,22 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         twice = sorted({label for label in labels if labels.count(label) > 1})
         raise ValueError(f"--label gives {', '.join(map(repr, twice))} to several sources: give each SOURCE its own "
                          "label, or each model would overwrite another's rows")
-    if (args.measure == "data") != (args.text is not None):
-        raise ValueError(f"--measure {args.measure} with --text {args.text}: --measure data needs --text FILE, "
-                         "and only it reads one")
+    if (args.measure == "data" or args.attention_maps) != (args.text is not None):
+        raise ValueError(f"--measure {args.measure}{' --attention-maps' * args.attention_maps} with --text "
+                         f"{args.text}: --measure data needs --text FILE, so does --attention-maps, and only they "
+                         "read one")
+    text = _read_text(args.text) if args.text else None
     by_label = dict(zip(labels, zip(sources, args.sources)))
     # a shell glob's order is alphabetical: without --label, headlab models go in figure order (by config)
     order = labels if args.label is not None else sorted(labels, key=lambda label: by_label[label][0].figure_order)
     result = concat(analyze(heads, label, args.circuit, mla_rope=args.mla_rope, measure=args.measure,
-                            inputs=_moments(source, args.text) if args.text else None)
+                            inputs=input_moments(source, encode_text(source, text), text=str(args.text))
+                            if args.measure == "data" else None)
                     for label in order for heads, source in [by_label[label]])
+    if args.attention_maps:  # rows of circuit "pattern" beside the weight rows, as notebook 02 sets them
+        maps = [attention_similarity(source, encode_text(source, text)[:MAP_WINDOWS], label)
+                for label in order for _, source in [by_label[label]]]
+        result = dataclasses.replace(result, similarity=stack_tables([result.similarity, *maps]))
     folder = result.save(args.out)
     print(format_effective_ranks(result.summary))
     print_zero_forms(result.similarity)
@@ -172,15 +183,17 @@ def distinct_labels(labels: list[str], sources: list[str]) -> list[str]:
             distinct[i] = f"{label} [{'/'.join(path[-depth:])}]"
     return distinct
 
-def _moments(source: str, text_file: Path):
-    """Input moments of `source` on the first `inputs.MAX_TOKENS` tokens of `text_file`."""
+# windows whose attention maps --attention-maps compares: the maps are B·H·T² numbers per layer
+MAP_WINDOWS = 8
+
+def _read_text(text_file: Path) -> str:
+    """The text of --text (the first `inputs.MAX_TOKENS` tokens of it are read)."""
     if not text_file.is_file():
         raise ValueError(f"--text {text_file}: no such file")
     try:
-        text = text_file.read_text(encoding="utf-8")
+        return text_file.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"--text {text_file}: not UTF-8 (byte {error.start}): convert it to UTF-8") from None
-    return input_moments(source, encode_text(source, text), text=str(text_file))
 
 def format_effective_ranks(summary) -> str:
     """Per model and circuit, one line per layer: entropy effective rank uncentered (% of H) and
