@@ -83,3 +83,17 @@ def test_per_head_muon_on_b_takes_exactly_the_b_tensors():
     assert all(decay == 0.1 for kind, decay in where.values() if kind == "HeadwiseMuon")
     with pytest.raises(ValueError, match="lrkv_b_optimizer"):
         TINY.replace(lrkv_b_optimizer="muon")  # AdamW's recipe has no Muon to put B_h in
+
+
+@pytest.mark.parametrize("family", ["mha", "mqa", "lrkv", "mla"])
+def test_muon_leaves_exactly_the_query_and_key_matrices_to_adamw_when_asked(family):
+    model = GPT(preset("tiny", family))
+    default = routes(model, make_optimizers(model, TINY.replace(optimizer="muon")))
+    split = routes(model, make_optimizers(model, TINY.replace(optimizer="muon", muon_qk=False)))
+    moved = {n for n in default if split[n] != default[n]}
+    queries_keys = {"mha": ("c_q", "c_k"), "mqa": ("c_q", "c_k"), "lrkv": ("c_q", "k_shared", "u_k"),
+                    "mla": ("wq",)}[family]
+    assert moved == {f"blocks.{i}.attn.{m}.weight" for i in range(model.config.n_layer) for m in queries_keys}
+    assert all(default[n] == ("Muon", 0.1) and split[n] == ("AdamW", 0.1) for n in moved)
+    with pytest.raises(ValueError, match="muon_qk"):
+        TINY.replace(muon_qk=False)  # AdamW's recipe has no Muon to take them from
