@@ -50,6 +50,7 @@ from headlab.training.runs import load_run
 from headlab.training.trainer import learning_rate_factor
 
 PRESET = "cpu-small"
+THROUGH_TRAINING = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)  # fractions of a run shown in the through-training table
 DEFAULT_POINT = "optimizer/x1-optimizermuon"
 # The seed figure (the paper's Fig. 11, 128M, uncentred), λ₁ at L = 0 / 6 / 11, read off the plot
 SEED_FIGURE = {"MHA": (5.0, 2.5, 3.0), "MQA": (4.0, 2.0, 3.5)}
@@ -98,17 +99,17 @@ AXES = [
          (f"{SWEEP} --out ROOT/length --lengths 0.25", f"{TRAIN} --seeds 2 --out ROOT/length --lengths 4")),
     Axis("weight decay", "decay_timescale", {"weight_decay/x1-weight_decay0": "0", DEFAULT_POINT: "0.1",
                                              "weight_decay/x1-weight_decay1": "1"},
-         (f"{TRAIN} --seeds 3 --out ROOT/weight_decay --set weight_decay=0,1",),
+         (f"{TRAIN} --seeds 2 --out ROOT/weight_decay --set weight_decay=0,1",),
          "decay timescale = weight decay x the sum over steps of Muon's lr: the e-folds by which decay alone "
          "would shrink a matrix over the run"),
     Axis("head width d_h", "head_dim", {"head_dim/x1-head_dim16": "16", DEFAULT_POINT: "32",
                                         "head_dim/x1-head_dim64": "64"},
-         (f"{TRAIN} --seeds 3 --out ROOT/head_dim --set head_dim=16",
+         (f"{TRAIN} --seeds 2 --out ROOT/head_dim --set head_dim=16",
           f"{TRAIN} --seeds 2 --out ROOT/head_dim --set head_dim=64")),
     Axis("width d_model", "d_model", {DEFAULT_POINT: "128", "d_model/x1-d_model192": "192 = H x d_h"},
          (f"{TRAIN} --seeds 2 --out ROOT/d_model --set d_model=192",)),
     Axis("context", "seq_len", {"seq_len/x1-seq_len32": "32", DEFAULT_POINT: "64", "seq_len/x1-seq_len128": "128"},
-         (f"{TRAIN} --seeds 3 --out ROOT/seq_len --set seq_len=32",
+         (f"{TRAIN} --seeds 2 --out ROOT/seq_len --set seq_len=32",
           f"{TRAIN} --seeds 2 --out ROOT/seq_len --set seq_len=128")),
     Axis("vocabulary", None, {DEFAULT_POINT: "bytes (256)", "vocab/x1-bpe512": "BPE 512 (headlab's trainer)"},
          (f"{TRAIN} --seeds 2 --out ROOT/vocab --tokenizer bpe:512",)),
@@ -203,7 +204,8 @@ def axis_rows(axis: Axis, finals: pd.DataFrame) -> list[dict]:
             at = {name: runs[runs["layer"] == layer] for name, layer in panels(n_layer).items()}
             per_seed = runs.groupby("seed")
             rows.append({
-                "setting": value, "variant": role, "seeds": runs["seed"].nunique(),
+                "setting": value, **({axis.x.replace("_", " "): f"{runs[axis.x].iloc[0]:,.4g}"} if axis.x else {}),
+                "variant": role, "seeds": runs["seed"].nunique(),
                 **{f"λ₁ {name} (L={layer})": cell(at[name]["lambda1"].to_numpy())
                    for name, layer in panels(n_layer).items()},
                 "λ₁ early at init": cell(at["early"]["lambda1_init"].to_numpy()),
@@ -215,7 +217,7 @@ def axis_rows(axis: Axis, finals: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def separation(finals: pd.DataFrame, folder: str, layer: int = 0) -> str:
+def separation(finals: pd.DataFrame, folder: str, layer: int) -> str:
     """MQA − MHA λ₁ at `layer`, paired by seed (the seeds both have), with its 95% interval."""
     at = finals[(finals["point"] == folder) & (finals["layer"] == layer)].pivot(
         index="seed", columns="role", values="lambda1").dropna()
@@ -395,11 +397,12 @@ def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, 
             lines += ["No finished runs yet.", ""]
             continue
         lines += [markdown_table(pd.DataFrame(rows), 2), ""]
-        separations = [f"{value}: {separation(finals, folder)}" for folder, value in axis.points.items()
-                       if separation(finals, folder) != "–"]
+        separations = [{"setting": value, **{f"MQA − MHA, λ₁ {name} (L={layer})": separation(finals, folder, layer)
+                                             for name, layer in panels(int(finals["n_layer"].iloc[0])).items()}}
+                       for folder, value in axis.points.items() if separation(finals, folder, 0) != "–"]
         if separations:
-            lines += ["MQA − MHA, λ₁ at L = 0, paired by seed (95% interval; '(noise)' where it includes 0): "
-                      + "; ".join(separations) + ".", ""]
+            lines += ["Separation of the methods in the weights view: MQA − MHA, paired by seed, 95% interval "
+                      "('(noise)' where it includes 0):", "", markdown_table(pd.DataFrame(separations), 2), ""]
     lines += mechanism(finals, throughs)
     return "\n".join(lines)
 
@@ -411,16 +414,21 @@ def mechanism(finals: pd.DataFrame, throughs: pd.DataFrame) -> list[str]:
     rho = float(np.corrcoef(early["lambda1"].rank(), gap.rank())[0, 1])
     points = early.assign(gap=gap).groupby(["point", "role"]).agg(
         weights=("lambda1", "mean"), data_aware=("lambda1_data", "mean"), gap=("gap", "mean")).reset_index()
-    steps = throughs[throughs["layer"] == 0].groupby(["point", "role", "step"])["lambda1"].mean().unstack("step")
-    shown = [s for s in steps.columns if s in (0, 8, 32, 90, 180, 450, 900, 1800, 3600) or s == steps.columns.max()]
-    steps = steps[shown].round(2).reset_index()
+    rows = []
+    for (folder, role), runs in throughs[throughs["layer"] == 0].groupby(["point", "role"]):
+        by_step = runs.groupby("step")["lambda1"].mean()
+        last = by_step.index.max()
+        rows.append({"point": folder, "role": role, "steps": last, **{
+            f"{fraction:.0%} of training": by_step.iloc[int(np.abs(by_step.index - fraction * last).argmin())]
+            for fraction in THROUGH_TRAINING}})
+    steps = pd.DataFrame(rows)
     return ["## Mechanism: the weights view against the data-aware view", "",
             "At every point (L = 0, mean over seeds): λ₁ of the weights, λ₁ of the same forms on their inputs, "
             "and the gap between them. Spearman correlation over all runs between λ₁ (weights) and the gap: "
             f"{rho:+.2f} ({len(early)} runs; negative: the gap closes where λ₁ grows).", "",
             markdown_table(points.sort_values("weights"), 2), "",
-            "Through training (λ₁ of the weights view at L = 0 at snapshot steps, mean over seeds; the data-aware "
-            "view needs the whole model, which snapshots do not keep):", "",
+            "Through training: λ₁ of the weights view at L = 0 at the snapshot nearest each fraction of the run, "
+            "mean over seeds (the data-aware view needs the whole model, which snapshots do not keep):", "",
             markdown_table(steps, 2), ""]
 
 
