@@ -58,6 +58,11 @@ SEED_MHA_EARLY = SEED_FIGURE["MHA"][0]
 ROLES = {"standard-mha": "MHA", "mqa": "MQA"}
 # The paper's 128M setting on each numeric axis (research/paper.md §3): nanochat's 524,288 tokens a
 # step, 100B tokens over ~128M parameters, d_h 128, d_model 768, context 2048.
+# Tokens the paper's final W_Q, W_K average (`averaged_updates`): decay 0.1 at lr 0.02 keeps ≈ 2/(lr·wd) = 1,000
+# equally weighted updates of 524,288 tokens (if nanochat's Muon decays; without decay, ~190k steps: more)
+PAPER_AVERAGED_UPDATES = 2 / (0.02 * 0.1)
+PAPER_TOKENS_AVERAGED = PAPER_AVERAGED_UPDATES * 524_288
+NOT_MUON_QK = ("optimizer/x1-optimizeradamw", "muon_qk/x1-muon_qkFalse-snapshot_every100")
 PAPER = {"tokens_per_step": 524_288, "tokens_per_parameter": 100e9 / 128e6, "head_dim": 128, "d_model": 768,
          "seq_len": 2048}
 
@@ -138,6 +143,22 @@ def decay_timescale(train) -> float:
     return train.weight_decay * lr * sum(learning_rate_factor(step, train) for step in range(train.steps))
 
 
+def qk_rate(train) -> float:
+    """The peak learning rate that W_Q and W_K are trained at."""
+    return train.matrix_lr if train.optimizer == "muon" and train.muon_qk else train.lr
+
+
+def averaged_updates(train) -> float:
+    """How many updates the final W_Q, W_K average: with decoupled decay, W_T = Σ_t c_t·u_t (plus the
+    decayed initial draw), c_t = lr_t·Π_{s>t}(1 − lr_s·wd); the effective number of equally weighted
+    updates is (Σ c_t)² / Σ c_t². A direction every update shares adds up as Σ c_t, update noise as
+    √Σ c_t², so the signal-to-noise ratio of W grows as √(this x tokens per step)."""
+    rates = np.array([qk_rate(train) * learning_rate_factor(step, train) for step in range(train.steps)])
+    kept = np.append(np.cumprod((1 - rates * train.weight_decay)[::-1])[::-1][1:], 1.0)  # Π_{s>t}
+    weights = rates * kept
+    return float(weights.sum() ** 2 / (weights ** 2).sum())
+
+
 def run_tables(run_dir: Path, corpora: dict) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """(per-layer rows of the final weights, per-step rows of the snapshots) of a finished run;
     None while it trains."""
@@ -165,7 +186,8 @@ def run_tables(run_dir: Path, corpora: dict) -> tuple[pd.DataFrame, pd.DataFrame
              .assign(role=ROLES[name], seed=int(seed), n_layer=model_config.n_layer, val_bpb=evals["val_bpb"],
                      tokens_per_step=tokens_per_step, steps=train.steps, tokens=tokens_per_step * train.steps,
                      tokens_per_parameter=tokens_per_step * train.steps / params,
-                     decay_timescale=decay_timescale(train), head_dim=model_config.head_dim,
+                     decay_timescale=decay_timescale(train), averaged_updates=averaged_updates(train),
+                     tokens_averaged=averaged_updates(train) * tokens_per_step, head_dim=model_config.head_dim,
                      d_model=model_config.d_model, seq_len=model_config.seq_len))
     return final, through.assign(role=ROLES[name], seed=int(seed))
 
@@ -258,14 +280,19 @@ class Trend:
 
 def trend(axis: Axis, finals: pd.DataFrame) -> Trend | None:
     runs = finals[finals["point"].isin(axis.points) & (finals["role"] == "MHA") & (finals["layer"] == 0)]
-    if axis.x is None or runs[axis.x].nunique() < 2 or len(runs) < 4:
+    return None if axis.x is None else fitted_trend(axis.name, axis.x, runs)
+
+
+def fitted_trend(name: str, x: str, runs: pd.DataFrame) -> Trend | None:
+    """The log-linear fit of `runs`' λ₁ on column x (None with under two x values or four runs)."""
+    if runs[x].nunique() < 2 or len(runs) < 4:
         return None
-    u, y = np.log2(runs[axis.x].to_numpy(dtype=float)), runs["lambda1"].to_numpy()
+    u, y = np.log2(runs[x].to_numpy(dtype=float)), runs["lambda1"].to_numpy()
     sxx = float(((u - u.mean()) ** 2).sum())
     slope = float(((u - u.mean()) * (y - y.mean())).sum() / sxx)
     intercept = float(y.mean() - slope * u.mean())
     residual_sd = float(np.sqrt(((y - intercept - slope * u) ** 2).sum() / (len(y) - 2)))
-    return Trend(axis.name, axis.x, slope, residual_sd / math.sqrt(sxx), intercept, residual_sd, len(y),
+    return Trend(name, x, slope, residual_sd / math.sqrt(sxx), intercept, residual_sd, len(y),
                  float(u.mean()), sxx)
 
 
@@ -299,6 +326,8 @@ def draw_figure(finals: pd.DataFrame, path: Path) -> str:
     left.plot(means.index, means.to_numpy(), color="tab:blue")
     left.axhline(SEED_MHA_EARLY, color="black", ls="--", label="seed figure (paper, 128M): 5.0")
     left.axhline(1.0, color="grey", ls=":", label="no shared direction (λ₁ = 1)")
+    init = float(mha["lambda1_init"].mean())
+    left.axhline(init, color="tab:green", ls="-.", lw=0.8, label=f"random initialisation: {init:.2f}")
     sentence = f"{best.name}: no trend to extend (too few points)"
     t = trends.get(best.name)
     if t is not None and best.x in PAPER:
@@ -321,25 +350,27 @@ def draw_figure(finals: pd.DataFrame, path: Path) -> str:
     left.set_xscale("log", base=2)
     left.set_xlabel(best.x.replace("_", " ") + " (log scale)")
     left.set_ylabel("first eigenvalue λ₁, uncentred, L = 0")
-    left.set_title(f"The axis that moves λ₁ most: {best.name}")
+    left.set_title(f"Steepest numeric trend: {best.name}")
     left.legend(fontsize=7, loc="center right")
-    labels, values, colours = [], [], []
+    labels, values, colours = ["default (make demo's recipe)"], [mha[mha["point"] == DEFAULT_POINT]["lambda1"]], \
+        ["tab:orange"]
     for axis in AXES:
         for folder, value in axis.points.items():
             point = mha[mha["point"] == folder]["lambda1"]
-            if len(point):
+            if len(point) and folder != DEFAULT_POINT:
                 labels.append(f"{axis.name}: {value}")
                 values.append(point.to_numpy())
-                colours.append("tab:orange" if folder == DEFAULT_POINT else "tab:blue")
+                colours.append("tab:blue")
     for i, (v, c) in enumerate(zip(values, colours)):
         right.scatter(v, [i] * len(v), color=c, s=14)
         right.plot([v.mean()] * 2, [i - 0.3, i + 0.3], color=c)
     right.axvline(SEED_MHA_EARLY, color="black", ls="--")
     right.axvline(1.0, color="grey", ls=":")
+    right.axvline(init, color="tab:green", ls="-.", lw=0.8)
     right.set_yticks(range(len(labels)), labels, fontsize=7)
     right.invert_yaxis()
-    right.set_xlabel("first eigenvalue λ₁ of Standard MHA, L = 0 (dots: seeds; bar: mean; orange: default)")
-    right.set_title("Every point of every axis")
+    right.set_xlabel("λ₁ of Standard MHA, L = 0 (dots: seeds, bar: mean)")
+    right.set_title("Every point, each differing from the default in one setting")
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
@@ -408,6 +439,10 @@ def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, 
     return "\n".join(lines)
 
 
+def averaged_updates_default(finals: pd.DataFrame) -> float:
+    return float(finals[finals["point"] == DEFAULT_POINT]["averaged_updates"].iloc[0])
+
+
 def mechanism(finals: pd.DataFrame, throughs: pd.DataFrame) -> list[str]:
     """Does the gap between the weights view and the data-aware view close where λ₁ grows?"""
     early = finals[finals["layer"] == 0]
@@ -423,7 +458,34 @@ def mechanism(finals: pd.DataFrame, throughs: pd.DataFrame) -> list[str]:
             f"{fraction:.0%} of training": by_step.iloc[int(np.abs(by_step.index - fraction * last).argmin())]
             for fraction in THROUGH_TRAINING}})
     steps = pd.DataFrame(rows)
+    muon_qk = early[(early["role"] == "MHA") & early["point"].map(lambda f: f not in NOT_MUON_QK)]
+    pooled = fitted_trend("every point whose W_Q, W_K Muon trains", "tokens_averaged", muon_qk)
+    averaged = muon_qk.groupby("point").agg(**{"averaged updates": ("averaged_updates", "first"),
+                                               "tokens averaged": ("tokens_averaged", "first"),
+                                               "λ₁ (MHA, L = 0)": ("lambda1", "mean")}).reset_index()
+    averaged = averaged.sort_values("tokens averaged").assign(**{
+        "averaged updates": lambda t: t["averaged updates"].map("{:,.0f}".format),
+        "tokens averaged": lambda t: t["tokens averaged"].map("{:.2e}".format)})
+    extension = "too few points for a fit"
+    if pooled is not None:
+        centre, half = pooled.predict(PAPER_TOKENS_AVERAGED)
+        extension = (f"λ₁ = {pooled.intercept:.2f} + {pooled.slope:.3f}·log₂(tokens averaged), slope ± "
+                     f"{pooled.slope_se:.3f} (se), {pooled.n} runs; " +
+                     (f"at the paper's ≈{PAPER_TOKENS_AVERAGED:.1e} it predicts {centre:.2f} ± {half:.2f} (95% "
+                      "prediction interval)" if pooled.clear else "the slope is under twice its standard error: "
+                      "no trend to extend"))
+    ours = averaged_updates_default(finals)
     return ["## Mechanism: the weights view against the data-aware view", "",
+            "Why Muon keeps the forms apart, and what the paper's run does differently: W_Q and W_K at the end of "
+            "training are a decayed sum of the updates, W = Σ c_t u_t. A direction that every update shares "
+            "(the inputs' dominant direction, which the data-aware view shows) adds up as Σ c_t; gradient noise, "
+            "which Muon writes in at full size, as √Σ c_t². So the shared part stands out of W as "
+            "√(averaged updates x tokens per step), with averaged updates = (Σ c_t)² / Σ c_t². Ours: "
+            f"{ours:.0f} updates of 1,024 tokens; the paper's (decay 0.1 at lr 0.02 over ≈190k steps of 524,288 "
+            f"tokens): ≈{PAPER_AVERAGED_UPDATES:.0f} updates, ≈{PAPER_TOKENS_AVERAGED:.1e} tokens, "
+            f"{PAPER_TOKENS_AVERAGED / 1024 / ours:.0f}x ours. Standard MHA's λ₁ at L = 0 against tokens averaged, "
+            "every point whose W_Q, W_K Muon trains:", "",
+            markdown_table(averaged, 2), "", f"Pooled fit: {extension}.", "",
             "At every point (L = 0, mean over seeds): λ₁ of the weights, λ₁ of the same forms on their inputs, "
             "and the gap between them. Spearman correlation over all runs between λ₁ (weights) and the gap: "
             f"{rho:+.2f} ({len(early)} runs; negative: the gap closes where λ₁ grows).", "",
