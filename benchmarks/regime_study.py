@@ -469,9 +469,9 @@ def deep_panels(finals: pd.DataFrame) -> list[str]:
                          "λ₁": cell(here["lambda1"].to_numpy()), "λ₁ at init": cell(here["lambda1_init"].to_numpy()),
                          "seed figure λ₁": f"{seed_values[list(panels(12)).index(name)]:.1f}",
                          "val bpb": cell(here["val_bpb"].to_numpy())})
-    return [*lines, "For the default recipe (Muon on W_Q, W_K too) at this depth, the repository's "
-            "benchmarks/results/figures/cpu_deep_muon_spectra_uncentered.png (scale study) shows λ₁ of 1.05–1.15 "
-            "for Standard MHA.", "", markdown_table(pd.DataFrame(rows), 2), ""]
+    return [*lines, "The default recipe (Muon on W_Q, W_K too) at this depth is drawn in "
+            "benchmarks/results/figures/cpu_deep_muon_spectra_uncentered.png (benchmarks/results/scale_study.md).",
+            "", markdown_table(pd.DataFrame(rows), 2), ""]
 
 
 def averaged_updates_default(finals: pd.DataFrame) -> float:
