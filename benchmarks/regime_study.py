@@ -400,14 +400,16 @@ def first_screen(finals: pd.DataFrame, sentence: str) -> str:
     top_axis = next(a for a in AXES if top in a.points)
     tried = ", ".join(a.name for a in AXES if a.x is not None and
                       any(f in under_muon and f != DEFAULT_POINT for f in a.points))
+    muon_clause = (f"under Muon no other setting we could train on two cores ({tried}) took it past "
+                   f"{under_muon[top]:.2f} ({top_axis.name}: {top_axis.points[top]})" if tried else
+                   "no other setting could be trained on two cores in time")
     return (f"Our weights-view spectra are not the paper's Fig. 11: trained as `make demo` trains them, Standard "
             f"MHA's first eigenvalue at L = 0 is {default:.2f} ({init:.2f} at random initialisation; the seed figure "
             f"shows {SEED_MHA_EARLY:.1f}), so the heads' QK forms share almost no direction. The cause we found is "
             f"Muon on W_Q and W_K at our scale: with AdamW on those two matrices only (Muon elsewhere) it is "
             f"{adamw_qk:.2f} and with AdamW everywhere {adamw:.2f} (validation {bpb[NOT_MUON_QK[1]]:.2f} and "
-            f"{bpb[NOT_MUON_QK[0]]:.2f} bits per byte against Muon's {bpb[DEFAULT_POINT]:.2f}), while under Muon no "
-            f"setting we could train on two cores ({tried}) took it past {under_muon[top]:.2f} ({top_axis.name}: "
-            f"{top_axis.points[top]}); {sentence}.")
+            f"{bpb[NOT_MUON_QK[0]]:.2f} bits per byte against Muon's {bpb[DEFAULT_POINT]:.2f}), while {muon_clause}; "
+            f"{sentence}.")
 
 
 def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, root: Path) -> str:
