@@ -62,9 +62,9 @@ ROLES = {"standard-mha": "MHA", "mqa": "MQA"}
 # equally weighted updates of 524,288 tokens (if nanochat's Muon decays; without decay, ~190k steps: more)
 PAPER_AVERAGED_UPDATES = 2 / (0.02 * 0.1)
 PAPER_TOKENS_AVERAGED = PAPER_AVERAGED_UPDATES * 524_288
-# The paper's depth and panels (cpu-deep: 12 layers of 6 heads, d_h 16) with AdamW on W_Q, W_K: one seed
+# The paper's depth and panels (cpu-deep: 12 layers of 6 heads, d_h 16) with AdamW on W_Q, W_K
 DEEP_POINT = "deep_muon_qk/x1-muon_qkFalse"
-DEEP_COMMAND = ("nice -n 19 python -m headlab sweep --preset cpu-deep --only mha mqa --jobs 2 --seeds 1 "
+DEEP_COMMAND = ("nice -n 19 python -m headlab sweep --preset cpu-deep --only mha mqa --jobs 2 --seeds 3 "
                 "--out ROOT/deep_muon_qk --set muon_qk=false")
 NOT_MUON_QK = ("optimizer/x1-optimizeradamw", "muon_qk/x1-muon_qkFalse-snapshot_every100")
 PAPER = {"tokens_per_step": 524_288, "tokens_per_parameter": 100e9 / 128e6, "head_dim": 128, "d_model": 768,
@@ -367,12 +367,14 @@ def draw_figure(finals: pd.DataFrame, path: Path) -> str:
                 colours.append("tab:blue")
     for i, (v, c) in enumerate(zip(values, colours)):
         right.scatter(v, [i] * len(v), color=c, s=14)
-        right.plot([v.mean()] * 2, [i - 0.3, i + 0.3], color=c)
+        right.plot([v.mean()] * 2, [i - 0.2, i + 0.2], color=c)
     right.axvline(SEED_MHA_EARLY, color="black", ls="--")
     right.axvline(1.0, color="grey", ls=":")
     right.axvline(init, color="tab:green", ls="-.", lw=0.8)
     right.set_yticks(range(len(labels)), labels, fontsize=7)
     right.invert_yaxis()
+    right.text(SEED_MHA_EARLY, -0.45, " seed figure", fontsize=7, va="bottom", ha="right")
+    right.text(init, -0.45, " random init", fontsize=7, va="bottom", color="tab:green")
     right.set_xlabel("λ₁ of Standard MHA, L = 0 (dots: seeds, bar: mean)")
     right.set_title("Every point, each differing from the default in one setting")
     fig.tight_layout()
