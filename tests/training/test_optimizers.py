@@ -7,7 +7,7 @@ from torch.optim._muon import _zeropower_via_newtonschulz
 
 from headlab.model.config import preset
 from headlab.model.gpt import GPT
-from headlab.training.config import TrainConfig
+from headlab.training.config import TrainConfig, train_preset
 from headlab.training.optimizers import HeadwiseMuon, is_lrkv_factor, make_optimizers, orthogonalize
 
 TINY = TrainConfig(steps=4, batch_size=2)
@@ -97,3 +97,8 @@ def test_muon_leaves_exactly_the_query_and_key_matrices_to_adamw_when_asked(fami
     assert all(default[n] == ("Muon", 0.1) and split[n] == ("AdamW", 0.1) for n in moved)
     with pytest.raises(ValueError, match="muon_qk"):
         TINY.replace(muon_qk=False)  # AdamW's recipe has no Muon to take them from
+
+
+def test_the_adamw_qk_preset_is_cpu_small_with_adamw_on_its_query_and_key_matrices():
+    assert all(preset("cpu-small-adamw-qk", f) == preset("cpu-small", f) for f in ("mha", "mqa", "lrkv", "mla", "gqa"))
+    assert train_preset("cpu-small-adamw-qk") == train_preset("cpu-small", muon_qk=False)
