@@ -428,7 +428,9 @@ def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, 
              f"Every point is a `cpu-small` study (4 layers of 6 heads, d_h 32, d_model 128, bytes of Shakespeare) "
              f"that differs from the default point (`{DEFAULT_POINT}`: Muon + AdamW split, 16 x 64 tokens a step, "
              "900 steps, weight decay 0.1) in one setting. ROOT is the folder the sweeps were written to "
-             f"(here `{root}`); the commands ran from the h36regime branch's code. The default point and the "
+             f"(here `{root}`). The optimizer axis (and with it the default point) ran from main at 91a3e0b, every "
+             "other command from this branch at 7cb5876 (`git archive`d, run with PYTHONPATH on the copy), which adds "
+             "TrainConfig.muon_qk and leaves every default unchanged. The default point and the "
              "optimizer axis:", "", f"    {SWEEP} --out ROOT/optimizer --set optimizer=adamw,muon", "",
              "This page (it trains nothing, reads every finished run):", "",
              f"    python benchmarks/regime_study.py page --root ROOT --out {out}", "",
