@@ -449,8 +449,8 @@ def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, 
             lines += [axis.note + ".", ""]
         rows = axis_rows(axis, finals)
         if not set(finals["point"]) & (set(axis.points) - {DEFAULT_POINT}):
-            lines += ["Not trained in time: the shared CPU ran a Muon run in 300–1,000 s, so this axis has only the default "
-                      "point (in the optimizer table).", ""]
+            lines += ["Not trained in time: the shared CPU ran a Muon run in 300–1,000 s, so this axis has only the "
+                      "default point (in the optimizer table).", ""]
             continue
         lines += [markdown_table(pd.DataFrame(rows), 2), ""]
         separations = [{"setting": value, **{f"MQA − MHA, λ₁ {name} (L={layer})": separation(finals, folder, layer)
