@@ -225,6 +225,9 @@ PRESETS: dict[str, ModelConfig] = {
     # 64-byte context: half the tokens of 128 and under half the step time, so `make demo`
     # trains three seeds of the six variants in its budget; losses stay under 2.0 nats/byte.
     "cpu-small": ModelConfig(seq_len=64),
+    # cpu-small trained with AdamW on W_Q, W_K (TrainConfig.muon_qk False): the regime in which the weights view
+    # has a dominant first eigenvalue, as the paper's Fig. 11 does (benchmarks/results/regime_study.md)
+    "cpu-small-adamw-qk": ModelConfig(seq_len=64),
     # The paper's depth and head count on a CPU: 12 layers of 6 heads (d_h = 16, d_model 96), so the
     # flagship figure has the paper's panels L = 0, 6, 11; 3 seeds x 6 variants in about 30 minutes.
     "cpu-deep": ModelConfig(seq_len=64, n_layer=12, n_head=6, d_model=96, head_dim=16, rope_head_dim=8),

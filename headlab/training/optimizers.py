@@ -11,6 +11,11 @@ Which parameter goes where (`TrainConfig.optimizer`):
          whole, like the stacked per-head query weights. AdamW for the embedding (embedding_lr), the
          head (unembedding_lr) and the rest (lr: norms, and LRKV's 3-D B tensors), without decay.
 
+One option of the split, for the question of what Muon does to the QK forms A_h = W^Q_h W^K_hᵀ:
+  muon_qk False             the matrices that only form queries or keys (`is_qk_matrix`) by AdamW at
+                            lr with weight decay, as under the AdamW recipe; Muon keeps V, O, the
+                            MLP and MLA's joint key/value latents (wkv_a, wkv_b), which feed values too.
+
 Two options of the LRKV factors, for the question of what the recipe does to their heads:
   lrkv_factor_decay False   no weight decay on U_h or B_h, wherever the recipe would apply it (an
                             L2 penalty on both factors of U_h B_hᵀ acts on the product like a
@@ -31,6 +36,10 @@ from headlab.training.config import TrainConfig
 ADAM_BETAS = (0.9, 0.95)
 LRKV_FACTORS = (".u_k.weight", ".u_v.weight", ".b_k", ".b_v")
 LRKV_B = (".b_k", ".b_v")
+# the 2-D matrices that only form queries or keys: MHA/GQA/MQA and LRKV queries and keys (LRKV's
+# shared key and U^K), MLA's queries (one matrix or the two of its query latent)
+QK_MATRICES = (".attn.c_q.weight", ".attn.c_k.weight", ".attn.k_shared.weight", ".attn.u_k.weight",
+               ".attn.wq.weight", ".attn.wq_a.weight", ".attn.wq_b.weight")
 # The quintic Newton–Schulz coefficients of torch.optim.Muon (its defaults), so per-head Muon
 # orthogonalises exactly as the 2-D Muon does.
 NEWTON_SCHULZ = (3.4445, -4.7750, 2.0315)
@@ -41,6 +50,11 @@ MUON_MOMENTUM = 0.95
 def is_muon_matrix(name: str, parameter: torch.Tensor) -> bool:
     """Whether Muon (not AdamW) updates this parameter: the blocks' 2-D weights."""
     return name.startswith("blocks.") and parameter.dim() == 2
+
+
+def is_qk_matrix(name: str) -> bool:
+    """Whether a parameter is a matrix that only forms queries or keys (`QK_MATRICES`)."""
+    return name.endswith(QK_MATRICES)
 
 
 def is_lrkv_factor(name: str) -> bool:
@@ -148,19 +162,25 @@ def _build_optimizers(model: GPT, config: TrainConfig) -> list[torch.optim.Optim
                   {"params": [p for n, p in named if p.dim() < 2], "weight_decay": 0.0}]
         return [torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=ADAM_BETAS, fused=True)]
     factor_decay = config.weight_decay if config.lrkv_factor_decay else 0.0
-    muon_groups = [{"params": [p for n, p in named if is_muon_matrix(n, p) and not separate(n)],
-                    "weight_decay": config.weight_decay},
-                   {"params": [p for n, p in named if is_muon_matrix(n, p) and separate(n)], "weight_decay": 0.0}]
+    by_adamw = (lambda n: is_qk_matrix(n)) if not config.muon_qk else (lambda n: False)
+    muon = [(n, p) for n, p in named if is_muon_matrix(n, p) and not by_adamw(n)]
+    muon_groups = [{"params": [p for n, p in muon if not separate(n)], "weight_decay": config.weight_decay},
+                   {"params": [p for n, p in muon if separate(n)], "weight_decay": 0.0}]
+    qk = [(n, p) for n, p in named if is_muon_matrix(n, p) and by_adamw(n)]
     headwise = [p for n, p in named if n.endswith(LRKV_B)] if config.lrkv_b_optimizer == "muon" else []
-    routed = {id(p) for g in muon_groups for p in g["params"]} | {id(p) for p in headwise}
+    routed = {id(p) for g in muon_groups for p in g["params"]} | {id(p) for p in headwise} | {id(p) for _, p in qk}
     other = [p for n, p in named if id(p) not in routed and not n.startswith(("wte.", "lm_head."))]
     adam_groups = [
         {"params": list(model.wte.parameters()), "lr": config.embedding_lr, "weight_decay": 0.0},
         {"params": list(model.lm_head.parameters()), "lr": config.unembedding_lr, "weight_decay": 0.0},
         {"params": other, "lr": config.lr, "weight_decay": 0.0},
+        {"params": [p for n, p in qk if not separate(n)], "lr": config.lr, "weight_decay": config.weight_decay},
+        {"params": [p for n, p in qk if separate(n)], "lr": config.lr, "weight_decay": 0.0},
     ]
     optimizers = [Muon([g for g in muon_groups if g["params"]], lr=config.matrix_lr, weight_decay=config.weight_decay),
-                  torch.optim.AdamW(adam_groups, betas=ADAM_BETAS, fused=True)]
+                  # the QK groups only when filled, so a run saved by the default recipe resumes
+                  torch.optim.AdamW(adam_groups[:3] + [g for g in adam_groups[3:] if g["params"]], betas=ADAM_BETAS,
+                                    fused=True)]
     if headwise:
         optimizers.append(HeadwiseMuon(headwise, lr=config.matrix_lr, weight_decay=factor_decay))
     return optimizers

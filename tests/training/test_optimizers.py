@@ -7,7 +7,7 @@ from torch.optim._muon import _zeropower_via_newtonschulz
 
 from headlab.model.config import preset
 from headlab.model.gpt import GPT
-from headlab.training.config import TrainConfig
+from headlab.training.config import TrainConfig, train_preset
 from headlab.training.optimizers import HeadwiseMuon, Muon, is_lrkv_factor, make_optimizers, orthogonalize
 
 TINY = TrainConfig(steps=4, batch_size=2)
@@ -112,3 +112,22 @@ def test_muon_batched_by_shape_is_the_per_matrix_update_and_torchs():
     assert all(torch.allclose(p, q, atol=2e-3) for p, q in zip(batched, torchs))
     assert torch.equal(batched[-1], start[-1])  # no gradient: not touched, not even decayed
     assert not torch.allclose(batched[0], start[0], atol=1e-2)
+
+
+@pytest.mark.parametrize("family", ["mha", "mqa", "lrkv", "mla"])
+def test_muon_leaves_exactly_the_query_and_key_matrices_to_adamw_when_asked(family):
+    model = GPT(preset("tiny", family))
+    default = routes(model, make_optimizers(model, TINY.replace(optimizer="muon")))
+    split = routes(model, make_optimizers(model, TINY.replace(optimizer="muon", muon_qk=False)))
+    moved = {n for n in default if split[n] != default[n]}
+    queries_keys = {"mha": ("c_q", "c_k"), "mqa": ("c_q", "c_k"), "lrkv": ("c_q", "k_shared", "u_k"),
+                    "mla": ("wq",)}[family]
+    assert moved == {f"blocks.{i}.attn.{m}.weight" for i in range(model.config.n_layer) for m in queries_keys}
+    assert all(default[n] == ("Muon", 0.1) and split[n] == ("AdamW", 0.1) for n in moved)
+    with pytest.raises(ValueError, match="muon_qk"):
+        TINY.replace(muon_qk=False)  # AdamW's recipe has no Muon to take them from
+
+
+def test_the_adamw_qk_preset_is_cpu_small_with_adamw_on_its_query_and_key_matrices():
+    assert all(preset("cpu-small-adamw-qk", f) == preset("cpu-small", f) for f in ("mha", "mqa", "lrkv", "mla", "gqa"))
+    assert train_preset("cpu-small-adamw-qk") == train_preset("cpu-small", muon_qk=False)
