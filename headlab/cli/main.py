@@ -10,6 +10,7 @@ import traceback
 
 from headlab.cli import commands
 from headlab.cli.parser import DEBUG_ENV, parse_arguments, printable
+from headlab.io.files import silence_stdout
 from headlab.training.distributed import FailedOnAnotherRank, abandon, in_process_group, launched_processes
 
 
@@ -38,7 +39,7 @@ def run(args) -> int:
         status = _say(error, "interrupted; a run folder resumes from its last checkpoint (--resume)", EXIT_INTERRUPTED,
                       debug)
     except BrokenPipeError:  # stdout closed by its reader: not a disk problem, nothing to say
-        _silence_stdout()
+        silence_stdout()
         return EXIT_CLOSED_OUTPUT
     except USER_ERRORS as error:  # bad values (also inside parsed JSON), files, folders in use, full disks
         if debug and not in_process_group():
@@ -52,13 +53,6 @@ def run(args) -> int:
     if in_process_group():  # the other ranks may never reach the exit barrier: end now
         abandon(status)
     return status
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null, so that flushing it at exit does not fail a second time."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):  # no descriptor (a captured stdout): nothing is flushed to a pipe
-        pass
 
 def _say(error: BaseException, message: str, status: int, debug: bool) -> int:
     """Print `message` (or, with --debug under torchrun, the traceback) if this process reports

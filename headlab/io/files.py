@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import stat
+import sys
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -244,3 +245,12 @@ def remove_verified(path: Path, entry: dict) -> bool:
 def open_new(path: Path) -> BinaryIO:
     """`path`, a new file opened for writing: never one already there, never through a link."""
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666), "wb")
+
+
+def silence_stdout() -> None:
+    """Point this process's stdout at /dev/null, so that flushing it at exit does not fail a second
+    time after its reader went away (`headlab analyze ... | head -1`)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no descriptor (a captured stdout): nothing is flushed to a pipe
+        pass
