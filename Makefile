@@ -45,7 +45,7 @@ docs: $(STAMP)
 # `make test-explore` runs the suite with new draws each time. Pin a draw that fails as an @example.
 test: $(STAMP) browser
 	$(VENV)/bin/ruff check headlab tests benchmarks scripts notebooks/*.py
-	$(PY) -m pytest -q -n 2 --dist loadgroup --nbmake tests $(wildcard notebooks/*.ipynb)
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 --nbmake tests $(wildcard notebooks/*.ipynb)
 
 test-explore:
 	HEADLAB_EXPLORE=1 $(MAKE) test
