@@ -358,7 +358,7 @@ def draw_figure(finals: pd.DataFrame, path: Path) -> str:
     left.set_xscale("log", base=2)
     left.set_xlabel(best.x.replace("_", " ") + " (log scale)")
     left.set_ylabel("first eigenvalue λ₁, uncentred, L = 0")
-    left.set_title(f"The numeric setting that moves λ₁ most: {best.name}")
+    left.set_title(f"The numeric setting that moves λ₁ most:\n{best.name}", fontsize=10)
     left.legend(fontsize=7, loc="center right")
     labels, values, colours = ["default (make demo's recipe)"], [mha[mha["point"] == DEFAULT_POINT]["lambda1"]], \
         ["tab:orange"]
@@ -424,8 +424,8 @@ def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, 
     sentence = draw_figure(finals, figure)
     lines = ["# Regime study: when does the weights view get a dominant first eigenvalue? (issue 36)", "",
              "## README first screen (proposed)", "", first_screen(finals, sentence), "",
-             f"The setting that moves Standard MHA's λ₁ at L = 0 most: {best.name} (by {move:.2f} between its "
-             "points).", "", *preset_check(finals),
+             f"The axis that moves Standard MHA's λ₁ at L = 0 most, by {move:.2f} between its points: "
+             f"“{best.name.removesuffix(' by')}”.", "", *preset_check(finals),
              f"![first eigenvalue against the axis that moves it most]({figure.relative_to(out.parent)})", "",
              "## How these numbers were made", "",
              f"Every point is a `cpu-small` study (4 layers of 6 heads, d_h 32, d_model 128, bytes of Shakespeare) "
