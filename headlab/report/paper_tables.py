@@ -119,7 +119,11 @@ def recipe_text(meta: dict) -> str:
     else:
         b = ("B_h by per-head Muon" if train["lrkv_b_optimizer"] == "muon"
              else "LRKV's 3-D B_h and the norms by AdamW at lr " + f"{train['lr']:g}" + " without decay")
-        text = (f"Trained with the paper's split: Muon on the blocks' matrices (lr {train['matrix_lr']:g}, weight "
+        # muon_qk is absent from tables written before it was an option: Muon trained W_Q, W_K then
+        blocks = ("the blocks' matrices" if train.get("muon_qk", True) else
+                  f"the blocks' matrices but W_Q, W_K (AdamW there, lr {train['lr']:g}, weight decay "
+                  f"{train['weight_decay']:g}: not the paper's recipe)")
+        text = (f"Trained with the paper's split: Muon on {blocks} (lr {train['matrix_lr']:g}, weight "
                 f"decay {train['weight_decay']:g}), AdamW on the embedding (lr {train['embedding_lr']:g}) and the "
                 f"head (lr {train['unembedding_lr']:g}), {b}{factors}")
     text += f"; {train['warmup_steps']} warmup steps, cosine decay to {train['min_lr_ratio']:g} of the peak, " \

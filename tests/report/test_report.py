@@ -330,6 +330,9 @@ def test_the_report_states_the_training_recipe_and_what_changed_from_the_preset(
     text = headlab.report.writer.recipe_text(muon)
     assert "Muon on the blocks' matrices (lr 0.02" in text and "no weight decay on LRKV's factors" in text
     assert text.endswith("Changed from the preset `tiny`: `optimizer = muon`, `lrkv_factor_decay = False`.")
+    qk_by_adamw = headlab.report.writer.recipe_text({**muon, "train": {**muon["train"], "muon_qk": False}})
+    assert "Muon on the blocks' matrices but W_Q, W_K (AdamW there, lr 0.003, weight decay 0.1: not the paper's " \
+        "recipe) (lr 0.02" in qk_by_adamw
 
 
 def test_reproduce_set_replaces_preset_settings_and_records_them(tmp_path, capsys):
