@@ -10,6 +10,7 @@ record them (checked against this checkout's, since tables of other settings wou
 used), the commits and headlab version that trained them, and a one-line note the notebooks print.
 
     python scripts/ship_demo_tables.py --add-init        # shipped tables older than init_spectra, init_summary
+    python scripts/ship_demo_tables.py --rekey           # after TrainConfig gained fields that keep their defaults
 
 adds the random-initialisation baseline to shipped tables written before a study made it, without their
 runs: each run's step-0 weights are its config's draw with its seed (`headlab.study.tables.initial_weights`),
@@ -18,15 +19,18 @@ checked against the step-0 rows of the shipped snapshot_summary (the runs' own s
 import argparse
 import json
 import sys
+from dataclasses import asdict, fields
 from datetime import date
 from pathlib import Path
 
 import numpy as np
 
 from headlab.io import read_regular
+from headlab.runs.layout import EXECUTION_FIELDS
 from headlab.study.study import Study, StudyRun, settings_digest, settings_key
 from headlab.study.table_files import SHIPPED, StudyTables, read_study_tables, write_study_tables
 from headlab.study.tables import init_tables
+from headlab.training.config import TrainConfig
 
 LIMIT_BYTES = 3 << 20  # the package stays small: a wheel with the tables, not a data set
 
@@ -76,16 +80,44 @@ def add_init(destination: Path) -> StudyTables:
     return read_study_tables(destination)
 
 
+def rekey(destination: Path) -> StudyTables:
+    """Record today's settings_key in the shipped tables of `destination` when their runs were trained
+    with today's settings before TrainConfig gained fields: the recorded key must equal the digest of
+    today's settings without the fields the recorded recipe (meta["train"]) lacks, each of which must
+    hold its default today (the runs trained as that default does). Returns the tables as read back."""
+    tables = read_study_tables(destination)
+    meta = tables.meta
+    study = Study(meta["preset"], meta["steps"], destination / "no-runs")
+    today = asdict(study.train_config(0))
+    elsewhere = ("steps", "seed", *EXECUTION_FIELDS)  # the study's meta records these apart from its recipe
+    added = [name for name in today if name not in meta["train"] and name not in elsewhere]
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    if any(today[name] != defaults[name] for name in added):
+        raise ValueError(f"fields added since the demo study was trained ({', '.join(added)}) do not all hold their "
+                         "defaults in its preset: train and ship the study again (make demo, make ship-demo)")
+    before = settings_digest([[config.to_dict(), {k: v for k, v in today.items() if k not in added}]
+                              for config in study.variants])
+    if before != meta["shipped"]["settings_key"]:
+        raise ValueError(f"the shipped tables were trained with other settings ({meta['shipped']['settings_key']} != "
+                         f"{before}): train and ship the study again (make demo, make ship-demo)")
+    shipped = {**meta["shipped"], "settings_key": settings_key(study.preset, study.steps)}
+    write_study_tables(StudyTables(tables.tables, {**meta, "shipped": shipped}), destination)
+    return read_study_tables(destination)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("study", type=Path, nargs="?", help="a finished study folder (headlab reproduce --out)")
+    parser.add_argument("--rekey", action="store_true",
+                        help="record today's settings key in the shipped tables after TrainConfig gained fields "
+                             "that hold their defaults (checked), instead (no study)")
     parser.add_argument("--add-init", action="store_true",
                         help="add the random-initialisation baseline to the shipped tables instead (no study)")
     args = parser.parse_args()
-    if args.add_init == (args.study is not None):
-        parser.error("give a study folder, or --add-init, not both")
+    if args.add_init + args.rekey + (args.study is not None) != 1:
+        parser.error("give one of: a study folder, --add-init, --rekey")
     try:
-        shipped = add_init(SHIPPED) if args.add_init else ship(args.study, SHIPPED)
+        shipped = add_init(SHIPPED) if args.add_init else rekey(SHIPPED) if args.rekey else ship(args.study, SHIPPED)
     except (ValueError, OSError) as error:
         print(f"ship_demo_tables: error: {error}", file=sys.stderr)
         sys.exit(2)
