@@ -31,8 +31,6 @@ def save_tables(folder: str | Path, tables: dict[str, pd.DataFrame], manifest: s
         written.remove_leftovers()
         earlier = written.meta.get("tables", {}) if isinstance(written.meta.get("tables"), dict) else {}
         names = {f"{name}.csv": table for name, table in tables.items()}
-        written.discard = [name for name in names if name not in written.files]  # a kill leaves their temporaries
-        written.save()
         written.write_all({name: lambda file, table=table: file.write(table.to_csv(index=False).encode())
                            for name, table in names.items()})
         for name in earlier:
