@@ -11,6 +11,7 @@ shift per run, metric and table (a run's trajectory moves as a whole, not layer 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -74,3 +75,15 @@ def test_machine_noise_moves_no_verdict_of_the_shipped_study(shipped, copy):
     noisy = moved(shipped, np.random.default_rng(copy))
     assert not noisy["training"]["val_loss"].equals(shipped["training"]["val_loss"])
     assert verdict_sentences(noisy) == verdict_sentences(shipped)
+
+
+FRESH_DEMO = Path(__file__).resolve().parents[2] / "runs" / "reproduce"  # where `make demo` writes
+
+
+@pytest.mark.skipif(not (FRESH_DEMO / "study.json").is_file(),
+                    reason="no make demo study in runs/reproduce: run `make demo` before `make test` to compare "
+                           "its verdicts with the shipped ones")
+def test_a_fresh_make_demo_states_the_shipped_verdicts(shipped):
+    """The real thing the noisy copies stand in for: the study `make demo` trained on this machine
+    gives every verdict the shipped study gives (its numbers may differ within the margins)."""
+    assert verdict_sentences(read_study_tables(FRESH_DEMO)) == verdict_sentences(shipped)
