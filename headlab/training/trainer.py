@@ -153,7 +153,8 @@ def repetition_note(train_config: TrainConfig, seq_len: int, corpus: Corpus) -> 
 
 
 def train(model_config: ModelConfig, train_config: TrainConfig | None = None, data: Corpus | str = "synthetic",
-          out: str | Path | None = None, resume: bool = False, progress: bool = True) -> Run:
+          out: str | Path | None = None, resume: bool = False, progress: bool = True,
+          observe: Callable[[torch.nn.Module, int], None] | None = None) -> Run:
     """Train a GPT and return the `Run` (model, configs, metrics).
 
     With `out`, the run folder receives config.json, metrics.jsonl as it goes, and a checkpoint
@@ -164,6 +165,11 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
     exactly. A NaN/inf loss raises `TrainingDiverged` and leaves the last good checkpoint in place;
     a final validation loss worse than a uniform guess makes `Run.diverged` say so. Either is
     recorded in the run folder's manifest (`headlab.runs.divergence`).
+
+    `observe(model, step)`, if given, is called on the main process at each snapshot step s (the
+    weights after s updates, `TrainConfig.snapshot_every`) of the steps this call trains, in eval
+    mode under no_grad: a probe that measures what snapshots do not keep (the whole model at s).
+    It must neither change the model nor draw random numbers; training goes on exactly as without it.
     """
     train_config = train_config or TrainConfig()
     corpus = load_corpus(data) if isinstance(data, str) else data
@@ -185,7 +191,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
     ddp = join_process_group(device)
     with failing_alone(), RunFolder.open(out, model_config, train_config, corpus, resume, owner=ddp.is_main,
                                          together=lambda: together(ddp)) as folder:
-        return _train(model_config, train_config, corpus, device, ddp, folder, progress)
+        return _train(model_config, train_config, corpus, device, ddp, folder, progress, observe)
 
 
 def shard_per_block(model: GPT, train_config: TrainConfig) -> None:
@@ -211,7 +217,8 @@ def initial_model(model_config: ModelConfig, seed: int) -> GPT:
 
 
 def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus, device: torch.device,
-           ddp: Processes, folder: RunFolder, progress: bool) -> Run:
+           ddp: Processes, folder: RunFolder, progress: bool,
+           observe: Callable[[torch.nn.Module, int], None] | None = None) -> Run:
     model = initial_model(model_config, train_config.seed).to(device)  # the same on every rank, whatever their number
     sharded = ddp.world_size > 1 and train_config.parallel == "fsdp"
     if sharded:
@@ -256,6 +263,9 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
         if folder.snapshot_due(step):
             stop_if_diverged()
         folder.snapshot(model, step)
+        if observe is not None and ddp.is_main and folder.snapshot_due(step):
+            with eval_mode(model), torch.no_grad():
+                observe(model, step)
         _set_learning_rates(optimizers, learning_rate_factor(step, train_config))
         x, y = random_windows(corpus.train, train_config.batch_size, model_config.seq_len, generator)
         rows = slice(ddp.rank * local_batch, (ddp.rank + 1) * local_batch)

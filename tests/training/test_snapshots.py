@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 import headlab.model
-from headlab import TrainConfig, load_corpus, preset, train, train_preset
+from headlab import TrainConfig, load_corpus, load_run, preset, train, train_preset
 from headlab.analysis.similarity import analyze
 from headlab.analysis.snapshots import analyze_snapshots
 from headlab.cli.main import main
@@ -175,3 +175,27 @@ def test_a_rank_that_writes_no_snapshot_copies_no_tensor(tmp_path, monkeypatch):
                                                                                                        **kwargs))
     assert write_snapshot(tmp_path, model, step=0, every=100, write=False) is None
     assert copies == [] and not list(tmp_path.iterdir())
+
+
+def test_an_observer_sees_the_whole_model_at_each_snapshot_step_and_changes_nothing(tmp_path, corpus, reference):
+    """`train(observe=...)` is called at exactly the snapshot steps, in eval mode without autograd,
+    with the weights the snapshot of that step holds; the run it observes ends with the weights and
+    losses of the unobserved reference run."""
+    seen = {}
+
+    def observe(model, step):
+        assert not model.training and not torch.is_grad_enabled()
+        seen[step] = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+        model(torch.zeros(1, 4, dtype=torch.long))  # a probe's forward pass
+
+    run = train(preset("tiny", "lrkv"), RUN, corpus, out=tmp_path / "run", progress=False, observe=observe)
+    files = snapshot_files(reference)
+    assert list(seen) == list(files)
+    for step, path in files.items():
+        for name, tensor in load_file(path).items():
+            assert torch.equal(seen[step][name], tensor), (step, name)
+    assert set(seen[0]) == set(run.model.state_dict())  # the whole model, not the snapshot's part
+    unobserved = load_run(reference)
+    for name, tensor in unobserved.model.state_dict().items():
+        assert torch.equal(run.model.state_dict()[name], tensor), name
+    assert [r["val_loss"] for r in run.val_losses()] == [r["val_loss"] for r in unobserved.val_losses()]
