@@ -47,7 +47,7 @@ from headlab.study.study import Study
 from headlab.study.sweep import grid
 from headlab.study.tables import MOMENT_WINDOWS, validation_windows
 from headlab.training.runs import load_run
-from headlab.training.trainer import learning_rate_factor
+from headlab.training.trainer import learning_rate_factor, train
 
 PRESET = "cpu-small"
 THROUGH_TRAINING = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)  # fractions of a run shown in the through-training table
@@ -595,6 +595,40 @@ def train_points(args) -> None:
         study.train(args.seeds, progress=False, jobs=args.jobs)
 
 
+def through_training(args) -> None:
+    """Train one point's runs again with a probe (`train(observe=...)`) that measures, at each snapshot
+    step, λ₁ of the weights view and of the data-aware view on the whole model of that step; one
+    CSV per run under <out>/<point key>/through/ (the runs themselves are ordinary run folders)."""
+    point, = grid(PRESET, lengths=[args.length], fields=dict(args.set or []))
+    study = Study(PRESET, point.steps, args.out / point.key, model_overrides=point.model_overrides,
+                  train_overrides=point.train_overrides, only=tuple(args.only))
+    corpus = study.load_corpus()
+    make_folder(args.out / point.key / "through")
+    for seed in range(args.seeds):
+        for config in study.variants:
+            run_dir = study.run_folder(config, seed)
+            table = args.out / point.key / "through" / f"{run_dir.name}.csv"
+            if table.exists():
+                continue
+            windows = validation_windows(corpus, MOMENT_WINDOWS, config.seq_len)
+            rows = []
+
+            def probe(model, step):
+                weights = first_eigenvalues(analyze(model))
+                data = first_eigenvalues(analyze(model, measure="data", inputs=input_moments(model, windows)))
+                rows.append(weights[["layer", "lambda1"]].merge(
+                    data[["layer", "lambda1"]].rename(columns={"lambda1": "lambda1_data"}), on="layer")
+                    .assign(step=step))
+
+            run = train(config, study.train_config(seed), corpus, out=run_dir, resume=True, progress=False,
+                        observe=probe)
+            probe(run.model, run.step)
+            frame = pd.concat(rows, ignore_index=True).assign(role=ROLES[run_dir.name.rsplit("-seed", 1)[0]],
+                                                               seed=seed, steps=point.steps)
+            atomic_write_text(table, frame.to_csv(index=False))
+            print(f"  {point.key}/{run_dir.name}: {len(rows)} steps probed")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -606,13 +640,19 @@ def main() -> None:
     train.add_argument("--seeds", type=int, default=3)
     train.add_argument("--jobs", type=int, default=2)
     train.add_argument("--tokenizer", default="byte", help="byte or bpe:<vocab size> (headlab's BPE on the corpus)")
+    probe = commands.add_parser("through", help="train one point's runs again, probing both views at each snapshot")
+    probe.add_argument("--out", type=Path, required=True)
+    probe.add_argument("--set", type=sweep_values, action="append", metavar="FIELD=V1")
+    probe.add_argument("--length", type=float, default=1.0, help="the run's length, a multiple of the preset's")
+    probe.add_argument("--only", nargs="+", default=["mha", "mqa"])
+    probe.add_argument("--seeds", type=int, default=3)
     write = commands.add_parser("page", help="write the page from the finished runs")
     write.add_argument("--root", type=Path, required=True, help="the folder the sweeps were written to")
     write.add_argument("--out", type=Path, default=Path("benchmarks/results/regime_study.md"))
     args = parser.parse_args()
-    if args.command == "train":
+    if args.command in ("train", "through"):
         make_folder(args.out)
-        train_points(args)
+        (train_points if args.command == "train" else through_training)(args)
         return
     finals, throughs = point_tables(args.root, {})
     figure = args.out.parent / "figures" / "regime_first_eigenvalue.png"
