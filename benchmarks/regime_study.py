@@ -108,21 +108,21 @@ AXES = [
          (f"{TRAIN} --seeds 3 --out ROOT/length --lengths 0.25", f"{TRAIN} --seeds 2 --out ROOT/length --lengths 4")),
     Axis("weight decay", "decay_timescale", {"weight_decay/x1-weight_decay0": "0", DEFAULT_POINT: "0.1",
                                              "weight_decay/x1-weight_decay1": "1"},
-         (f"{TRAIN} --seeds 2 --out ROOT/weight_decay --set weight_decay=0",
-          f"{TRAIN} --seeds 2 --out ROOT/weight_decay --set weight_decay=1"),
+         (f"{TRAIN} --seeds 3 --out ROOT/weight_decay --set weight_decay=0",
+          f"{TRAIN} --seeds 3 --out ROOT/weight_decay --set weight_decay=1"),
          "decay timescale = weight decay x the sum over steps of Muon's lr: the e-folds by which decay alone "
          "would shrink a matrix over the run"),
     Axis("head width d_h", "head_dim", {"head_dim/x1-head_dim16": "16", DEFAULT_POINT: "32",
                                         "head_dim/x1-head_dim64": "64"},
-         (f"{TRAIN} --seeds 2 --out ROOT/head_dim --set head_dim=16",
-          f"{TRAIN} --seeds 2 --out ROOT/head_dim --set head_dim=64")),
+         (f"{TRAIN} --seeds 3 --out ROOT/head_dim --set head_dim=16",
+          f"{TRAIN} --seeds 3 --out ROOT/head_dim --set head_dim=64")),
     Axis("width d_model", "d_model", {DEFAULT_POINT: "128", "d_model/x1-d_model192": "192 = H x d_h"},
-         (f"{TRAIN} --seeds 2 --out ROOT/d_model --set d_model=192",)),
+         (f"{TRAIN} --seeds 3 --out ROOT/d_model --set d_model=192",)),
     Axis("context", "seq_len", {"seq_len/x1-seq_len32": "32", DEFAULT_POINT: "64", "seq_len/x1-seq_len128": "128"},
-         (f"{TRAIN} --seeds 2 --out ROOT/seq_len --set seq_len=32",
-          f"{TRAIN} --seeds 2 --out ROOT/seq_len --set seq_len=128")),
+         (f"{TRAIN} --seeds 3 --out ROOT/seq_len --set seq_len=32",
+          f"{TRAIN} --seeds 3 --out ROOT/seq_len --set seq_len=128")),
     Axis("vocabulary", None, {DEFAULT_POINT: "bytes (256)", "vocab/x1-bpe512": "BPE 512 (headlab's trainer)"},
-         (f"{TRAIN} --seeds 2 --out ROOT/vocab --tokenizer bpe:512",)),
+         (f"{TRAIN} --seeds 3 --out ROOT/vocab --tokenizer bpe:512",)),
 ]
 
 
@@ -460,7 +460,7 @@ def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, 
             lines += ["Separation of the methods in the weights view: MQA − MHA, paired by seed, 95% interval "
                       "('(noise)' where it includes 0):", "", markdown_table(pd.DataFrame(separations), 2), ""]
     lines += deep_panels(finals)
-    lines += mechanism(finals, throughs)
+    lines += mechanism(finals, throughs, root)
     return "\n".join(lines)
 
 
@@ -529,7 +529,7 @@ def averaged_updates_default(finals: pd.DataFrame) -> float:
     return float(finals[finals["point"] == DEFAULT_POINT]["averaged_updates"].iloc[0])
 
 
-def mechanism(finals: pd.DataFrame, throughs: pd.DataFrame) -> list[str]:
+def mechanism(finals: pd.DataFrame, throughs: pd.DataFrame, root: Path) -> list[str]:
     """Does the gap between the weights view and the data-aware view close where λ₁ grows?"""
     early = finals[finals["layer"] == 0]
     gap = early["lambda1_data"] - early["lambda1"]
@@ -579,8 +579,42 @@ def mechanism(finals: pd.DataFrame, throughs: pd.DataFrame) -> list[str]:
             f"{rho:+.2f} ({len(early)} runs; negative: the gap closes where λ₁ grows).", "",
             markdown_table(points.sort_values("weights"), 2), "",
             "Through training: λ₁ of the weights view at L = 0 at the snapshot nearest each fraction of the run, "
-            "mean over seeds (the data-aware view needs the whole model, which snapshots do not keep):", "",
-            markdown_table(steps, 2), ""]
+            "mean over seeds (from the snapshots, which keep the attention weights only):", "",
+            markdown_table(steps, 2), "", *probed_through_training(root)]
+
+
+PROBED = {"through_default/x1-optimizermuon": "Muon (default)", "through_muon_qk/x1-muon_qkFalse": "AdamW on W_Q, W_K"}
+PROBE = "nice -n 19 python benchmarks/regime_study.py through --only mha --seeds 3"
+PROBE_COMMANDS = (f"{PROBE} --out ROOT/through_default --set optimizer=muon",
+                  f"{PROBE} --out ROOT/through_muon_qk --set muon_qk=false")
+
+
+def probed_through_training(root: Path) -> list[str]:
+    """Both views through training at L = 0, from the `through` runs' probes (the whole model at each
+    snapshot step), per setting: means over seeds at fractions of the run, and whether the gap closes
+    as λ₁ grows (Spearman over every probed step and seed)."""
+    frames = [pd.read_csv(table).assign(setting=name) for folder, name in PROBED.items()
+              for table in sorted((root / folder / "through").glob("*.csv"))]
+    lines = ["Both views through training (MHA, L = 0): the same runs retrained with a probe that reads the whole "
+             "model at each snapshot step:", "", *(f"    {c}" for c in PROBE_COMMANDS), ""]
+    if not frames:
+        return [*lines, "No probed runs yet.", ""]
+    probed = pd.concat(frames, ignore_index=True)
+    early = probed[probed["layer"] == 0].assign(gap=lambda t: t["lambda1_data"] - t["lambda1"])
+    rows, sentences = [], []
+    for setting, runs in early.groupby("setting", sort=False):
+        means = runs.groupby("step")[["lambda1", "lambda1_data", "gap"]].mean()
+        last = means.index.max()
+        for fraction in THROUGH_TRAINING:
+            step = means.index[int(np.abs(means.index - fraction * last).argmin())]
+            rows.append({"setting": setting, "seeds": runs["seed"].nunique(), "step": step,
+                         "weights λ₁": means.loc[step, "lambda1"], "data-aware λ₁": means.loc[step, "lambda1_data"],
+                         "gap": means.loc[step, "gap"]})
+        rho = float(np.corrcoef(runs["lambda1"].rank(), runs["gap"].rank())[0, 1])
+        sentences.append(f"{setting}: {rho:+.2f} over {len(runs)} probed steps")
+    return [*lines, markdown_table(pd.DataFrame(rows), 2), "",
+            "Spearman correlation between the weights view's λ₁ and the gap, over every probed step and seed "
+            f"(negative: the gap closes as λ₁ grows): {'; '.join(sentences)}.", ""]
 
 
 def train_points(args) -> None:
