@@ -288,7 +288,9 @@ def add_plan_arguments(parser, tokens: bool = True) -> None:
     parser.add_argument("--plan-gpus", metavar="NxGPU",
                         help="plan for these GPUs instead of the visible devices, e.g. 8xH100")
     parser.add_argument("--plan-mfu", type=positive_float, default=0.4, metavar="F",
-                        help="assumed model FLOPs utilisation (default: %(default)s)")
+                        help="assumed model FLOPs utilisation (default: %(default)s, the target of the compiled "
+                             "step a GPU runs by default; an eager one, --compile off, runs well below it: "
+                             "give its own)")
     parser.add_argument("--plan-peak-tflops", type=positive_float, metavar="TFLOPS",
                         help="peak TFLOP/s per device (default: the data-sheet table, or measured)")
     if tokens:
