@@ -354,8 +354,8 @@ def train_variants(preset: str, steps: int, batch_size: int, log_every: int, dev
     peak on CUDA (`PeakMemory`) and the recompilations torch.compile logged (`RecompileLog`)."""
     corpus = load_corpus("synthetic", tokenizer="byte")
     config = train_preset(preset, steps=steps, batch_size=batch_size, warmup_steps=max(1, steps // 10),
-                          dtype="bfloat16", compile=device == "cuda", device=device, log_every=log_every,
-                          eval_every=steps, eval_batches=2, checkpoint_every=steps)
+                          dtype="bfloat16", compile="inductor" if device == "cuda" else "off", device=device,
+                          log_every=log_every, eval_every=steps, eval_batches=2, checkpoint_every=steps)
     if optimizer:
         config = config.replace(optimizer=optimizer)
     runs, seen = {}, {}

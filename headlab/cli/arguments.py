@@ -9,7 +9,15 @@ from pathlib import Path
 
 from headlab.model.config import DTYPE_BYTES, PRESETS, ModelConfig
 from headlab.schema import ALL_CIRCUITS, CIRCUITS, FAMILIES, MEASURES, MLA_ROPE, ROLES
-from headlab.training.config import DTYPES, OPTIMIZERS, PARALLEL, TRAIN_PRESETS, UNSWEPT_TRAIN_FIELDS, TrainConfig
+from headlab.training.config import (
+    DTYPES,
+    GPU_BACKEND,
+    OPTIMIZERS,
+    PARALLEL,
+    TRAIN_PRESETS,
+    UNSWEPT_TRAIN_FIELDS,
+    TrainConfig,
+)
 
 CONFIG_OVERRIDES = ("n_kv_head", "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "seq_len")
 CONFIG_HELP = {
@@ -155,7 +163,7 @@ def train_arguments(train: argparse.ArgumentParser) -> None:
         options = {"choices": choices[name]} if name in choices else {"type": kind, "metavar": metavar}
         train.add_argument("--" + name.replace("_", "-"), dest=name, **options,
                            help=f"{text} (default: the preset's; {DEFAULT_PRESET}: {getattr(small, name)})")
-    train.add_argument("--compile", action="store_true", help="torch.compile the model (GPU only)")
+    compile_argument(train)
     train.add_argument("--out", metavar="DIR", help="run folder (default: none, nothing is saved)")
     train.add_argument("--resume", action="store_true",
                        help="continue the run in --out from its last checkpoint (or from step 0 if it has none)")
@@ -214,9 +222,17 @@ def preset_defaults(field: str) -> str:
     return "; ".join(f"{value}: {', '.join(names)}" for value, names in presets.items())
 
 
+def compile_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--compile", nargs="?", const=GPU_BACKEND, metavar="BACKEND",
+                        help=f"torch.compile with BACKEND on any device: {GPU_BACKEND} (the default of a bare "
+                             "--compile), aot_eager (no code generation, CPU-cheap), ...; or off (eager). Without "
+                             f"it: {GPU_BACKEND} on a GPU that can run it (eager, after one line, if compiling "
+                             "fails), eager elsewhere")
+
+
 def reproduce_arguments(reproduce: argparse.ArgumentParser) -> None:
     reproduce.add_argument("--out", default="runs/reproduce", metavar="DIR", help="study folder (default: %(default)s)")
-    reproduce.add_argument("--compile", action="store_true", help="torch.compile every model (GPU only)")
+    compile_argument(reproduce)
     reproduce.add_argument("--optimizer", choices=OPTIMIZERS,
                            help="muon (Muon on block matrices + AdamW elsewhere, DDP only) or adamw (needed by "
                                 f"--parallel fsdp) (default: the preset's; {preset_defaults('optimizer')})")
@@ -272,7 +288,9 @@ def add_plan_arguments(parser, tokens: bool = True) -> None:
     parser.add_argument("--plan-gpus", metavar="NxGPU",
                         help="plan for these GPUs instead of the visible devices, e.g. 8xH100")
     parser.add_argument("--plan-mfu", type=positive_float, default=0.4, metavar="F",
-                        help="assumed model FLOPs utilisation (default: %(default)s)")
+                        help="assumed model FLOPs utilisation (default: %(default)s, the target of the compiled "
+                             "step a GPU runs by default; an eager one, --compile off, runs well below it: "
+                             "give its own)")
     parser.add_argument("--plan-peak-tflops", type=positive_float, metavar="TFLOPS",
                         help="peak TFLOP/s per device (default: the data-sheet table, or measured)")
     if tokens:

@@ -83,7 +83,7 @@ def cmd_info(args) -> int:
 
 def _train_config_from_args(args):
     overrides = {name: getattr(args, name) for name in TRAIN_OVERRIDES if getattr(args, name) is not None}
-    return train_preset(args.preset, compile=args.compile, **overrides)
+    return train_preset(args.preset, **overrides, **({"compile": args.compile} if args.compile else {}))
 
 def _train_model_config(args, vocab_size: int) -> ModelConfig:
     if args.config:
@@ -257,7 +257,7 @@ def cmd_reproduce(args) -> int:
     started = time.perf_counter()
     source_options = _source_options(args)
     model_overrides, train_overrides = study_settings(args.set or [])
-    flags = {name: value for name, value in (("compile", args.compile or None), ("optimizer", args.optimizer),
+    flags = {name: value for name, value in (("compile", args.compile), ("optimizer", args.optimizer),
                                              ("parallel", args.parallel), ("grad_accum", args.grad_accum))
              if value is not None}
     if both := sorted(set(flags) & set(train_overrides)):

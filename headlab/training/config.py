@@ -10,10 +10,15 @@ OPTIMIZERS = ("adamw", "muon")
 LRKV_B_OPTIMIZERS = ("adamw", "muon")
 DTYPES = ("float32", "bfloat16")
 PARALLEL = ("ddp", "fsdp")
+# TrainConfig.compile besides a torch.compile backend, and what "auto" compiles with on a GPU
+# (headlab.training.compiling)
+AUTO_COMPILE, NO_COMPILE, GPU_BACKEND = "auto", "off", "inductor"
 # TrainConfig fields a sweep's grid cannot set: its lengths axis sets the steps, its seeds axis the seed.
 UNSWEPT_TRAIN_FIELDS = ("steps", "seed")
 
 
+# TrainConfig.compile as runs saved it when it was a switch: True compiled on a GPU only, as "auto" does
+LEGACY_COMPILE = {False: "off", True: "auto"}
 MAX_STEPS = 10 ** 8  # optimizer steps: more is a mistake (the paper's runs take 50,000)
 
 
@@ -42,7 +47,9 @@ class TrainConfig:
     checkpoint_every: int = 100
     log_every: int = 10
     dtype: str = "float32"
-    compile: bool = False
+    # "auto": inductor on a GPU that can run it, else eager; "off"; or a torch.compile backend
+    # (headlab.training.compiling)
+    compile: str = "auto"
     device: str = "auto"
     seed: int = 0
     parallel: str = "ddp"
@@ -97,6 +104,13 @@ class TrainConfig:
                 raise invalid_field(name, getattr(self, name), "must be >= 0", "TrainConfig")
         if not 0 <= self.seed < 2 ** 63:
             raise invalid_field("seed", self.seed, "must be in 0 .. 2**63 - 1", "TrainConfig")
+        if self.compile not in (AUTO_COMPILE, NO_COMPILE):
+            import torch  # only here: the command line builds its parser from these presets without torch
+
+            backends = torch.compiler.list_backends(exclude_tags=())
+            if self.compile not in backends:
+                raise invalid_field("compile", self.compile, f"allowed values are auto, off or a torch.compile "
+                                    f"backend ({', '.join(backends)})", "TrainConfig")
         if self.device != "auto":
             import torch  # only here: the command line builds its parser from these presets without torch
 
@@ -114,6 +128,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
+        if isinstance(data, dict) and isinstance(data.get("compile"), bool):  # saved when compile was a switch
+            data = {**data, "compile": LEGACY_COMPILE[data["compile"]]}
         return config_from_dict(cls, data)
 
 

@@ -19,6 +19,7 @@ import torch
 from headlab.data.shards import random_windows
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
+from headlab.training.compiling import compile_backend, compiled_forward
 from headlab.training.distributed import Processes, launched_processes, training_device
 from headlab.training.memory import USABLE_MEMORY_FRACTION, GiB, PlanError, memory_per_device, micro_batch_size
 from headlab.training.optimizers import make_optimizers
@@ -170,7 +171,10 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
     the rank's share, batch_size / world_size. `processes` defaults to torchrun's environment.
     Gradient exchange between ranks is not timed. The model and its optimizer state are freed
     (and, on a GPU, the allocator's cache emptied) before this returns, so training finds the
-    device's memory as it was. This is what a plan's wall time on this machine is made of."""
+    device's memory as it was. The step is compiled as training compiles it
+    (`headlab.training.compiling`: a backend that fails here is not tried again in training):
+    the warm-up steps take the compile, which the timing leaves out. This is what a plan's wall
+    time on this machine is made of."""
     processes = processes or launched_processes()
     micro = micro_batch_size(train_config.batch_size, processes.world_size, train_config.grad_accum)
     local_batch = train_config.batch_size // processes.world_size
@@ -178,9 +182,13 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads or previous)
-    model = optimizers = None
+    model = forward = optimizers = None
     try:
         model = GPT(config).to(device)
+        backend, not_compiled = compile_backend(train_config.compile, device)
+        if not_compiled:
+            print(not_compiled)
+        forward = compiled_forward(model, train_config.compile, backend, print)
         optimizers = make_optimizers(model, train_config)
         corpus = [np.random.default_rng(0).integers(0, config.vocab_size, 64 * config.seq_len * local_batch)]
         generator = torch.Generator().manual_seed(0)
@@ -198,7 +206,7 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
         def train_step(x, y):
             for micro_x, micro_y in zip(x.chunk(train_config.grad_accum), y.chunk(train_config.grad_accum)):
                 with autocast:
-                    _, loss = model(micro_x, micro_y)
+                    _, loss = forward(micro_x, micro_y)
                 (loss / train_config.grad_accum).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
             for optimizer in optimizers:
@@ -215,7 +223,7 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
         evals = [timed(eval_step, local_batch) for _ in range(3)][1:]
     finally:
         torch.set_num_threads(previous)
-        del model, optimizers
+        del model, forward, optimizers
         gc.collect()
         torch.cuda.empty_cache()  # a no-op unless CUDA was used
     median = statistics.median(steps)

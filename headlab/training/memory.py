@@ -35,7 +35,9 @@ Memory per device (bytes; P parameters, the model is kept in fp32 and autocast t
     family (tests/training/test_memory_measured.py). A compiled step fuses the elementwise
     glue and saves less: inductor's CPU step of the tiny MHA peaked at 0.70 of these bytes
     (measured once; compiling each family takes about a minute on a CPU, too long for the
-    tests), and gpu_check's memory row holds a compiled GPU run to them.
+    tests), and gpu_check's memory row holds a compiled GPU run to them. The plan keeps the
+    eager bytes although a GPU run compiles by default (headlab.training.compiling): a compile
+    that fails at the first step falls back to the eager step, which must then fit.
 
 A device is counted as holding `USABLE_MEMORY_FRACTION` of its memory (CUDA context, allocator
 fragmentation). These are estimates for planning, not measurements.

@@ -1,11 +1,12 @@
 """The trainer: `train(model_config, train_config, data, out=...)`.
 
 AdamW (decay on matrices only), or the paper's Muon + AdamW split (`headlab.training.optimizers`);
-linear warmup then cosine decay; gradient clipping; bf16 autocast and optional torch.compile on GPU; periodic validation
-in nats/token and bits per byte; runs that never lose work (see `headlab.runs.folder`); and under
-`torchrun` (NCCL on GPUs, gloo on CPU) DistributedDataParallel or, for models that do not fit
-one device, FSDP2 (`fully_shard` per block). One global batch is split across ranks and then
-into `grad_accum` micro-batches, so every setting follows the single-process loss curve.
+linear warmup then cosine decay; gradient clipping; bf16 autocast; torch.compile where it can
+run (`headlab.training.compiling`); periodic validation in nats/token and bits per byte; runs
+that never lose work (see `headlab.runs.folder`); and under `torchrun` (NCCL on GPUs, gloo on
+CPU) DistributedDataParallel or, for models that do not fit one device, FSDP2 (`fully_shard`
+per block). One global batch is split across ranks and then into `grad_accum` micro-batches,
+so every setting follows the single-process loss curve.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from headlab.model.gpt import GPT, eval_mode
 from headlab.runs.checkpoints import gather_training_state
 from headlab.runs.divergence import Divergence, is_diverged
 from headlab.runs.folder import RunFolder
+from headlab.training.compiling import compile_backend, compiled_forward
 from headlab.training.config import TrainConfig
 from headlab.training.distributed import (
     Processes,
@@ -194,18 +196,29 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
         return _train(model_config, train_config, corpus, device, ddp, folder, progress, observe)
 
 
-def shard_per_block(model: GPT, train_config: TrainConfig) -> None:
+def shard_per_block(model: GPT, train_config: TrainConfig, backend: str | None = None) -> None:
     """FSDP2: each block is one unit of parameters gathered for its forward and backward, the
     root (embedding, head) another. Under bf16 the gathered parameters are bf16 and gradients
-    are reduced in fp32. With `compile`, each block is compiled on its own."""
+    are reduced in fp32. With a compile `backend`, each block is compiled on its own."""
 
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if train_config.dtype == "bfloat16" else MixedPrecisionPolicy())
     for block in model.blocks:
-        if train_config.compile and next(model.parameters()).device.type == "cuda":
-            block.compile()
+        if backend is not None:
+            block.compile(backend=backend)
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
+
+
+def compiled_bucket_cap_mb(model: GPT) -> float:
+    """DDP's all-reduce bucket under torch.compile: one block's gradients (MiB). DDPOptimizer
+    splits the compiled graph at every bucket boundary, so torch's default 25 MiB buckets cut a
+    2.5B model's graph ~400 times (each piece compiled and launched apart, fusions stopping at
+    every cut); a block per bucket cuts it once per block, where FSDP's per-block compile cuts
+    too, and each block's all-reduce still overlaps the backward of the blocks below it. At least
+    DDP's first bucket (1 MiB): DDPOptimizer refuses buckets smaller than that one."""
+    block_bytes = sum(p.numel() * p.element_size() for p in model.blocks[0].parameters())
+    return max(block_bytes, dist._DEFAULT_FIRST_BUCKET_BYTES) / 2 ** 20
 
 
 def initial_model(model_config: ModelConfig, seed: int) -> GPT:
@@ -221,8 +234,12 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
            observe: Callable[[torch.nn.Module, int], None] | None = None) -> Run:
     model = initial_model(model_config, train_config.seed).to(device)  # the same on every rank, whatever their number
     sharded = ddp.world_size > 1 and train_config.parallel == "fsdp"
+    say = print if ddp.is_main else (lambda message: None)
+    backend, not_compiled = compile_backend(train_config.compile, device)
+    if not_compiled:
+        say(not_compiled)
     if sharded:
-        shard_per_block(model, train_config)
+        shard_per_block(model, train_config, backend)
     optimizers = make_optimizers(model, train_config)
     generator = torch.Generator().manual_seed(train_config.seed)
     start_step = folder.start(model, optimizers, generator, ddp.world_size, device)
@@ -234,12 +251,12 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     if replicated:
         # the only buffers are RoPE tables: nothing to broadcast. The gradients live in DDP's
         # all-reduce buckets (zeroed in place below, so they stay there): no second 4 B per parameter.
+        buckets = {"bucket_cap_mb": compiled_bucket_cap_mb(model)} if backend is not None else {}
         step_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
-            gradient_as_bucket_view=True)
+            gradient_as_bucket_view=True, **buckets)
     synchronizing = _gradient_sync(step_model)
-    if train_config.compile and device.type == "cuda" and not sharded:
-        step_model = torch.compile(step_model)
+    forward = step_model if sharded else compiled_forward(step_model, train_config.compile, backend, say)
 
     local_batch = train_config.batch_size // ddp.world_size
     n_micro = train_config.grad_accum
@@ -276,7 +293,7 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
         for micro, (micro_x, micro_y) in enumerate(zip(x.chunk(n_micro), y.chunk(n_micro))):
             with synchronizing(micro == n_micro - 1):  # ranks exchange gradients once, after the last
                 with autocast:
-                    _, micro_loss = step_model(micro_x, micro_y)
+                    _, micro_loss = forward(micro_x, micro_y)
                 (micro_loss / n_micro).backward()
             loss += micro_loss.detach() / n_micro
         torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)

@@ -26,6 +26,7 @@ from headlab.runs.checkpoints import current_checkpoint
 from headlab.runs.divergence import MARGIN, Divergence, is_diverged, run_divergence
 from headlab.runs.metrics import read_metrics
 from headlab.training.optimizers import Muon, make_optimizers
+from headlab.training.trainer import compiled_bucket_cap_mb
 
 pytestmark = pytest.mark.xdist_group("train_reference")  # `single_process_run` trains runs: made once (conftest)
 
@@ -371,6 +372,70 @@ def test_two_process_fsdp_with_accumulation_equals_single_process_training(tmp_p
     result = _headlab(tmp_path,
                       [*FSDP_ARGS, "--parallel", "fsdp", "--grad-accum", "2", "--out", str(tmp_path / "fsdp")],
                       processes=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _max_difference(load_run(tmp_path / "fsdp"), single_process_run) < 1e-5
+
+
+# Runs `headlab`, then prints on rank 0 the graphs torch.compile made and the bucket size (bytes)
+# of each DistributedDataParallel wrapper the run made.
+COUNTING_COMPILES = """
+import json, os, sys
+import torch
+from torch._dynamo.utils import counters
+from headlab.cli.main import main
+wrap, buckets = torch.nn.parallel.DistributedDataParallel.__init__, []
+def recording_wrap(self, *args, **kwargs):
+    wrap(self, *args, **kwargs)
+    buckets.append(self.bucket_bytes_cap)
+torch.nn.parallel.DistributedDataParallel.__init__ = recording_wrap
+status = main(sys.argv[1:])
+if os.environ["RANK"] == "0":
+    print(json.dumps({"graphs": counters["stats"]["unique_graphs"], "bucket_bytes": buckets}))
+sys.exit(status)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_compiled_two_process_training_follows_the_eager_single_process_run(tmp_path, single_process_run, parallel):
+    """--compile aot_eager (dynamo and AOT autograd without code generation: what inductor is
+    given, CPU-cheap) under DDP (the whole replica compiled, DDPOptimizer cutting its graph at
+    the all-reduce buckets) and under FSDP (each block compiled): the weights and every logged
+    loss within 1e-5 of the eager single-process run, as the eager two-process runs are. Under
+    DDP each bucket holds a block's gradients, at least DDP's 1 MiB first bucket
+    (`compiled_bucket_cap_mb`; DDPOptimizer refuses a smaller one)."""
+    script = tmp_path / "counting_compiles.py"
+    script.write_text(COUNTING_COMPILES)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(script), *FSDP_ARGS, "--parallel", parallel, "--compile", "aot_eager",
+                             "--out", str(tmp_path / "run")], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["graphs"] >= 1  # compiled, not eager
+    assert _max_difference(load_run(tmp_path / "run"), single_process_run) < 1e-5
+    model = GPT(preset("tiny", "lrkv"))
+    assert seen["bucket_bytes"] == ([int(compiled_bucket_cap_mb(model) * 2 ** 20)] if parallel == "ddp" else [])
+    block_bytes = 4 * sum(p.numel() for p in model.blocks[0].parameters())
+    assert compiled_bucket_cap_mb(model) * 2 ** 20 == max(block_bytes, 2 ** 20)
+
+
+def test_a_compiled_bucket_holds_one_block_of_a_large_model():
+    """At paper-2.5b a block's gradients take 243 MiB: ~40 buckets (one cut of the compiled graph
+    per block of its 36, and the root's), where torch's default 25 MiB would cut it ~385 times."""
+    with torch.device("meta"):
+        model = GPT(preset("paper-2.5b", "mha"))
+    block_bytes = 4 * sum(p.numel() for p in model.blocks[0].parameters())
+    assert compiled_bucket_cap_mb(model) * 2 ** 20 == block_bytes > 100 * 2 ** 20
+
+
+@pytest.mark.slow
+def test_eight_process_fsdp_with_empty_shards_equals_single_process_training(tmp_path, single_process_run):
+    """FSDP2 splits each parameter's rows over the ranks: on 8 ranks, tiny LRKV's per-head factors
+    (4 rows) leave ranks 4-7 with empty shards. They all-gather, reduce and step like the others:
+    the run equals the single-process one."""
+    assert min(p.shape[0] for p in GPT(preset("tiny", "lrkv")).parameters()) < 8  # some shards are empty
+    result = _headlab(tmp_path, [*FSDP_ARGS, "--parallel", "fsdp", "--out", str(tmp_path / "fsdp")], processes=8)
     assert result.returncode == 0, result.stderr[-3000:]
     assert _max_difference(load_run(tmp_path / "fsdp"), single_process_run) < 1e-5
 
