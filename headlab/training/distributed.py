@@ -181,6 +181,17 @@ def _share_failure(processes: Processes, error: Exception | None, group) -> None
         raise FailedOnAnotherRank(f"{message} (on rank {rank})")
 
 
+def as_rank_0_decided(decision: bool, processes: Processes) -> bool:
+    """Rank 0's `decision`, on every rank (one broadcast of a byte through gloo, no GPU sync): for a
+    choice made from something each rank reads for itself, such as its clock, which the ranks must
+    take alike (a checkpoint every rank joins)."""
+    if processes.world_size == 1 or not in_process_group():
+        return decision
+    shared = torch.tensor([decision], dtype=torch.uint8)
+    dist.broadcast(shared, src=0)
+    return bool(shared.item())
+
+
 @contextmanager
 def local_main_first(processes: Processes):
     """Local rank 0 runs the body first (e.g. tokenizing a corpus into the node's cache) while the

@@ -35,6 +35,7 @@ from headlab.runs.folder import RunFolder
 from headlab.training.config import TrainConfig
 from headlab.training.distributed import (
     Processes,
+    as_rank_0_decided,
     failing_alone,
     join_process_group,
     launched_processes,
@@ -157,8 +158,8 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
     """Train a GPT and return the `Run` (model, configs, metrics).
 
     With `out`, the run folder receives config.json, metrics.jsonl as it goes, and a checkpoint
-    every `checkpoint_every` steps and at the end (see `headlab.runs.folder`); the folder is locked
-    against a second trainer while this one runs. `resume=True` continues from the folder's
+    every `checkpoint_every` steps or `checkpoint_minutes`, and at the end (see `headlab.runs.folder`);
+    the folder is locked against a second trainer while this one runs. `resume=True` continues from the folder's
     last checkpoint (or from step 0 if it has none) after checking that the model, training and
     data settings match the saved run; on CPU the resumed loss curve equals the uninterrupted one
     exactly. A NaN/inf loss raises `TrainingDiverged` and leaves the last good checkpoint in place;
@@ -184,7 +185,8 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
     use_tf32_matmuls(device)
     ddp = join_process_group(device)
     with failing_alone(), RunFolder.open(out, model_config, train_config, corpus, resume, owner=ddp.is_main,
-                                         together=lambda: together(ddp)) as folder:
+                                         together=lambda: together(ddp),
+                                         decided=lambda choice: as_rank_0_decided(choice, ddp)) as folder:
         return _train(model_config, train_config, corpus, device, ddp, folder, progress)
 
 
@@ -276,8 +278,9 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
         for optimizer in optimizers:
             optimizer.step()
         done = step + 1
+        checkpoint_due = folder.checkpoint_due(done)
         if (done % train_config.log_every == 0 or done % train_config.eval_every == 0 or done == train_config.steps
-                or folder.checkpoint_due(done)):
+                or checkpoint_due):
             stop_if_diverged()
         if done % train_config.log_every == 0 or done == train_config.steps:
             loss_value = loss.item()
@@ -296,7 +299,7 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
                         "val_bpb": val_loss / math.log(2) / corpus.bytes_per_token})
             if done == train_config.steps and is_diverged(val_loss, corpus.vocab_size):
                 folder.mark_diverged(Divergence(done, val_loss, corpus.vocab_size))  # before the final checkpoint
-        if folder.checkpoint_due(done):
+        if checkpoint_due:
             folder.checkpoint(model, optimizers, generator, done)
     bar.close()
     if ddp.world_size > 1:
