@@ -82,12 +82,14 @@ class RunFolder:
     nothing is written). Only the `owner` process (rank 0) writes; the others read what it
     wrote. `together()` is the context under which the ranks agree that a step succeeded on
     every rank (`headlab.training.distributed.together`), so a failed write ends them all;
-    `decided(choice)` is the owner's choice on every rank."""
+    `decided(choice)` is the owner's choice on every rank. A checkpoint to resume is hashed by the
+    processes that `verify` (one per node), which `together` holds the others to."""
 
     def __init__(self, path: Path | None, train_config, owner: bool = True,
-                 together: Callable[[], ContextManager] = nullcontext, decided: Callable[[bool], bool] = bool):
+                 together: Callable[[], ContextManager] = nullcontext, decided: Callable[[bool], bool] = bool,
+                 verifies: bool = True):
         self.path, self.train_config, self.owner, self.together = path, train_config, owner, together
-        self.decided = decided
+        self.decided, self.verifies = decided, verifies
         self.checkpointed_at = clock()  # when the last checkpoint ended, or training started
         self.metrics = MetricsLog(path / METRICS if path is not None else None, write=owner)
         self.last_checkpoint: int | None = None  # the step of the checkpoint on disk, once there is one
@@ -97,13 +99,13 @@ class RunFolder:
     @classmethod
     def open(cls, path: str | Path | None, model_config: ModelConfig, train_config, corpus, resume: bool = False,
              owner: bool = True, together: Callable[[], ContextManager] = nullcontext,
-             decided: Callable[[bool], bool] = bool) -> "RunFolder":
+             decided: Callable[[bool], bool] = bool, verifies: bool = True) -> "RunFolder":
         """Claim `path` for this run (`train_config` a `TrainConfig`) and hold its lock until
         `close`. A non-empty folder headlab did not write is refused. Without `resume`, a folder
         with a checkpoint is refused; with it, the saved config must match (the error names
         every difference). Only after these checks the owner removes leftovers and, for a fresh
         start, writes config.json."""
-        folder = cls(Path(path) if path is not None else None, train_config, owner, together, decided)
+        folder = cls(Path(path) if path is not None else None, train_config, owner, together, decided, verifies)
         if folder.path is None:
             return folder
         try:
@@ -139,10 +141,14 @@ class RunFolder:
         (a cut-short run's later lines dropped). The start is recorded in starts.jsonl."""
         if self.path is None:
             return 0
-        step = 0
+        step, shared = 0, processes > 1
+        with self.together():  # hashed by one rank per node before any rank loads: a damaged file ends all here
+            if self.resume_from is not None and shared and self.verifies:
+                self.resume_from.verify()
         with self.together():
             if self.resume_from is not None:
-                step = self.last_checkpoint = load_checkpoint(self.resume_from, model, optimizers, generator)
+                step = self.last_checkpoint = load_checkpoint(self.resume_from, model, optimizers, generator,
+                                                              verified=shared)
                 self.metrics.truncate_after(step)
             else:
                 self.metrics.reset()

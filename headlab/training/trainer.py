@@ -26,7 +26,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from tqdm.auto import tqdm
 
 from headlab.data.corpus import load_corpus
-from headlab.data.shards import Corpus, random_windows
+from headlab.data.shards import Corpus, random_windows, read_shards
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, eval_mode
 from headlab.runs.checkpoints import gather_training_state
@@ -39,7 +39,7 @@ from headlab.training.distributed import (
     failing_alone,
     join_process_group,
     launched_processes,
-    local_main_first,
+    on_local_main,
     together,
     training_device,
     use_tf32_matmuls,
@@ -136,11 +136,21 @@ def evaluate(model: torch.nn.Module, shards: list[np.ndarray], batch_size: int, 
 
 
 def prepared_corpus(load: Callable[[], Corpus], device: str = "auto") -> Corpus:
-    """`load()`, under torchrun once per node first: local rank 0 tokenizes the corpus into the
-    node's cache while the other ranks wait, then they all memory-map the same shards."""
+    """`load()`, under torchrun once per node: local rank 0 tokenizes the corpus into the node's
+    cache (or finds it there) and verifies every shard against its SHA-256 while the node's other
+    ranks wait; they then memory-map the same shards without hashing them again (a 100B-token
+    cache is 200 GB). A damaged cache ends every rank with local rank 0's one-line error."""
     processes = join_process_group(training_device(device, launched_processes().local_rank))
-    with local_main_first(processes):
-        return load()
+    loaded = []
+
+    def load_and_locate() -> tuple[Path | None, str]:
+        loaded.append(load())
+        return loaded[0].folder, loaded[0].name
+
+    folder, name = on_local_main(processes, load_and_locate)
+    if loaded:
+        return loaded[0]
+    return read_shards(folder, name, verified_by_peer=True) if folder is not None else load()
 
 
 def repetition_note(train_config: TrainConfig, seq_len: int, corpus: Corpus) -> str | None:
@@ -186,7 +196,8 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
     ddp = join_process_group(device)
     with failing_alone(), RunFolder.open(out, model_config, train_config, corpus, resume, owner=ddp.is_main,
                                          together=lambda: together(ddp),
-                                         decided=lambda choice: as_rank_0_decided(choice, ddp)) as folder:
+                                         decided=lambda choice: as_rank_0_decided(choice, ddp),
+                                         verifies=ddp.local_rank == 0) as folder:
         return _train(model_config, train_config, corpus, device, ddp, folder, progress)
 
 
