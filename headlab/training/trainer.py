@@ -229,14 +229,15 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     sharded = ddp.world_size > 1 and train_config.parallel == "fsdp"
     if sharded:
         shard_per_block(model, train_config)
-    optimizers = make_optimizers(model, train_config)
+    replicated = ddp.world_size > 1 and not sharded
+    # DDP replicas hold the same gradients: Muon splits its Newton–Schulz work across them
+    optimizers = make_optimizers(model, train_config, split_across=dist.group.WORLD if replicated else None)
     generator = torch.Generator().manual_seed(train_config.seed)
     start_step = folder.start(model, optimizers, generator, ddp.world_size, device)
 
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if train_config.dtype == "bfloat16"
                 else nullcontext())
     step_model = model
-    replicated = ddp.world_size > 1 and not sharded
     if replicated:
         # the only buffers are RoPE tables: nothing to broadcast. The gradients live in DDP's
         # all-reduce buckets (zeroed in place below, so they stay there): no second 4 B per parameter.
