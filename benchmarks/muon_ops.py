@@ -7,7 +7,12 @@ variant's Muon matrices are the blocks' 2-D weights (`make_optimizers` with opti
 every one has a gradient. On a GPU each operation is at least one kernel launch: the count
 is what the per-matrix Python loop costs beyond the arithmetic, which both do alike.
 
-    python benchmarks/muon_ops.py [--preset paper-128m]
+Under DDP every rank used to orthogonalise every matrix; headlab's Muon now splits each shape's
+matrices across the ranks and all-gathers the results once (`orthogonalize_shared`). Counted per
+rank of `--ranks` (a fake process group: nothing is sent), with the Newton–Schulz matrix-product
+FLOPs per rank (torch's FlopCounterMode), unsplit against split.
+
+    python benchmarks/muon_ops.py [--preset paper-128m] [--ranks 8]
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ except ImportError:  # run as a script: benchmarks/ itself is on sys.path
     import common
 
 import torch
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
 from headlab.model.gpt import GPT
 from headlab.study.roles import comparison_variants
@@ -40,34 +48,48 @@ class CountedOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def ops_per_step(config, optimizer_class) -> tuple[int, int, int]:
-    """(matrices, shapes, operations of one step after the first) of `optimizer_class` on the
-    Muon matrices of `config`, on the meta device."""
+def ops_per_step(config, optimizer_class, **options) -> tuple[int, int, int, int]:
+    """(matrices, shapes, operations and matrix-product FLOPs of one step after the first) of
+    `optimizer_class(..., **options)` on the Muon matrices of `config`, on the meta device."""
     with torch.device("meta"):
         model = GPT(config)
         matrices = [p for n, p in model.named_parameters() if is_muon_matrix(n, p)]
         for p in matrices:
             p.grad = torch.zeros_like(p)
-    optimizer = optimizer_class(matrices, lr=0.02, weight_decay=0.1)
+    optimizer = optimizer_class(matrices, lr=0.02, weight_decay=0.1, **options)
     optimizer.step()  # momentum buffers exist from here on
-    with CountedOps() as counted:
+    with CountedOps() as counted, FlopCounterMode(display=False) as flops:
         optimizer.step()
-    return len(matrices), len({p.shape for p in matrices}), sum(counted.ops.values())
+    return len(matrices), len({p.shape for p in matrices}), sum(counted.ops.values()), flops.get_total_flops()
 
 
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="paper-128m")
+    p.add_argument("--ranks", type=int, default=8, help="DDP ranks the split is counted for")
     args = p.parse_args(argv)
-    rows = []
-    for config in comparison_variants(args.preset):
-        matrices, shapes, before = ops_per_step(config, torch.optim.Muon)
-        _, _, after = ops_per_step(config, Muon)
-        rows.append([config.label, matrices, shapes, before, after, f"{before / after:.1f}x"])
+    # a process group of --ranks in which this process is rank 0 and collectives send nothing
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=args.ranks)
+    rows, split_rows = [], []
+    try:
+        for config in comparison_variants(args.preset):
+            matrices, shapes, before, _ = ops_per_step(config, torch.optim.Muon)
+            _, _, after, flops = ops_per_step(config, Muon)
+            _, _, split, split_flops = ops_per_step(config, Muon, split_across=dist.group.WORLD)
+            rows.append([config.label, matrices, shapes, before, after, f"{before / after:.1f}x"])
+            split_rows.append([config.label, after, split, f"{flops / 1e9:.1f}", f"{split_flops / 1e9:.1f}",
+                               f"{flops / split_flops:.1f}x"])
+    finally:
+        dist.destroy_process_group()
     table = common.format_table(["variant", "Muon matrices", "shapes", "torch.optim.Muon ops/step",
                                  "headlab Muon ops/step", "fewer"], rows)
-    print(f"Muon operations per step, {args.preset} (ATen ops dispatched, meta device)\n\n{table}")
-    return table
+    split_table = common.format_table(["variant", "ops/step per rank, each rank all", "split",
+                                       "GFLOP/step per rank, each rank all", "split", "less"], split_rows)
+    text = (f"Muon operations per step, {args.preset} (ATen ops dispatched, meta device)\n\n{table}\n\n"
+            f"Per rank under DDP with {args.ranks} ranks: each rank orthogonalising every matrix, against each "
+            f"its share and one all-gather\n\n{split_table}")
+    print(text)
+    return text
 
 
 if __name__ == "__main__":

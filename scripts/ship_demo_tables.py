@@ -21,6 +21,7 @@ import json
 import sys
 from dataclasses import asdict, fields
 from datetime import date
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -83,8 +84,8 @@ def add_init(destination: Path) -> StudyTables:
 def rekey(destination: Path) -> StudyTables:
     """Record today's settings_key in the shipped tables of `destination` when their runs were trained
     with today's settings before TrainConfig gained fields: the recorded key must equal the digest of
-    today's settings without the fields the recorded recipe (meta["train"]) lacks, each of which must
-    hold its default today (the runs trained as that default does). Returns the tables as read back."""
+    today's settings without some of the fields the recorded recipe (meta["train"]) lacks, each of which
+    must hold its default today (the runs trained as that default does). Returns the tables as read back."""
     tables = read_study_tables(destination)
     meta = tables.meta
     study = Study(meta["preset"], meta["steps"], destination / "no-runs")
@@ -95,11 +96,14 @@ def rekey(destination: Path) -> StudyTables:
     if any(today[name] != defaults[name] for name in added):
         raise ValueError(f"fields added since the demo study was trained ({', '.join(added)}) do not all hold their "
                          "defaults in its preset: train and ship the study again (make demo, make ship-demo)")
-    before = settings_digest([[config.to_dict(), {k: v for k, v in today.items() if k not in added}]
-                              for config in study.variants])
-    if before != meta["shipped"]["settings_key"]:
-        raise ValueError(f"the shipped tables were trained with other settings ({meta['shipped']['settings_key']} != "
-                         f"{before}): train and ship the study again (make demo, make ship-demo)")
+    # the recorded key may already count some of them (an earlier --rekey): any subset may be new
+    before = {settings_digest([[config.to_dict(), {k: v for k, v in today.items() if k not in new}]
+                               for config in study.variants])
+              for n in range(len(added) + 1) for new in combinations(added, n)}
+    if meta["shipped"]["settings_key"] not in before:
+        raise ValueError(f"the shipped tables were trained with other settings ({meta['shipped']['settings_key']} is "
+                         f"none of {', '.join(sorted(before))}): train and ship the study again (make demo, "
+                         "make ship-demo)")
     shipped = {**meta["shipped"], "settings_key": settings_key(study.preset, study.steps)}
     write_study_tables(StudyTables(tables.tables, {**meta, "shipped": shipped}), destination)
     return read_study_tables(destination)

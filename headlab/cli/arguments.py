@@ -29,7 +29,7 @@ CONFIG_HELP = {
     "seq_len": "context length in tokens",
 }
 TRAIN_OVERRIDES = ("steps", "batch_size", "optimizer", "lr", "warmup_steps", "eval_every", "checkpoint_every",
-                   "log_every", "dtype", "device", "seed", "parallel", "grad_accum")
+                   "checkpoint_minutes", "log_every", "dtype", "device", "seed", "parallel", "grad_accum")
 DEFAULT_PRESET = "cpu-small"
 
 
@@ -152,6 +152,8 @@ def train_arguments(train: argparse.ArgumentParser) -> None:
             ("warmup_steps", non_negative_int, "N", "linear warmup steps"),
             ("eval_every", positive_int, "N", "validate every N steps"),
             ("checkpoint_every", positive_int, "N", "checkpoint every N steps (and at the end)"),
+            ("checkpoint_minutes", positive_float, "M", "also checkpoint once M minutes of training have passed "
+                                                         "since the last checkpoint (checked every --log-every steps)"),
             ("log_every", positive_int, "N", "log the training loss every N steps"),
             ("dtype", None, None, "float32, or bfloat16 autocast"),
             ("device", str, "DEVICE", "auto, cpu, cuda or cuda:<index>"),

@@ -11,7 +11,7 @@ lists the superseded folder to discard. A kill or a full disk at any instant the
 manifest naming a complete checkpoint (or none: the run starts from step 0), and the next start
 removes exactly the leftovers the manifest names (`headlab.io.Manifest`).
 
-Every file is verified against its SHA-256 when read. `state.pt` is read with
+Every file is verified against its SHA-256 when read (under torchrun, by one rank per node). `state.pt` is read with
 `torch.load(weights_only=True)`, so nothing beyond tensors and plain containers is unpickled.
 Weights and optimizer states are whole (gathered from FSDP shards) and keyed by parameter name,
 so any number of processes, sharded or not, can resume a checkpoint.
@@ -75,8 +75,13 @@ class Checkpoint:
     def state(self) -> str:
         return f"{self.name}/state.pt"
 
-    def read(self, name: str) -> bytes:
-        return self.manifest.read_bytes(name)
+    def read(self, name: str, verify: bool = True) -> bytes:
+        return self.manifest.read_bytes(name, verify)
+
+    def verify(self) -> None:
+        """Hash state.pt and model.safetensors (in chunks) against the manifest; raises naming a damaged one."""
+        for name in (self.state, self.weights):
+            self.manifest.verify(name)
 
 
 def current_checkpoint(run_dir: str | Path) -> Checkpoint | None:
@@ -233,18 +238,20 @@ def set_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where:
     set_model_state_dict(model, {k: weights[k] for k in expected}, options=_whole())
 
 
-def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module, optimizers, generator: torch.Generator) -> int:
+def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module, optimizers, generator: torch.Generator,
+                    verified: bool = False) -> int:
     """Restore weights, optimizer and RNG state from `checkpoint` into a plain or FSDP-sharded
-    model (every rank reads the whole files, each verified); returns the step reached."""
+    model (every rank reads the whole files, each verified unless this node has just `verified`
+    them: `Checkpoint.verify`); returns the step reached."""
 
     state_path = checkpoint.manifest.file(checkpoint.state)
     try:
-        state = _parse_state(checkpoint.read(checkpoint.state), state_path)
+        state = _parse_state(checkpoint.read(checkpoint.state, verify=not verified), state_path)
     except ValueError as error:
         raise ValueError(f"{error}. Without it the weights beside it cannot be resumed exactly (no optimizer or "
                          "data-order state); load them with load_run, or train into a new folder") from None
     weights_path = checkpoint.manifest.file(checkpoint.weights)
-    weights, metadata = parse_weights(checkpoint.read(checkpoint.weights), weights_path)
+    weights, metadata = parse_weights(checkpoint.read(checkpoint.weights, verify=not verified), weights_path)
     set_weights(model, weights, weights_path)
     step = int(metadata.get("step", 0))
     if step != state["step"] or step != checkpoint.step:

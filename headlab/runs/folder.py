@@ -24,13 +24,19 @@ it is empty. The trainer's side, under torchrun too (rank 0 owns the folder, the
             folder.snapshot(model, step)
             ...                                                                 # one optimizer step
             folder.log({"step": step + 1, ...})
-            if folder.checkpoint_due(step + 1):
+            if folder.checkpoint_due(step + 1):                                 # asked once per step
                 folder.checkpoint(model, optimizers, generator, step + 1)
+
+A checkpoint is due every `checkpoint_every` steps, at the last step and, with `checkpoint_minutes`,
+on the first logging step (`log_every`) at which that many minutes have passed on rank 0's `clock`
+since the previous checkpoint ended (or training started): rank 0 decides, every rank follows
+(`decided`), so they all enter the checkpoint's collectives together.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,16 +74,23 @@ from headlab.runs.layout import (
 from headlab.runs.metrics import MetricsLog
 from headlab.runs.snapshots import is_snapshot_step, write_snapshot
 
+clock = time.monotonic  # seconds, for checkpoint_minutes (a test injects its own)
+
 
 class RunFolder:
     """The folder one run trains into, or none (`path` None: the metrics stay in memory and
     nothing is written). Only the `owner` process (rank 0) writes; the others read what it
     wrote. `together()` is the context under which the ranks agree that a step succeeded on
-    every rank (`headlab.training.distributed.together`), so a failed write ends them all."""
+    every rank (`headlab.training.distributed.together`), so a failed write ends them all;
+    `decided(choice)` is the owner's choice on every rank. A checkpoint to resume is hashed by the
+    processes that `verify` (one per node), which `together` holds the others to."""
 
     def __init__(self, path: Path | None, train_config, owner: bool = True,
-                 together: Callable[[], ContextManager] = nullcontext):
+                 together: Callable[[], ContextManager] = nullcontext, decided: Callable[[bool], bool] = bool,
+                 verifies: bool = True):
         self.path, self.train_config, self.owner, self.together = path, train_config, owner, together
+        self.decided, self.verifies = decided, verifies
+        self.checkpointed_at = clock()  # when the last checkpoint ended, or training started
         self.metrics = MetricsLog(path / METRICS if path is not None else None, write=owner)
         self.last_checkpoint: int | None = None  # the step of the checkpoint on disk, once there is one
         self.resume_from: Checkpoint | None = None
@@ -85,13 +98,14 @@ class RunFolder:
 
     @classmethod
     def open(cls, path: str | Path | None, model_config: ModelConfig, train_config, corpus, resume: bool = False,
-             owner: bool = True, together: Callable[[], ContextManager] = nullcontext) -> "RunFolder":
+             owner: bool = True, together: Callable[[], ContextManager] = nullcontext,
+             decided: Callable[[bool], bool] = bool, verifies: bool = True) -> "RunFolder":
         """Claim `path` for this run (`train_config` a `TrainConfig`) and hold its lock until
         `close`. A non-empty folder headlab did not write is refused. Without `resume`, a folder
         with a checkpoint is refused; with it, the saved config must match (the error names
         every difference). Only after these checks the owner removes leftovers and, for a fresh
         start, writes config.json."""
-        folder = cls(Path(path) if path is not None else None, train_config, owner, together)
+        folder = cls(Path(path) if path is not None else None, train_config, owner, together, decided, verifies)
         if folder.path is None:
             return folder
         try:
@@ -127,10 +141,14 @@ class RunFolder:
         (a cut-short run's later lines dropped). The start is recorded in starts.jsonl."""
         if self.path is None:
             return 0
-        step = 0
+        step, shared = 0, processes > 1
+        with self.together():  # hashed by one rank per node before any rank loads: a damaged file ends all here
+            if self.resume_from is not None and shared and self.verifies:
+                self.resume_from.verify()
         with self.together():
             if self.resume_from is not None:
-                step = self.last_checkpoint = load_checkpoint(self.resume_from, model, optimizers, generator)
+                step = self.last_checkpoint = load_checkpoint(self.resume_from, model, optimizers, generator,
+                                                              verified=shared)
                 self.metrics.truncate_after(step)
             else:
                 self.metrics.reset()
@@ -143,6 +161,7 @@ class RunFolder:
                 record_start(self.path, step, {"processes": processes, "threads": torch.get_num_threads(),
                                                "device": str(device), **{k: getattr(self.train_config, k) for k in
                                                                         EXECUTION_FIELDS if k != "device"}})
+        self.checkpointed_at = clock()  # checkpoint_minutes count training time, not the time spent starting
         return step
 
     def log(self, record: dict) -> None:
@@ -163,9 +182,17 @@ class RunFolder:
             write_snapshot(self.path, model, step, self.train_config.snapshot_every, write=self.owner)
 
     def checkpoint_due(self, done: int) -> bool:
-        """Whether a checkpoint is due after `done` optimizer steps (every `checkpoint_every`, and the last)."""
+        """Whether a checkpoint is due after `done` optimizer steps (every `checkpoint_every`, the last,
+        and on time: module docstring). Every rank asks, once per step: on a logging step with
+        `checkpoint_minutes` the ranks exchange rank 0's answer."""
         config = self.train_config
-        return self.path is not None and (done % config.checkpoint_every == 0 or done == config.steps)
+        if self.path is None:
+            return False
+        if done % config.checkpoint_every == 0 or done == config.steps:
+            return True
+        if not config.checkpoint_minutes or done % config.log_every:
+            return False
+        return self.decided(clock() - self.checkpointed_at >= 60 * config.checkpoint_minutes)
 
     def checkpoint(self, model: torch.nn.Module, optimizers, generator: torch.Generator, step: int) -> None:
         """Make the state after `step` updates the run's current checkpoint (`save_checkpoint`).
@@ -176,7 +203,7 @@ class RunFolder:
         with self.together():
             if self.owner:
                 save_checkpoint(self.path, weights, optimizer_states, generator, step, self.metrics)
-        self.last_checkpoint = step
+        self.last_checkpoint, self.checkpointed_at = step, clock()
 
     def mark_diverged(self, divergence: Divergence) -> None:
         """Record in the manifest that the run diverged (`headlab.runs.divergence`): a study then

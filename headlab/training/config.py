@@ -45,6 +45,10 @@ class TrainConfig:
     eval_every: int = 100
     eval_batches: int = 16
     checkpoint_every: int = 100
+    # also a checkpoint once this many minutes of training have passed since the last one (0: off), so
+    # the share of time spent checkpointing stays bounded whatever a step costs; looked at on the
+    # logging steps (log_every), where rank 0's clock decides for every rank (headlab.runs.folder)
+    checkpoint_minutes: float = 0.0
     log_every: int = 10
     dtype: str = "float32"
     # "auto": inductor on a GPU that can run it, else eager; "off"; or a torch.compile backend
@@ -99,7 +103,7 @@ class TrainConfig:
                 raise invalid_field(name, getattr(self, name), "must be positive", "TrainConfig")
         if not 0 <= self.min_lr_ratio <= 1:
             raise invalid_field("min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]", "TrainConfig")
-        for name in ("warmup_steps", "weight_decay", "snapshot_every"):
+        for name in ("warmup_steps", "weight_decay", "snapshot_every", "checkpoint_minutes"):
             if getattr(self, name) < 0:
                 raise invalid_field(name, getattr(self, name), "must be >= 0", "TrainConfig")
         if not 0 <= self.seed < 2 ** 63:

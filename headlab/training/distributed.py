@@ -3,7 +3,7 @@ process group, and failing together.
 
 A rank that raises while the others wait in a collective would leave them waiting (until the
 group's timeout, 30 minutes by default). So the steps where ranks can diverge (rank 0 opening
-or writing a run folder, local rank 0 preparing token shards) run inside `together(processes)`:
+or writing a run folder, local rank 0 preparing and verifying token shards) run inside `together(processes)`:
 every rank learns whether any rank failed there and raises, the failing rank its own error and
 the others `FailedOnAnotherRank` carrying its message, so every process exits with the error
 printed once (by rank 0). An error anywhere else ends its process at once (`abandon`), and
@@ -19,6 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,8 @@ import torch.distributed as dist
 # How long a rank waits for local rank 0 to prepare a corpus: tokenizing billions of tokens
 # takes far longer than the group's default 30-minute timeout on a collective.
 PREPARATION_TIMEOUT = timedelta(hours=24)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -181,17 +184,29 @@ def _share_failure(processes: Processes, error: Exception | None, group) -> None
         raise FailedOnAnotherRank(f"{message} (on rank {rank})")
 
 
-@contextmanager
-def local_main_first(processes: Processes):
-    """Local rank 0 runs the body first (e.g. tokenizing a corpus into the node's cache) while the
-    node's other ranks wait; then they run it (reading what it prepared). A failure on local
-    rank 0 ends every rank's wait with its error."""
-    waiting = (dist.new_group(backend="gloo", timeout=PREPARATION_TIMEOUT)
-               if processes.world_size > 1 and in_process_group() else None)
-    if processes.local_rank == 0:
-        with together(processes, waiting):
-            yield
-        return
+def as_rank_0_decided(decision: bool, processes: Processes) -> bool:
+    """Rank 0's `decision`, on every rank (one broadcast of a byte through gloo, no GPU sync): for a
+    choice made from something each rank reads for itself, such as its clock, which the ranks must
+    take alike (a checkpoint every rank joins)."""
+    if processes.world_size == 1 or not in_process_group():
+        return decision
+    shared = torch.tensor([decision], dtype=torch.uint8)
+    dist.broadcast(shared, src=0)
+    return bool(shared.item())
+
+
+def on_local_main(processes: Processes, work: Callable[[], T]) -> T:
+    """`work()` on local rank 0 of each node (e.g. tokenizing a corpus into the node's cache and
+    verifying it) while the node's other ranks wait; every rank returns its node's result (picklable),
+    and a failure on a local rank 0 raises on every rank (`together`). torchrun numbers a node's
+    ranks consecutively, so a node's local rank 0 is global rank `rank - local_rank`."""
+    if processes.world_size == 1 or not in_process_group():
+        return work()
+    waiting = dist.new_group(backend="gloo", timeout=PREPARATION_TIMEOUT)
+    result = None
     with together(processes, waiting):
-        pass
-    yield
+        if processes.local_rank == 0:
+            result = work()
+    results = [None] * processes.world_size
+    dist.all_gather_object(results, result, group=waiting)
+    return results[processes.rank - processes.local_rank]

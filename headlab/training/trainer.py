@@ -27,7 +27,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from tqdm.auto import tqdm
 
 from headlab.data.corpus import load_corpus
-from headlab.data.shards import Corpus, random_windows
+from headlab.data.shards import Corpus, random_windows, read_shards
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, eval_mode
 from headlab.runs.checkpoints import gather_training_state
@@ -37,10 +37,11 @@ from headlab.training.compiling import compile_backend, compiled_forward
 from headlab.training.config import TrainConfig
 from headlab.training.distributed import (
     Processes,
+    as_rank_0_decided,
     failing_alone,
     join_process_group,
     launched_processes,
-    local_main_first,
+    on_local_main,
     together,
     training_device,
     use_tf32_matmuls,
@@ -137,11 +138,21 @@ def evaluate(model: torch.nn.Module, shards: list[np.ndarray], batch_size: int, 
 
 
 def prepared_corpus(load: Callable[[], Corpus], device: str = "auto") -> Corpus:
-    """`load()`, under torchrun once per node first: local rank 0 tokenizes the corpus into the
-    node's cache while the other ranks wait, then they all memory-map the same shards."""
+    """`load()`, under torchrun once per node: local rank 0 tokenizes the corpus into the node's
+    cache (or finds it there) and verifies every shard against its SHA-256 while the node's other
+    ranks wait; they then memory-map the same shards without hashing them again (a 100B-token
+    cache is 200 GB). A damaged cache ends every rank with local rank 0's one-line error."""
     processes = join_process_group(training_device(device, launched_processes().local_rank))
-    with local_main_first(processes):
-        return load()
+    loaded = []
+
+    def load_and_locate() -> tuple[Path | None, str]:
+        loaded.append(load())
+        return loaded[0].folder, loaded[0].name
+
+    folder, name = on_local_main(processes, load_and_locate)
+    if loaded:
+        return loaded[0]
+    return read_shards(folder, name, verified_by_peer=True) if folder is not None else load()
 
 
 def repetition_note(train_config: TrainConfig, seq_len: int, corpus: Corpus) -> str | None:
@@ -160,8 +171,8 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
     """Train a GPT and return the `Run` (model, configs, metrics).
 
     With `out`, the run folder receives config.json, metrics.jsonl as it goes, and a checkpoint
-    every `checkpoint_every` steps and at the end (see `headlab.runs.folder`); the folder is locked
-    against a second trainer while this one runs. `resume=True` continues from the folder's
+    every `checkpoint_every` steps or `checkpoint_minutes`, and at the end (see `headlab.runs.folder`);
+    the folder is locked against a second trainer while this one runs. `resume=True` continues from the folder's
     last checkpoint (or from step 0 if it has none) after checking that the model, training and
     data settings match the saved run; on CPU the resumed loss curve equals the uninterrupted one
     exactly. A NaN/inf loss raises `TrainingDiverged` and leaves the last good checkpoint in place;
@@ -192,7 +203,9 @@ def train(model_config: ModelConfig, train_config: TrainConfig | None = None, da
     use_tf32_matmuls(device)
     ddp = join_process_group(device)
     with failing_alone(), RunFolder.open(out, model_config, train_config, corpus, resume, owner=ddp.is_main,
-                                         together=lambda: together(ddp)) as folder:
+                                         together=lambda: together(ddp),
+                                         decided=lambda choice: as_rank_0_decided(choice, ddp),
+                                         verifies=ddp.local_rank == 0) as folder:
         return _train(model_config, train_config, corpus, device, ddp, folder, progress, observe)
 
 
@@ -240,14 +253,15 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
         say(not_compiled)
     if sharded:
         shard_per_block(model, train_config, backend)
-    optimizers = make_optimizers(model, train_config)
+    replicated = ddp.world_size > 1 and not sharded
+    # DDP replicas hold the same gradients: Muon splits its Newton–Schulz work across them
+    optimizers = make_optimizers(model, train_config, split_across=dist.group.WORLD if replicated else None)
     generator = torch.Generator().manual_seed(train_config.seed)
     start_step = folder.start(model, optimizers, generator, ddp.world_size, device)
 
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if train_config.dtype == "bfloat16"
                 else nullcontext())
     step_model = model
-    replicated = ddp.world_size > 1 and not sharded
     if replicated:
         # the only buffers are RoPE tables: nothing to broadcast. The gradients live in DDP's
         # all-reduce buckets (zeroed in place below, so they stay there): no second 4 B per parameter.
@@ -303,8 +317,9 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
         for optimizer in optimizers:
             optimizer.step()
         done = step + 1
+        checkpoint_due = folder.checkpoint_due(done)
         if (done % train_config.log_every == 0 or done % train_config.eval_every == 0 or done == train_config.steps
-                or folder.checkpoint_due(done)):
+                or checkpoint_due):
             stop_if_diverged()
         if done % train_config.log_every == 0 or done == train_config.steps:
             loss_value = loss.item()
@@ -323,7 +338,7 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
                         "val_bpb": val_loss / math.log(2) / corpus.bytes_per_token})
             if done == train_config.steps and is_diverged(val_loss, corpus.vocab_size):
                 folder.mark_diverged(Divergence(done, val_loss, corpus.vocab_size))  # before the final checkpoint
-        if folder.checkpoint_due(done):
+        if checkpoint_due:
             folder.checkpoint(model, optimizers, generator, done)
     bar.close()
     if ddp.world_size > 1:

@@ -1,0 +1,55 @@
+"""Checkpoints on a time interval (TrainConfig.checkpoint_minutes): taken on the first logging step
+at which the interval has passed on rank 0's clock, by every rank alike, with the clock injected
+(each training step takes 20 s of it)."""
+
+import pytest
+
+from headlab import preset
+from headlab.runs import folder as folder_module
+from headlab.training import trainer as trainer_module
+from headlab.training.config import train_preset
+from headlab.training.trainer import train
+from ranks import on_ranks
+
+STEP_SECONDS = 20
+
+
+def _checkpoint_steps(monkeypatch, out, clock_runs: bool = True, **config) -> list[int]:
+    """The steps checkpointed by a tiny run on a clock that advances STEP_SECONDS per training step
+    (or stands still), checkpoint_every beyond the run's 10 steps."""
+    now, saved = [0.0], []
+    monkeypatch.setattr(folder_module, "clock", lambda: now[0])
+    set_learning_rates = trainer_module._set_learning_rates  # called once at the start of every step
+
+    def timed_step(optimizers, factor):
+        now[0] += STEP_SECONDS if clock_runs else 0
+        set_learning_rates(optimizers, factor)
+
+    monkeypatch.setattr(trainer_module, "_set_learning_rates", timed_step)
+    checkpoint = folder_module.RunFolder.checkpoint
+    monkeypatch.setattr(folder_module.RunFolder, "checkpoint",
+                        lambda self, *args: (saved.append(args[-1]), checkpoint(self, *args)))
+    train(preset("tiny", "mha"), train_preset("tiny", steps=10, eval_every=10, checkpoint_every=100, device="cpu",
+                                              **config), "synthetic", out=out, progress=False)
+    return saved
+
+
+@pytest.mark.parametrize("minutes, log_every, expected", [
+    (1, 1, [3, 6, 9, 10]),  # 60 s after the start and after each checkpoint; then the last step
+    (1, 2, [4, 8, 10]),  # looked at on logging steps only: at 40 s not yet, at 80 s
+    (0, 1, [10]),  # off: the last step only (checkpoint_every is beyond the run)
+])
+def test_a_checkpoint_is_taken_once_the_interval_has_passed(tmp_path, monkeypatch, minutes, log_every, expected):
+    assert _checkpoint_steps(monkeypatch, tmp_path / "run", checkpoint_minutes=minutes,
+                             log_every=log_every) == expected
+
+
+def test_every_rank_checkpoints_when_rank_0s_clock_says(tmp_path, monkeypatch):
+    """Rank 1's clock stands still: alone it would never checkpoint on time, and a checkpoint that
+    only rank 0 entered would leave the ranks in different collectives. Both follow rank 0."""
+
+    def work(rank: int) -> list[int]:
+        return _checkpoint_steps(monkeypatch, tmp_path / "run", clock_runs=rank == 0, checkpoint_minutes=1,
+                                 log_every=1)
+
+    assert on_ranks(work, timeout=60) == [[3, 6, 9, 10]] * 2
