@@ -45,6 +45,7 @@ BAD_VALUES = [
     ("rope_base", 0.0, "positive"),
     ("n_head", "6", "type int"),
     ("qk_norm", 1, "type bool"),
+    ("arch", "nanogpt", "headlab, nanochat"),
 ]
 
 
