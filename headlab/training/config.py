@@ -10,6 +10,8 @@ OPTIMIZERS = ("adamw", "muon")
 LRKV_B_OPTIMIZERS = ("adamw", "muon")
 DTYPES = ("float32", "bfloat16")
 PARALLEL = ("ddp", "fsdp")
+# The fields that train only some attention families' models (as `headlab.model.config.FAMILY_FIELDS`).
+FAMILY_TRAIN_FIELDS = {"lrkv_factor_decay": ("lrkv",), "lrkv_b_optimizer": ("lrkv",)}
 # TrainConfig fields a sweep's grid cannot set: its lengths axis sets the steps, its seeds axis the seed.
 UNSWEPT_TRAIN_FIELDS = ("steps", "seed")
 
