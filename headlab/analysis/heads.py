@@ -45,6 +45,7 @@ def from_state_dict(config: ModelConfig, state: Mapping, label: str | None = Non
                                  f"({config.label}, n_head={config.n_head}, head_dim={config.head_dim}) gives it "
                                  f"{shape}: the config does not describe these weights")
             return array
+
         def gain(name: str, size: int) -> np.ndarray:
             """A norm's gain γ; γ = 1 where the norms have none (`ModelConfig.arch` nanochat)."""
             return w(name) if config.norm_gains else np.ones(size)
