@@ -81,12 +81,13 @@ def forge_manifest_entry(run: Path, name: str) -> None:
 
 
 def tiny_model(attention: str, seed: int = 0, **overrides) -> GPT:
-    """A tiny random model; norms and all weights randomised so no path hides behind init."""
+    """A tiny random model; norms and all weights randomised so no path hides behind init (a matrix
+    initialised to zero, as nanochat's output projections, is drawn anew)."""
     torch.manual_seed(seed)
     model = GPT(preset("tiny", attention, **overrides))
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p)) if p.dim() < 2 else p.mul_(3.0)
+            p.add_(0.05 * torch.randn_like(p)) if p.dim() < 2 else p.mul_(3.0) if p.any() else p.normal_(std=0.3)
     return model.eval()
 
 

@@ -45,15 +45,21 @@ def from_state_dict(config: ModelConfig, state: Mapping, label: str | None = Non
                                  f"({config.label}, n_head={config.n_head}, head_dim={config.head_dim}) gives it "
                                  f"{shape}: the config does not describe these weights")
             return array
+
+        def gain(name: str, size: int) -> np.ndarray:
+            """A norm's gain γ; γ = 1 where the norms have none (`ModelConfig.arch` nanochat)."""
+            return w(name) if config.norm_gains else np.ones(size)
+
         h = config.n_head
         if config.attention == "lrkv":
             return LRKVWeights(w("c_q.weight"), w("k_shared.weight"), w("u_k.weight"), w("b_k"),
                                w("v_shared.weight"), w("u_v.weight"), w("b_v"), w("c_proj.weight"), h)
         if config.attention == "mla":
-            queries = (dict(wq_a=w("wq_a.weight"), q_gain=w("q_norm.weight"), wq_b=w("wq_b.weight"))
+            queries = (dict(wq_a=w("wq_a.weight"), q_gain=gain("q_norm.weight", config.q_latent_dim),
+                            wq_b=w("wq_b.weight"))
                        if config.q_latent_dim else dict(wq=w("wq.weight")))
-            return MLAWeights(w("wkv_a.weight"), w("kv_norm.weight"), w("wkv_b.weight"), w("wo.weight"), h,
-                              **queries)
+            return MLAWeights(w("wkv_a.weight"), gain("kv_norm.weight", config.kv_latent_dim), w("wkv_b.weight"),
+                              w("wo.weight"), h, **queries)
         return GroupedWeights(w("c_q.weight"), w("c_k.weight"), w("c_v.weight"), w("c_proj.weight"), h)
 
     return ModelHeads(label or config.label, f"headlab-{config.attention}", config.n_layer,

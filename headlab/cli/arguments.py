@@ -7,7 +7,7 @@ import argparse
 import math
 from pathlib import Path
 
-from headlab.model.config import DTYPE_BYTES, PRESETS, ModelConfig
+from headlab.model.config import ARCHS, DTYPE_BYTES, PRESETS, ModelConfig
 from headlab.schema import ALL_CIRCUITS, CIRCUITS, FAMILIES, MEASURES, MLA_ROPE, ROLES
 from headlab.training.config import (
     DTYPES,
@@ -19,7 +19,7 @@ from headlab.training.config import (
     TrainConfig,
 )
 
-CONFIG_OVERRIDES = ("n_kv_head", "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "seq_len")
+CONFIG_OVERRIDES = ("n_kv_head", "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "seq_len", "arch")
 CONFIG_HELP = {
     "n_kv_head": "GQA: number of K/V heads (must divide the preset's n_head)",
     "kv_rank": "LRKV: rank r of each head's K/V residual (1..head_dim)",
@@ -27,6 +27,8 @@ CONFIG_HELP = {
     "rope_head_dim": "MLA: decoupled RoPE width d_R (even)",
     "q_latent_dim": "MLA: query latent width (0: queries not compressed)",
     "seq_len": "context length in tokens",
+    "arch": "whose norms and initialisation: headlab's (learnable RMSNorm gains, N(0, 0.02²)) or nanochat's "
+            "(parameter-free RMSNorms, one after the embedding, zero output projections)",
 }
 TRAIN_OVERRIDES = ("steps", "batch_size", "optimizer", "lr", "warmup_steps", "eval_every", "checkpoint_every",
                    "checkpoint_minutes", "log_every", "dtype", "device", "seed", "parallel", "grad_accum")
@@ -109,9 +111,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, attention_default: str 
                         help="attention family " + ("(default: the study's six variants)" if attention_default is None
                                                     else "(default: %(default)s)"))
     for name in CONFIG_OVERRIDES:
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, metavar="N",
-                            type=non_negative_int if name == "q_latent_dim" else positive_int,
-                            help=CONFIG_HELP[name] + " (default: the preset's)")
+        kind = ({"choices": ARCHS} if name == "arch" else
+                {"metavar": "N", "type": non_negative_int if name == "q_latent_dim" else positive_int})
+        parser.add_argument("--" + name.replace("_", "-"), dest=name,
+                            help=CONFIG_HELP[name] + " (default: the preset's)", **kind)
 
 
 def add_corpus_arguments(parser: argparse.ArgumentParser, tokenizer_default: str | None) -> None:

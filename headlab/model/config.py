@@ -23,6 +23,10 @@ from headlab.schema import FAMILIES
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # bytes per value: `kv_cache_bytes`'s unit
 
 MLP_TYPES = ("relu2", "gelu", "swiglu")
+# The fields that only some attention families read; every other field shapes every family.
+FAMILY_FIELDS = {"n_kv_head": ("gqa",), "kv_rank": ("lrkv",), "kv_residual_init": ("lrkv",),
+                 "kv_latent_dim": ("mla",), "rope_head_dim": ("mla",), "q_latent_dim": ("mla",)}
+ARCHS = ("headlab", "nanochat")  # `ModelConfig.arch`: whose norms and initialisation the model takes
 
 
 def invalid_field(name: str, value, allowed: str, owner: str = "ModelConfig") -> ValueError:
@@ -72,6 +76,21 @@ class ModelConfig:
     RoPE key (the latent has its own RMSNorm either way). DeepSeek's layout is qk_norm=False,
     and `preset()` keeps it for MLA: on cpu-small the partial norm trains worse (see
     benchmarks/results/mla_ablation.md).
+
+    `arch` picks the norms and the initialisation around the attention (`headlab.model.gpt`):
+
+      headlab   RMSNorms with a learnable gain (pre-norm, final norm, MLA's latent norms); the token
+                embedding goes straight into the first block; every matrix N(0, 0.02²), the
+                output projections (attention out, MLP down) N(0, 0.02²/(2·n_layer)) (GPT-2)
+      nanochat  karpathy/nanochat's GPT, of which the paper's code is likely a fork: every RMSNorm
+                parameter-free, one more right after the token embedding; the embedding N(0, 1),
+                each other matrix N(0, σ²) with σ = min(1, √(fan_out/fan_in))/√fan_in
+                (arXiv 2310.17813); the output projections and the output head exactly zero, so
+                every block starts as the identity and the first step trains the head alone
+
+    Both keep the embedding and the output head untied, as nanochat does. Not part of `arch`:
+    nanochat's logit softcap 15·tanh(z/15), which shapes the loss rather than the heads' forms,
+    and its float32-epsilon norms (headlab's ε = 1e-6 stays: both are far below mean(x²) ≈ 1).
     """
 
     vocab_size: int = 256
@@ -91,6 +110,7 @@ class ModelConfig:
     kv_residual_init: float = 0.1  # LRKV: ‖U_h B_hᵀ‖_F / ‖W_shared‖_F at initialisation (0: B_h starts at 0)
     mlp: str = "relu2"
     mlp_ratio: int = 4
+    arch: str = "headlab"
 
     def __post_init__(self):
         check_field_types(self)
@@ -99,6 +119,8 @@ class ModelConfig:
                 raise invalid_field(name, getattr(self, name), "must be a positive integer")
         if self.attention not in FAMILIES:
             raise invalid_field("attention", self.attention, f"allowed values are {', '.join(FAMILIES)}")
+        if self.arch not in ARCHS:
+            raise invalid_field("arch", self.arch, f"allowed values are {', '.join(ARCHS)}")
         if self.mlp not in MLP_TYPES:
             raise invalid_field("mlp", self.mlp, f"allowed values are {', '.join(MLP_TYPES)}")
         if self.head_dim < 2 or self.head_dim % 2:
@@ -124,6 +146,11 @@ class ModelConfig:
             raise invalid_field("rope_base", self.rope_base, "must be positive")
 
     # ---- derived quantities -------------------------------------------------------------
+    @property
+    def norm_gains(self) -> bool:
+        """Whether the model's RMSNorms have a learnable gain (`arch` headlab) or none (nanochat)."""
+        return self.arch == "headlab"
+
     @property
     def kv_heads(self) -> int:
         """Number of distinct K/V heads for the MHA/GQA/MQA module."""

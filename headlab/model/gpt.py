@@ -1,5 +1,6 @@
 """A GPT-style decoder: pre-norm RMSNorm blocks, RoPE, an untied output head, and any of the
-five attention families behind one interface (`forward(x, cos, sin, cache)`)."""
+five attention families behind one interface (`forward(x, cos, sin, cache)`). `ModelConfig.arch`
+picks headlab's or nanochat's norms and initialisation."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from headlab.model.ops import RMSNorm, relu_squared
 
 NORM_EPS = 1e-6
 INIT_STD = 0.02
+# the matrices that write into the residual stream: attention out, MLP down
+OUTPUT_PROJECTIONS = ("attn.c_proj.weight", "attn.wo.weight", "mlp.c_proj.weight")
 
 
 @contextlib.contextmanager
@@ -54,9 +57,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.norm_attn = RMSNorm(config.d_model, eps=NORM_EPS)
+        self.norm_attn = RMSNorm(config.d_model, eps=NORM_EPS, gain=config.norm_gains)
         self.attn = build_attention(config)
-        self.norm_mlp = RMSNorm(config.d_model, eps=NORM_EPS)
+        self.norm_mlp = RMSNorm(config.d_model, eps=NORM_EPS, gain=config.norm_gains)
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, cache=None):
@@ -69,8 +72,11 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.d_model)
+        # nanochat normalises the embedding before the first block; headlab passes it on as it is
+        nanochat = config.arch == "nanochat"
+        self.norm_wte = RMSNorm(config.d_model, eps=NORM_EPS, gain=False) if nanochat else nn.Identity()
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.norm_f = RMSNorm(config.d_model, eps=NORM_EPS)
+        self.norm_f = RMSNorm(config.d_model, eps=NORM_EPS, gain=config.norm_gains)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         cos, sin = rope_tables(config.seq_len, self.blocks[0].attn.rope_dim(), config.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -79,22 +85,32 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """N(0, 0.02²) everywhere; residual-stream outputs scaled by 1/√(2·n_layer) (GPT-2);
-        norms at 1; LRKV residuals at `kv_residual_init`·‖W_shared‖_F (0.1 by default, paper §3).
+        """The initialisation of `ModelConfig.arch`:
+          headlab   N(0, 0.02²) everywhere; the output projections scaled by 1/√(2·n_layer)
+                    (GPT-2); norm gains at 1
+          nanochat  the embedding N(0, 1); each other matrix N(0, `nanochat_std`²); the output
+                    projections and the output head zero
+        then LRKV residuals at `kv_residual_init`·‖W_shared‖_F (0.1 by default, paper §3).
         A model on the meta device (counted, or about to receive loaded weights) has no values to
         set, and torch's meta normal_ costs milliseconds a tensor, so it is left as it is."""
         if self.lm_head.weight.is_meta:
             return
         residual_std = INIT_STD / (2 * self.config.n_layer) ** 0.5
+        nanochat = self.config.arch == "nanochat"
         for name, p in self.named_parameters():
+            is_output = name.endswith(OUTPUT_PROJECTIONS)
             if p.dim() < 2:
                 nn.init.ones_(p)
-            else:
-                is_output = name.endswith(("attn.c_proj.weight", "attn.wo.weight", "mlp.c_proj.weight"))
+            elif not nanochat:
                 nn.init.normal_(p, std=residual_std if is_output else INIT_STD)
+            elif is_output or name == "lm_head.weight":
+                nn.init.zeros_(p)
+            else:  # LRKV's 3-D B tensors too, drawn again by init_residuals below
+                nn.init.normal_(p, std=1.0 if name == "wte.weight" else nanochat_std(p))
         for block in self.blocks:
             if isinstance(block.attn, LowRankKVAttention):
-                block.attn.init_residuals(std=INIT_STD, ratio=self.config.kv_residual_init)
+                std = nanochat_std(block.attn.k_shared.weight) if nanochat else INIT_STD
+                block.attn.init_residuals(std=std, ratio=self.config.kv_residual_init)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
         """Logits (B, T, vocab) for tokens idx (B, T), and the mean cross-entropy if `targets`
@@ -107,7 +123,7 @@ class GPT(nn.Module):
         if start + idx.size(1) > self.config.seq_len:
             raise ValueError(
                 f"sequence of {start + idx.size(1)} tokens exceeds ModelConfig.seq_len = {self.config.seq_len}")
-        x = self.wte(idx)
+        x = self.norm_wte(self.wte(idx))
         for i, block in enumerate(self.blocks):
             x = block(x, self.rope_cos, self.rope_sin, cache.layers[i] if cache is not None else None)
         if cache is not None:
@@ -175,6 +191,14 @@ class GPT(nn.Module):
         counts["total"] = sum(counts.values())
         counts["non_embedding"] = counts["total"] - counts["embedding"] - counts["head"]
         return counts
+
+
+def nanochat_std(weight: torch.Tensor) -> float:
+    """nanochat's σ for a fan_out × fan_in weight (its last two dimensions):
+    σ = min(1, √(fan_out/fan_in)) / √fan_in, which gives an N(0, σ²) matrix a spectral norm of
+    order √(fan_out/fan_in), the spectral condition for feature learning of arXiv 2310.17813."""
+    fan_out, fan_in = weight.shape[-2:]
+    return min(1.0, (fan_out / fan_in) ** 0.5) / fan_in ** 0.5
 
 
 def count_parameters(config: ModelConfig) -> dict[str, int]:

@@ -68,10 +68,10 @@ def _needs_grad(*tensors: torch.Tensor | None) -> bool:
 
 class RMSNorm(torch.nn.RMSNorm):
     """`torch.nn.RMSNorm(dim)` (same parameter, state-dict key and eps default) on `rms_norm`;
-    it normalises the last dimension only."""
+    it normalises the last dimension only. `gain` False: no parameter (γ = 1), as nanochat's norms."""
 
-    def __init__(self, dim: int, eps: float | None = None):
-        super().__init__(dim, eps=eps)
+    def __init__(self, dim: int, eps: float | None = None, gain: bool = True):
+        super().__init__(dim, eps=eps, elementwise_affine=gain)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps

@@ -27,6 +27,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from dataclasses import fields as dataclass_fields
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from headlab.data.encoding import available_cores
 from headlab.data.shards import Corpus
 from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
 from headlab.io import LOCK, Manifest, being_written, inside, make_folder
-from headlab.model.config import ModelConfig, preset
+from headlab.model.config import FAMILY_FIELDS, ModelConfig, preset
 from headlab.runs.checkpoints import checkpoint_step, has_checkpoint
 from headlab.runs.divergence import Divergence, run_divergence
 from headlab.runs.layout import CONFIG, check_resumable, run_manifest
@@ -49,7 +50,7 @@ from headlab.runs.snapshots import study_snapshot_every
 from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
 from headlab.study.table_files import MANIFEST, STUDY, loss_unit
-from headlab.training.config import MAX_STEPS, TrainConfig, train_preset
+from headlab.training.config import FAMILY_TRAIN_FIELDS, MAX_STEPS, TrainConfig, train_preset
 from headlab.training.distributed import is_main_process, launched_processes, training_device
 from headlab.training.hardware import RUN_THREADS, TIMING_STEPS, load_note, measure_step, run_seconds, step_fits
 from headlab.training.runs import Run, load_run
@@ -133,6 +134,7 @@ class Study:
         for name in set(STUDY_SETS) & {*self.model_overrides, *self.train_overrides}:
             value = {**self.model_overrides, **self.train_overrides}[name]
             raise ValueError(f"{name} = {value!r} cannot replace the preset's: {STUDY_SETS[name]}")
+        self._check_overrides_reach_a_role()
         folders = {}  # every setting checked before anything is written: a refused one leaves no folder
         for role, config in self.roles.items():
             if config.run_name in folders:
@@ -140,6 +142,18 @@ class Study:
                                  f"({config.label}) with {self.model_overrides}: give settings that keep them apart")
             folders[config.run_name] = role
         self.train_config(0)
+
+    def _check_overrides_reach_a_role(self) -> None:
+        """Refuse a setting that no role of the study reads (`FAMILY_FIELDS`, `FAMILY_TRAIN_FIELDS`):
+        its runs would be the preset's, trained again under another name."""
+        families = {config.attention for config in self.roles.values()}
+        for name, value in {**self.model_overrides, **self.train_overrides}.items():
+            readers = {**FAMILY_FIELDS, **FAMILY_TRAIN_FIELDS}.get(name)
+            if readers and not families & set(readers):
+                roles = [role for role, config in comparison_roles(self.preset).items() if config.attention in readers]
+                raise ValueError(f"{name} = {value!r} changes none of the roles trained ({', '.join(self.roles)}): "
+                                 f"only {', '.join(roles)} read it; train one of them too (only, --only) or leave "
+                                 f"{name} out")
 
     @property
     def loss_unit(self) -> str:
@@ -404,7 +418,29 @@ def settings_key(preset: str, steps: int | None) -> str:
     return settings_digest([[config.to_dict(), asdict(study.train_config(0))] for config in study.variants])
 
 
+# The fields a settings key names whatever their value: every field the two configs had when
+# ModelConfig.arch was added. A field added since is named only away from its default, so a new
+# option leaves the key of every setting that does not use it (trained runs, the shipped tables) as it was.
+ALWAYS_KEYED = {
+    ModelConfig: ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "head_dim", "attention", "n_kv_head",
+                  "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "qk_norm", "rope_base",
+                  "kv_residual_init", "mlp", "mlp_ratio"),
+    TrainConfig: ("steps", "batch_size", "optimizer", "lr", "matrix_lr", "embedding_lr", "unembedding_lr",
+                  "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip", "eval_every", "eval_batches",
+                  "checkpoint_every", "log_every", "dtype", "compile", "device", "seed", "parallel", "grad_accum",
+                  "lrkv_factor_decay", "lrkv_b_optimizer", "muon_qk", "snapshot_every"),
+}
+
+
 def settings_digest(settings: list) -> str:
     """`settings_key` of [[model config, training config of seed 0] per variant] as dicts (what a
-    run's config.json records, so the key of runs already trained can be checked too)."""
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    run's config.json records, so the key of runs already trained can be checked too). Fields
+    outside `ALWAYS_KEYED` are left out where they hold their default."""
+    named = [[_keyed(model, ModelConfig), _keyed(train, TrainConfig)] for model, train in settings]
+    return hashlib.sha256(json.dumps(named, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def _keyed(values: dict, config_class) -> dict:
+    defaults = {f.name: f.default for f in dataclass_fields(config_class)}
+    return {name: value for name, value in values.items()
+            if name in ALWAYS_KEYED[config_class] or name not in defaults or value != defaults[name]}

@@ -77,9 +77,9 @@ def grid(preset_name: str, lengths: list[float] = (1.0,), depths: list[int] | No
          fields: dict[str, list] | None = None, only: tuple[str, ...] | None = None) -> list[GridPoint]:
     """Every combination of training length (multiples of the preset's steps), depth (n_layer;
     None: the preset's) and the values of other ModelConfig or TrainConfig `fields`, each checked
-    as the study of the roles `only` (None: all six). Two points that would train the same runs
-    (lengths that round to one step count, a value given twice, -0.0 and 0.0) are refused: a grid
-    shows each setting once."""
+    as the study of the roles `only` (None: all six), which refuses a field none of them reads.
+    Two points that would train the same runs (lengths that round to one step count, a value given
+    twice, -0.0 and 0.0) are refused: a grid shows each setting once."""
     if not lengths or any(not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0 for x in lengths):
         raise ValueError(f"lengths = {list(lengths)!r} is invalid: give positive multiples of the preset's steps")
     fields = dict(fields or {})

@@ -13,6 +13,8 @@ PARALLEL = ("ddp", "fsdp")
 # TrainConfig.compile besides a torch.compile backend, and what "auto" compiles with on a GPU
 # (headlab.training.compiling)
 AUTO_COMPILE, NO_COMPILE, GPU_BACKEND = "auto", "off", "inductor"
+# The fields that train only some attention families' models (as `headlab.model.config.FAMILY_FIELDS`).
+FAMILY_TRAIN_FIELDS = {"lrkv_factor_decay": ("lrkv",), "lrkv_b_optimizer": ("lrkv",)}
 # TrainConfig fields a sweep's grid cannot set: its lengths axis sets the steps, its seeds axis the seed.
 UNSWEPT_TRAIN_FIELDS = ("steps", "seed")
 

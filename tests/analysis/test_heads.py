@@ -33,19 +33,22 @@ from headlab.analysis.spectrum import frobenius_gram
 from headlab.schema import FAMILIES
 
 T = 6
-FAMILY_CASES = [*((family, {}) for family in FAMILIES), ("mla", {"q_latent_dim": 6})]  # and MLA's query latent
-FAMILY_IDS = [*FAMILIES, "mla-qlatent"]
+# and MLA's query latent; and MLA with nanochat's parameter-free latent norms (ModelConfig.arch)
+FAMILY_CASES = [*((family, {}) for family in FAMILIES), ("mla", {"q_latent_dim": 6}),
+                ("mla", {"q_latent_dim": 6, "arch": "nanochat"})]
+FAMILY_IDS = [*FAMILIES, "mla-qlatent", "mla-qlatent-nanochat"]
 
 
 class GainOnly(torch.nn.Module):
-    """An RMSNorm without its 1/rms factor: x ↦ γ ⊙ x (what the bilinear form keeps)."""
+    """An RMSNorm without its 1/rms factor: x ↦ γ ⊙ x (what the bilinear form keeps; x for a norm
+    without a gain)."""
 
     def __init__(self, norm: torch.nn.Module):
         super().__init__()
         self.weight = norm.weight
 
     def forward(self, x):
-        return x * self.weight
+        return x if self.weight is None else x * self.weight
 
 
 def _bilinear(x: torch.Tensor, left, right) -> torch.Tensor:

@@ -6,6 +6,7 @@ import torch
 from conftest import DECODE_CASES, tiny_model
 from headlab import GPT, preset
 from headlab.model.attention import attention_backend
+from headlab.model.config import ARCHS
 from headlab.schema import FAMILIES
 
 
@@ -20,11 +21,13 @@ def test_logits_up_to_t_ignore_tokens_after_t(attention, tokens):
     assert (before[:, t + 1:] - after[:, t + 1:]).abs().max() > 1e-3  # the perturbation is seen later
 
 
-# LRKV's decode step scores without forming keys, QK-norm included or not: both are held here
-@pytest.mark.parametrize("attention,mla_absorb,qk_norm",
-                         [(*case, True) for case in DECODE_CASES] + [("lrkv", True, False)])
-def test_prefill_then_cached_steps_equal_the_full_forward(attention, mla_absorb, qk_norm, tokens):
-    model = tiny_model(attention, qk_norm=qk_norm)
+# LRKV's decode step scores without forming keys, QK-norm included or not: both are held here; and
+# every decode path again with nanochat's norms (ModelConfig.arch), the embedding's among them
+@pytest.mark.parametrize("attention,mla_absorb,qk_norm,arch",
+                         [(*case, True, arch) for arch in ARCHS for case in DECODE_CASES]
+                         + [("lrkv", True, False, "headlab")])
+def test_prefill_then_cached_steps_equal_the_full_forward(attention, mla_absorb, qk_norm, arch, tokens):
+    model = tiny_model(attention, qk_norm=qk_norm, arch=arch)
     full = model(tokens)[0]
     cache = model.new_cache(tokens.size(0), tokens.size(1), mla_absorb=mla_absorb)
     prefill = 10

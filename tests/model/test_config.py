@@ -1,8 +1,10 @@
 import json
 
 import pytest
+import torch
 
-from headlab.model.config import PRESETS, ModelConfig, preset
+from headlab import GPT
+from headlab.model.config import FAMILY_FIELDS, PRESETS, ModelConfig, preset
 from headlab.schema import FAMILIES
 from headlab.study.roles import comparison_variants
 
@@ -45,6 +47,7 @@ BAD_VALUES = [
     ("rope_base", 0.0, "positive"),
     ("n_head", "6", "type int"),
     ("qk_norm", 1, "type bool"),
+    ("arch", "nanogpt", "headlab, nanochat"),
 ]
 
 
@@ -70,3 +73,24 @@ KV_VALUES_PER_TOKEN = {"mha": 2 * 6 * 32, "mqa": 2 * 32, "gqa": 2 * 3 * 32, "lrk
 @pytest.mark.parametrize("attention", FAMILIES)  # a new family fails here until its formula is written down
 def test_kv_cache_formula_per_family(attention):
     assert preset("cpu-small", attention).kv_cache_values_per_token() == KV_VALUES_PER_TOKEN[attention]
+
+
+# A value of each family field other than the tiny preset's, valid for every family
+OTHER_VALUES = {"n_kv_head": 1, "kv_rank": 2, "kv_residual_init": 0.5, "kv_latent_dim": 8, "rope_head_dim": 6,
+                "q_latent_dim": 10}
+
+
+@pytest.mark.parametrize("field", sorted(FAMILY_FIELDS))
+def test_a_family_field_changes_the_model_of_exactly_the_families_said_to_read_it(field, tokens):
+    """What `headlab sweep` trusts when it refuses an axis no trained role reads: the same seed draws
+    the same weights and logits under either value for every other family."""
+    for attention in FAMILIES:
+        models = []
+        for config in (preset("tiny", attention), preset("tiny", attention, **{field: OTHER_VALUES[field]})):
+            torch.manual_seed(0)
+            models.append(GPT(config))
+        states = [model.state_dict() for model in models]
+        same = states[0].keys() == states[1].keys() and all(
+            a.shape == b.shape and torch.equal(a, b) for a, b in zip(states[0].values(), states[1].values()))
+        same = same and torch.equal(models[0](tokens)[0], models[1](tokens)[0])
+        assert same == (attention not in FAMILY_FIELDS[field]), attention

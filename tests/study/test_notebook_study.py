@@ -1,5 +1,6 @@
 """The notebooks' study (headlab.notebook.NotebookStudy): where runs and outputs go, from any cwd."""
 
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from headlab.study import notebook, paths, study
@@ -28,6 +29,20 @@ def test_small_mode_folder_is_keyed_by_every_setting_of_its_runs(monkeypatch):
     config = small.variants[0]
     monkeypatch.setattr(study, "comparison_roles", lambda preset: {"mha": config.replace(d_model=config.d_model * 2)})
     assert study.settings_key("tiny", 60) != small.folder.name  # a model setting
+
+
+def test_a_field_added_since_keys_began_changes_the_key_only_away_from_its_default():
+    """ModelConfig.arch came after the shipped tables and the trained runs: at its default it leaves
+    their keys as they were; any other value, or any field keyed from the start, changes them."""
+    config, train = study.Study("tiny", 60, Path(".")).variants[0], study.Study("tiny", 60, Path(".")).train_config()
+    model = config.to_dict()
+    before_arch = {name: value for name, value in model.items() if name != "arch"}
+    digest = lambda model_dict: study.settings_digest([[model_dict, asdict(train)]])
+    assert digest(model) == digest(before_arch)
+    assert digest(config.replace(arch="nanochat").to_dict()) != digest(model)
+    assert digest({name: value for name, value in model.items() if name != "qk_norm"}) != digest(model)
+    for config_class, names in study.ALWAYS_KEYED.items():
+        assert set(names) <= {f.name for f in fields(config_class)}, config_class  # every name a field
 
 
 def test_log_lines_name_folders_of_the_project_relative_to_the_working_directory(tmp_path, monkeypatch):

@@ -158,6 +158,21 @@ def test_a_field_set_twice_is_refused_in_one_line_before_the_folder_exists(tmp_p
         assert len(capsys.readouterr().err.strip().splitlines()) == 1 and not out.exists()
 
 
+def test_a_field_no_trained_role_reads_is_refused_in_one_line_before_the_folder_exists(tmp_path, capsys):
+    """kv_rank swept over MHA and MLA alone trained the same runs at every point, under other names."""
+    out = tmp_path / "unread"
+    for setting, only, readers in (("kv_rank=2,4", ["mha", "mla"], "lrkv-small, lrkv-large"),
+                                   ("n_kv_head=1,2", ["mha", "mqa"], "gqa"),
+                                   ("q_latent_dim=0,8", ["mha", "gqa"], "mla"),
+                                   ("lrkv_factor_decay=true,false", ["mha", "mla"], "lrkv-small, lrkv-large")):
+        assert main(["sweep", "--preset", "tiny", "--set", setting, "--only", *only, "--out", str(out)]) == 2
+        said = capsys.readouterr().err.strip()
+        assert len(said.splitlines()) == 1 and not out.exists()
+        assert f"changes none of the roles trained ({', '.join(only)}): only {readers} read it" in said
+    assert len(grid("tiny", [1.0], fields={"kv_rank": [2, 4]}, only=("mha", "lrkv-large"))) == 2  # a reader: fine
+    assert len(grid("tiny", [1.0], fields={"arch": ["headlab", "nanochat"]}, only=("mha", "mqa"))) == 2
+
+
 def test_a_diverged_point_is_named_and_the_others_are_tabulated(tmp_path, capsys, monkeypatch):
     from headlab.study import study as study_module
 

@@ -7,7 +7,8 @@ from torch.optim._muon import _zeropower_via_newtonschulz
 
 from headlab.model.config import preset
 from headlab.model.gpt import GPT
-from headlab.training.config import TrainConfig, train_preset
+from headlab.schema import FAMILIES
+from headlab.training.config import FAMILY_TRAIN_FIELDS, TrainConfig, train_preset
 from headlab.training.optimizers import HeadwiseMuon, Muon, is_lrkv_factor, make_optimizers, orthogonalize
 
 TINY = TrainConfig(steps=4, batch_size=2)
@@ -73,6 +74,18 @@ def test_the_lrkv_factors_lose_their_weight_decay_only_when_asked(optimizer):
     assert all(default[n] == ("AdamW", 0.1 if optimizer == "adamw" else 0.0) for n in factors if ".b_" in n)
     groups = [len(o.param_groups) for o in make_optimizers(model, TINY.replace(optimizer=optimizer))]
     assert groups == ([2] if optimizer == "adamw" else [1, 3])  # the default recipe's groups, so old runs resume
+
+
+@pytest.mark.parametrize("field,value", [("lrkv_factor_decay", False), ("lrkv_b_optimizer", "muon")])
+def test_a_family_training_field_changes_the_optimizers_of_exactly_the_families_said_to_read_it(field, value):
+    """What `headlab sweep` trusts when it refuses an axis no trained role reads (`FAMILY_TRAIN_FIELDS`)."""
+    recipe = TINY.replace(optimizer="muon")
+    for attention in FAMILIES:
+        model = GPT(preset("tiny", attention))
+        steps = [[(type(o).__name__, {k: v for k, v in g.items() if k != "params"}, [id(p) for p in g["params"]])
+                  for o in make_optimizers(model, config) for g in o.param_groups]
+                 for config in (recipe, recipe.replace(**{field: value}))]
+        assert (steps[0] == steps[1]) == (attention not in FAMILY_TRAIN_FIELDS[field]), attention
 
 
 def test_per_head_muon_on_b_takes_exactly_the_b_tensors():

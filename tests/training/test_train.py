@@ -84,15 +84,21 @@ def _fail_at_step(monkeypatch, step_to_fail: int, make_nan: bool = False):
     monkeypatch.setattr(GPT, "forward", forward)
 
 
-def test_interrupted_run_resumes_to_the_uninterrupted_loss_curve(tmp_path, synthetic, monkeypatch, threads):
-    config = preset("tiny", "gqa")
-    reference = train(config, TINY_TRAIN, synthetic, out=tmp_path / "a", progress=False)
+# and nanochat's model (ModelConfig.arch) under the Muon split, whose AdamW group of other parameters it leaves empty
+@pytest.mark.parametrize("config,recipe", [
+    (preset("tiny", "gqa"), TINY_TRAIN),
+    (preset("tiny", "mha", arch="nanochat"), TINY_TRAIN.replace(optimizer="muon"))],
+    ids=["gqa-adamw", "nanochat-mha-muon"])
+def test_interrupted_run_resumes_to_the_uninterrupted_loss_curve(config, recipe, tmp_path, synthetic, monkeypatch,
+                                                                 threads):
+    reference = train(config, recipe, synthetic, out=tmp_path / "a", progress=False)
     with monkeypatch.context() as patch:
         _fail_at_step(patch, 27)
         with pytest.raises(_Interrupt):
-            train(config, TINY_TRAIN, synthetic, out=tmp_path / "b", progress=False)
+            train(config, recipe, synthetic, out=tmp_path / "b", progress=False)
     assert max(r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")) == 25  # logged past the checkpoint
-    resumed = train(config, TINY_TRAIN, synthetic, out=tmp_path / "b", resume=True, progress=False)
+    resumed = train(config, recipe, synthetic, out=tmp_path / "b", resume=True, progress=False)
+    assert resumed.model.config.arch == config.arch
     strip = lambda records: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in records]
     assert strip(resumed.metrics) == strip(reference.metrics)  # exactly equal, every step
     assert strip(load_run(tmp_path / "b").metrics) == strip(reference.metrics)

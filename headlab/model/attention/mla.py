@@ -42,12 +42,12 @@ class MultiHeadLatentAttention(nn.Module):
         q_width = h * (dh + self.rope_head_dim)
         if config.q_latent_dim:
             self.wq_a = nn.Linear(d, config.q_latent_dim, bias=False)
-            self.q_norm = RMSNorm(config.q_latent_dim, eps=NORM_EPS)
+            self.q_norm = RMSNorm(config.q_latent_dim, eps=NORM_EPS, gain=config.norm_gains)
             self.wq_b = nn.Linear(config.q_latent_dim, q_width, bias=False)
         else:
             self.wq = nn.Linear(d, q_width, bias=False)
         self.wkv_a = nn.Linear(d, self.latent_dim + self.rope_head_dim, bias=False)
-        self.kv_norm = RMSNorm(self.latent_dim, eps=NORM_EPS)
+        self.kv_norm = RMSNorm(self.latent_dim, eps=NORM_EPS, gain=config.norm_gains)
         self.wkv_b = nn.Linear(self.latent_dim, h * 2 * dh, bias=False)  # per head: [W^UK_h | W^UV_h]
         self.wo = nn.Linear(h * dh, d, bias=False)
         self.core = AttentionCore()
