@@ -21,7 +21,6 @@ import json
 import sys
 from dataclasses import asdict, fields
 from datetime import date
-from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -83,27 +82,22 @@ def add_init(destination: Path) -> StudyTables:
 
 def rekey(destination: Path) -> StudyTables:
     """Record today's settings_key in the shipped tables of `destination` when their runs were trained
-    with today's settings before TrainConfig gained fields: the recorded key must equal the digest of
-    today's settings without some of the fields the recorded recipe (meta["train"]) lacks, each of which
-    must hold its default today (the runs trained as that default does). Returns the tables as read back."""
+    with today's settings, the key's rule having changed since (fields added, how a run executes left
+    out): the recipe the study recorded (meta["train"]) must be today's on every field it names, and every
+    field it lacks must hold its default today (the runs trained as that default does). Returns the
+    tables as read back."""
     tables = read_study_tables(destination)
     meta = tables.meta
     study = Study(meta["preset"], meta["steps"], destination / "no-runs")
     today = asdict(study.train_config(0))
     elsewhere = ("steps", "seed", *EXECUTION_FIELDS)  # the study's meta records these apart from its recipe
-    added = [name for name in today if name not in meta["train"] and name not in elsewhere]
+    changed = {name: (value, today[name]) for name, value in meta["train"].items() if today.get(name) != value}
     defaults = {f.name: f.default for f in fields(TrainConfig)}
-    if any(today[name] != defaults[name] for name in added):
-        raise ValueError(f"fields added since the demo study was trained ({', '.join(added)}) do not all hold their "
-                         "defaults in its preset: train and ship the study again (make demo, make ship-demo)")
-    # the recorded key may already count some of them (an earlier --rekey): any subset may be new
-    before = {settings_digest([[config.to_dict(), {k: v for k, v in today.items() if k not in new}]
-                               for config in study.variants])
-              for n in range(len(added) + 1) for new in combinations(added, n)}
-    if meta["shipped"]["settings_key"] not in before:
-        raise ValueError(f"the shipped tables were trained with other settings ({meta['shipped']['settings_key']} is "
-                         f"none of {', '.join(sorted(before))}): train and ship the study again (make demo, "
-                         "make ship-demo)")
+    added = [name for name in today if name not in meta["train"] and name not in elsewhere]
+    changed |= {name: ("absent", today[name]) for name in added if today[name] != defaults[name]}
+    if changed or int(meta["steps"]) != study.train_config(0).steps:
+        raise ValueError(f"the shipped tables were trained with other settings ({changed or 'steps'}): train and "
+                         "ship the study again (make demo, make ship-demo)")
     shipped = {**meta["shipped"], "settings_key": settings_key(study.preset, study.steps)}
     write_study_tables(StudyTables(tables.tables, {**meta, "shipped": shipped}), destination)
     return read_study_tables(destination)
@@ -113,8 +107,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("study", type=Path, nargs="?", help="a finished study folder (headlab reproduce --out)")
     parser.add_argument("--rekey", action="store_true",
-                        help="record today's settings key in the shipped tables after TrainConfig gained fields "
-                             "that hold their defaults (checked), instead (no study)")
+                        help="record today's settings key in the shipped tables after the key's rule changed, when "
+                             "their recipe is today's (checked), instead (no study)")
     parser.add_argument("--add-init", action="store_true",
                         help="add the random-initialisation baseline to the shipped tables instead (no study)")
     args = parser.parse_args()

@@ -42,7 +42,7 @@ from headlab.io import LOCK, Manifest, being_written, inside, make_folder
 from headlab.model.config import FAMILY_FIELDS, ModelConfig, preset
 from headlab.runs.checkpoints import checkpoint_step, has_checkpoint
 from headlab.runs.divergence import Divergence, run_divergence
-from headlab.runs.layout import CONFIG, check_resumable, run_manifest
+from headlab.runs.layout import CONFIG, EXECUTION_FIELDS, check_resumable, run_manifest
 from headlab.runs.layout import MANIFEST as RUN_MANIFEST
 from headlab.runs.layout import METRICS as RUN_METRICS
 from headlab.runs.metrics import read_metrics
@@ -421,14 +421,17 @@ def settings_key(preset: str, steps: int | None) -> str:
 # The fields a settings key names whatever their value: every field the two configs had when
 # ModelConfig.arch was added. A field added since is named only away from its default, so a new
 # option leaves the key of every setting that does not use it (trained runs, the shipped tables) as it was.
+# How a run is executed (`HOW_RUN`: processes, device, compiling) is never keyed: it does not change what is
+# trained, and a run resumes across it.
+HOW_RUN = tuple(name for name in EXECUTION_FIELDS if name != "snapshot_every")
 ALWAYS_KEYED = {
     ModelConfig: ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "head_dim", "attention", "n_kv_head",
                   "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "qk_norm", "rope_base",
                   "kv_residual_init", "mlp", "mlp_ratio"),
     TrainConfig: ("steps", "batch_size", "optimizer", "lr", "matrix_lr", "embedding_lr", "unembedding_lr",
                   "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip", "eval_every", "eval_batches",
-                  "checkpoint_every", "log_every", "dtype", "compile", "device", "seed", "parallel", "grad_accum",
-                  "lrkv_factor_decay", "lrkv_b_optimizer", "muon_qk", "snapshot_every"),
+                  "checkpoint_every", "log_every", "dtype", "seed", "lrkv_factor_decay", "lrkv_b_optimizer",
+                  "muon_qk", "snapshot_every"),
 }
 
 
@@ -442,5 +445,5 @@ def settings_digest(settings: list) -> str:
 
 def _keyed(values: dict, config_class) -> dict:
     defaults = {f.name: f.default for f in dataclass_fields(config_class)}
-    return {name: value for name, value in values.items()
-            if name in ALWAYS_KEYED[config_class] or name not in defaults or value != defaults[name]}
+    return {name: value for name, value in values.items() if name not in HOW_RUN
+            and (name in ALWAYS_KEYED[config_class] or name not in defaults or value != defaults[name])}

@@ -144,9 +144,10 @@ class TrainConfig:
 # (0.2) and head (0.004), wd 0.1, clip 1.0, bf16.
 TRAIN_PRESETS: dict[str, TrainConfig] = {
     # tiny (the tests' and the notebooks' small mode) trains smoke tests, not results. It keeps AdamW,
-    # the one optimizer FSDP takes, so the tests' FSDP runs train it with its own settings.
+    # the one optimizer FSDP takes, so the tests' FSDP runs train it with its own settings. It never
+    # compiles: on a GPU (Colab's small mode) compiling a 40-step model costs more than its whole run.
     "tiny": TrainConfig(steps=40, batch_size=8, warmup_steps=5, eval_every=20, eval_batches=2,
-                        checkpoint_every=20, log_every=5),
+                        checkpoint_every=20, log_every=5, compile="off"),
     # The CPU presets train the paper's way (Muon + AdamW split): under AdamW on everything the
     # validation loss is ~0.13 nats/byte worse and head diversity moves more with the optimizer than
     # with the architecture (benchmarks/results/scale_study.md, the recipe study). AdamW stays one

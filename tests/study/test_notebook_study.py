@@ -45,6 +45,17 @@ def test_a_field_added_since_keys_began_changes_the_key_only_away_from_its_defau
         assert set(names) <= {f.name for f in fields(config_class)}, config_class  # every name a field
 
 
+def test_how_a_run_executes_never_changes_the_key():
+    """Processes, device and compiling do not change what is trained (a run resumes across them), so
+    a setting keeps its key under any of them; a training setting changes it."""
+    config, train = study.Study("tiny", 60, Path(".")).variants[0], study.Study("tiny", 60, Path(".")).train_config()
+    digest = lambda train_config: study.settings_digest([[config.to_dict(), asdict(train_config)]])
+    for changed in (dict(compile="off"), dict(compile="aot_eager"), dict(device="cpu"), dict(parallel="fsdp"),
+                    dict(grad_accum=2)):
+        assert digest(train.replace(**changed)) == digest(train), changed
+    assert digest(train.replace(weight_decay=0.0)) != digest(train)
+
+
 def test_log_lines_name_folders_of_the_project_relative_to_the_working_directory(tmp_path, monkeypatch):
     """A notebook runs in notebooks/: the study's lines in its saved output name no machine's
     folders; a folder outside the project is named as it is."""

@@ -164,3 +164,29 @@ def test_notebook_03_installed_outside_the_repository_shows_the_shipped_tables_u
     assert f"{site / 'headlab' / '__init__.py'}\n" in printed
     assert "reading the demo study's tables shipped with headlab" in printed
     assert not list(elsewhere.rglob("runs/notebooks/small/*/runs"))  # nothing trained
+
+
+@pytest.mark.parametrize("edit", ["none", "recipe", "added"])
+def test_rekey_records_todays_key_only_for_tables_trained_with_todays_recipe(tmp_path, monkeypatch, edit):
+    """`ship_demo_tables.py --rekey` moves the shipped tables to today's settings key when the key's rule
+    changed (fields added, how runs execute left out), and refuses tables whose recorded recipe is not
+    today's, or that lack a field today's preset holds away from its default (the model's shape is held
+    by read_study_tables)."""
+    from headlab.study.table_files import SHIPPED, StudyTables, write_study_tables
+
+    tables = read_study_tables(SHIPPED)
+    meta = {**tables.meta, "shipped": {**tables.meta["shipped"], "settings_key": "00000000"}}
+    if edit == "recipe":
+        meta["train"] = {**meta["train"], "matrix_lr": meta["train"]["matrix_lr"] * 2}
+    if edit == "added":  # the tables predate muon_qk; today's preset as if it left W_Q, W_K to AdamW
+        assert "muon_qk" not in meta["train"]
+        preset_config = Study.train_config
+        monkeypatch.setattr(Study, "train_config",
+                            lambda self, seed=0: preset_config(self, seed).replace(muon_qk=False))
+    write_study_tables(StudyTables(tables.tables, meta), tmp_path / "shipped")
+    if edit != "none":
+        with pytest.raises(ValueError, match="trained with other settings"):
+            ship_demo_tables.rekey(tmp_path / "shipped")
+        return
+    rekeyed = ship_demo_tables.rekey(tmp_path / "shipped")
+    assert rekeyed.meta["shipped"]["settings_key"] == settings_key(meta["preset"], int(meta["steps"]))

@@ -81,7 +81,7 @@ def test_a_compile_failing_at_the_first_step_falls_back_to_eager_with_one_line(m
     """Under "auto", a compile that fails at the first step (here dynamo's failing test backend
     stands in for a missing Triton or an unsupported operation) trains on eagerly, to the very
     losses of an eager run, after one line; the process does not try that backend again."""
-    config = train_preset("tiny", steps=3, eval_every=3, device="cpu")
+    config = train_preset("tiny", steps=3, eval_every=3, device="cpu", compile="auto")
     eager = train(preset("tiny", "mha"), config.replace(compile="off"), "synthetic", progress=False)
     capsys.readouterr()
     monkeypatch.setattr(trainer_module, "compile_backend", lambda requested, device: (FAILING_BACKEND, None))
@@ -106,5 +106,5 @@ def test_the_timed_step_is_the_compiled_step_training_will_run(monkeypatch):
     measure_step(preset("tiny", "mha"), train_preset("tiny", device="cpu", compile="eager"), repeats=1)
     assert counters["stats"]["unique_graphs"] >= 1
     monkeypatch.setattr(hardware, "compile_backend", lambda requested, device: (FAILING_BACKEND, None))
-    measure_step(preset("tiny", "mha"), train_preset("tiny", device="cpu"), repeats=1)
+    measure_step(preset("tiny", "mha"), train_preset("tiny", device="cpu", compile="auto"), repeats=1)
     assert compiling.UNAVAILABLE == {FAILING_BACKEND}
