@@ -123,6 +123,10 @@ AXES = [
           f"{TRAIN} --seeds 3 --out ROOT/seq_len --set seq_len=128")),
     Axis("vocabulary", None, {DEFAULT_POINT: "bytes (256)", "vocab/x1-bpe512": "BPE 512 (headlab's trainer)"},
          (f"{TRAIN} --seeds 3 --out ROOT/vocab --tokenizer bpe:512",)),
+    Axis("architecture", None, {DEFAULT_POINT: "headlab", "arch/x1-archnanochat": "nanochat"},
+         (f"{TRAIN} --seeds 3 --out ROOT/arch --set arch=nanochat",),
+         "ModelConfig.arch: nanochat's parameter-free RMSNorms (one after the embedding too), its initialisation, "
+         "output projections and head starting at zero"),
 ]
 
 
@@ -431,10 +435,12 @@ def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, 
              f"Every point is a `cpu-small` study (4 layers of 6 heads, d_h 32, d_model 128, bytes of Shakespeare) "
              f"that differs from the default point (`{DEFAULT_POINT}`: Muon + AdamW split, 16 x 64 tokens a step, "
              "900 steps, weight decay 0.1) in one setting. ROOT is the folder the sweeps were written to "
-             f"(here `{root}`). The optimizer axis (and with it the default point) ran from main at 91a3e0b, every "
-             "other command from this branch at 7cb5876 (`git archive`d, run with PYTHONPATH on the copy), which adds "
-             "TrainConfig.muon_qk and leaves every default unchanged. The default point and the "
-             "optimizer axis:", "", f"    {SWEEP} --out ROOT/optimizer --set optimizer=adamw,muon", "",
+             f"(here `{root}`). The optimizer axis (and with it the default point) ran from main at 91a3e0b; the "
+             "W_Q, W_K and batch axes and cpu-deep from 7cb5876, which adds TrainConfig.muon_qk; weight decay, "
+             "length 0.25 and d_h 16 from f6d60f2, the other d_h, context, d_model, vocabulary and probed runs from 90e152d, the "
+             "architecture from the branch that adds ModelConfig.arch (each `git archive`d, run with PYTHONPATH on "
+             "the copy; none changes a default). The default point and the optimizer axis:", "",
+             f"    {SWEEP} --out ROOT/optimizer --set optimizer=adamw,muon", "",
              "This page (it trains nothing, reads every finished run):", "",
              f"    python benchmarks/regime_study.py page --root ROOT --out {out}", "",
              "λ₁: the first eigenvalue of the uncentred cosine similarity of the heads' QK forms A_h = W^Q_h W^K_hᵀ "
