@@ -437,9 +437,9 @@ def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, 
              "900 steps, weight decay 0.1) in one setting. ROOT is the folder the sweeps were written to "
              f"(here `{root}`). The optimizer axis (and with it the default point) ran from main at 91a3e0b; the "
              "W_Q, W_K and batch axes and cpu-deep from 7cb5876, which adds TrainConfig.muon_qk; weight decay, "
-             "length 0.25 and d_h 16 from f6d60f2, the other d_h, context, d_model, vocabulary and probed runs from 90e152d, the "
-             "architecture from the branch that adds ModelConfig.arch (each `git archive`d, run with PYTHONPATH on "
-             "the copy; none changes a default). The default point and the optimizer axis:", "",
+             "length 0.25 and d_h 16 from f6d60f2, the other d_h, context, d_model, vocabulary and probed runs "
+             "from 90e152d, the architecture from the branch that adds ModelConfig.arch (each `git archive`d, "
+             "run with PYTHONPATH on the copy; none changes a default). The default point and the optimizer axis:", "",
              f"    {SWEEP} --out ROOT/optimizer --set optimizer=adamw,muon", "",
              "This page (it trains nothing, reads every finished run):", "",
              f"    python benchmarks/regime_study.py page --root ROOT --out {out}", "",
