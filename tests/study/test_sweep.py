@@ -24,7 +24,7 @@ def swept(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
     # One job: worker processes would each import torch again, which costs more than these tiny runs
     # (the sweep of some roles below keeps the default, runs in worker processes).
-    assert main(["sweep", "--preset", "tiny", "--lengths", "0.25", "0.5", "--seeds", "2", "--jobs", "1",
+    assert main(["sweep", "--preset", "tiny", "--lengths", "0.1", "0.2", "--seeds", "2", "--jobs", "1",
                  "--out", str(out)]) == 0
     tables, _ = load_tables(out, "sweep.json", "a sweep folder")
     return out, tables["sweep"]
@@ -32,12 +32,12 @@ def swept(tmp_path_factory):
 
 def test_every_grid_point_is_a_reusable_study_and_the_table_holds_its_paired_statistics(swept):
     out, table = swept
-    assert list(dict.fromkeys(table["point"])) == ["x0.25", "x0.5"] and list(dict.fromkeys(table["steps"])) == [10, 20]
-    point = GridPoint("tiny", 0.5)
+    assert list(dict.fromkeys(table["point"])) == ["x0.1", "x0.2"] and list(dict.fromkeys(table["steps"])) == [4, 8]
+    point = GridPoint("tiny", 0.2)
     runs = point.study(out).train(seeds=2, progress=False, log=lambda message: None)  # reused, not retrained
-    assert all(r.run.step == 20 for r in runs)
+    assert all(r.run.step == 8 for r in runs)
     metrics = per_seed_metrics(analysis_tables(runs)["summary"], training_table(runs, loss_unit("byte")))
-    rows = table[table["point"] == "x0.5"]
+    rows = table[table["point"] == "x0.2"]
     assert len(rows) == 5 * 3 + 2  # five variants x (loss, two ranks), MLA's ranks at the other RoPE setting
     for row in rows.itertuples():
         column = {"validation loss": "val_loss", "uncentered effective rank": "uncentered",
