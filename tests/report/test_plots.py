@@ -366,7 +366,34 @@ def test_similarity_heatmaps_grid_drops_empty_cells(tables):
     similarity = tables["similarity"]
     fig = plots.similarity_heatmaps(similarity[similarity.model != "MQA"], layer=0, annotate=False)
     assert len(fig.axes) == 5 + 1
-    assert not fig.axes[0].texts
+    assert len(fig.axes[0].collections) == 1  # the cells, no values
+
+
+def test_heatmap_cells_show_their_values_white_on_dark_cells(tables):
+    """Each cell holds the outline of its value to two decimals (centred; "0.00", never "-0.00"),
+    white where the cell's colour is dark (relative luminance at most 0.408: the unit diagonal
+    among them), dark grey elsewhere."""
+    from matplotlib.textpath import TextPath
+
+    from headlab.report.plots.heatmaps import CELL_VALUES, relative_luminance
+
+    ax = plots.similarity_heatmaps(tables["similarity"], layer=2).axes[0]
+    mesh, values = ax.collections
+    assert values.get_label() == CELL_VALUES
+    matrix = np.asarray(mesh.get_array()).reshape(6, 6)
+    i, j = np.indices(matrix.shape)
+    np.testing.assert_array_equal(values.get_offsets(), np.column_stack([j.ravel() + 0.5, i.ravel() + 0.5]))
+    for outline, value in zip(values.get_paths(), matrix.ravel()):
+        text = f"{abs(value):.2f}" if abs(value) < 0.005 else f"{value:.2f}"
+        expected = TextPath((0, 0), text, size=7).vertices
+        assert outline.vertices.shape == expected.shape
+        np.testing.assert_allclose(outline.vertices - outline.vertices.min(axis=0), expected - expected.min(axis=0),
+                                   atol=1e-9)
+        assert abs(outline.get_extents().x0 + outline.get_extents().x1) < 1e-9  # centred across
+    white = (values.get_facecolors()[:, :3] == 1).all(axis=1).reshape(6, 6)
+    grey = np.isclose(values.get_facecolors()[:, :3], 0.15).all(axis=1).reshape(6, 6)
+    dark = relative_luminance(mesh.cmap(mesh.norm(matrix))[..., :3]) <= 0.408
+    assert white.diagonal().all() and (white == dark).all() and (grey == ~dark).all() and 0 < dark.sum() < 36
 
 
 def drawn_boxes(fig) -> tuple[list, list]:

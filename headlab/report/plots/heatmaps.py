@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Mapping
 
 import numpy as np
 import pandas as pd
+from matplotlib.collections import PathCollection
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.path import Path
+from matplotlib.textpath import TextPath
+from matplotlib.transforms import Affine2D
 
 from headlab.report.plots.checks import checked_rows, seed_count
 from headlab.report.plots.methods import methods_of
@@ -16,6 +23,8 @@ from headlab.report.plots.style import HEATMAP_CMAP, NotebookFigure, styled
 
 LABELLED_HEADS = 24  # up to this many heads every head is labelled, beyond it every k-th
 DARK_CELL = 0.408  # a cell's value is written in white below this relative luminance (as seaborn does)
+VALUE_SIZE, VALUE_COLOUR = 7, "0.15"  # points, and the colour of a value on a light cell
+CELL_VALUES = "cell values"  # the label of a heatmap's collection of values
 PANEL = 2.7  # inches: the side of one heatmap
 # Inches around the heatmaps, room for what the fonts of `styled` draw there: head numbers and the
 # axis labels (left, bottom), the figure's title (top), the colour bar and its label (right).
@@ -42,10 +51,31 @@ def heatmap(ax, matrix: pd.DataFrame, annotate: bool, numbered: tuple[bool, bool
         axis.set_ticks(np.arange(0, len(labels), every) + 0.5 if shown else [],
                        [str(label) for label in labels[::every]] if shown else [])
     if annotate:
-        dark = relative_luminance(mesh.cmap(mesh.norm(values))[..., :3]) <= DARK_CELL
-        for (i, j), value in np.ndenumerate(values):
-            ax.text(j + 0.5, i + 0.5, f"{round(value, 2) + 0.0:.2f}",  # + 0.0: no "-0.00"
-                    ha="center", va="center", fontsize=7, color="white" if dark[i, j] else "0.15", in_layout=False)
+        ax.add_collection(cell_values(ax, values, mesh.cmap(mesh.norm(values))[..., :3]), autolim=False)
+
+
+def cell_values(ax, values: np.ndarray, colours: np.ndarray) -> PathCollection:
+    """Each value of `values`, to two decimals, centred in its cell of `ax` (cell (i, j) spans
+    j…j + 1 across, i…i + 1 down), white on cells whose colour (`colours`, RGB) is dark: one
+    collection of the texts' outlines, each distinct text laid out once (`value_outline`). As
+    Text artists they took half of a heatmaps figure's drawing time, each laid out and rasterised
+    on its own; outlines look the same at this size (in an SVG they are paths, not text)."""
+    dark = relative_luminance(colours) <= DARK_CELL
+    rows, columns = np.indices(values.shape)
+    outlines = [value_outline(f"{round(value, 2) + 0.0:.2f}") for value in values.ravel()]  # + 0.0: no "-0.00"
+    return PathCollection(outlines, offsets=np.column_stack([columns.ravel() + 0.5, rows.ravel() + 0.5]),
+                          offset_transform=ax.transData,
+                          transform=Affine2D().scale(1 / 72) + ax.figure.dpi_scale_trans,  # points to pixels
+                          facecolors=np.where(dark.ravel()[:, None], to_rgba("white"), to_rgba(VALUE_COLOUR)),
+                          linewidths=0, label=CELL_VALUES)
+
+
+@functools.lru_cache(maxsize=512)
+def value_outline(text: str) -> Path:
+    """The outline of `text` in the cells' font (`VALUE_SIZE` points, in points), centred on the origin."""
+    outline = TextPath((0, 0), text, size=VALUE_SIZE, prop=FontProperties(size=VALUE_SIZE))
+    box = outline.get_extents()
+    return outline.transformed(Affine2D().translate(-(box.x0 + box.x1) / 2, -(box.y0 + box.y1) / 2))
 
 
 def relative_luminance(rgb: np.ndarray) -> np.ndarray:
