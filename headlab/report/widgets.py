@@ -286,13 +286,13 @@ class Explorer(widgets.VBox):
         """The figures shown as one PNG (or the reason there is none), as a display bundle: made
         once per state."""
         entry = self.drawn[self.shown]
-        if entry["bundle"] is None:
+        if entry["bundle"] is None and not self.figures:
+            entry["bundle"] = {"text/plain": NO_METHOD}
+        elif entry["bundle"] is None:
             view, *_, methods = self.shown
             with collection_paused():
-                png = stacked_png(self.figures) if self.figures else None
-            entry["bundle"] = ({"image/png": png,
-                                "text/plain": f"headlab explorer: {view} of {len(methods)} methods"}
-                               if self.figures else {"text/plain": NO_METHOD})
+                png = stacked_png(self.figures)
+            entry["bundle"] = {"image/png": png, "text/plain": f"headlab explorer: {view} of {len(methods)} methods"}
         return entry["bundle"]
 
     def _ipython_display_(self) -> None:
