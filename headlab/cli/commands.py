@@ -266,7 +266,8 @@ def cmd_reproduce(args) -> int:
                   corpus_options=source_options, tokens=args.tokens, model_overrides=model_overrides,
                   train_overrides={**train_overrides, **flags},
                   only=compared_roles(tuple(args.only) if args.only else None))
-    jobs = args.jobs or study.default_jobs(args.seeds)
+    # planned GPUs train as on a GPU, one run at a time (each run has the devices), whatever cores plan them
+    jobs = args.jobs or (1 if args.plan and args.plan_gpus else study.default_jobs(args.seeds))
     check_jobs(jobs, len(study.variants) * args.seeds)
     if args.plan:  # the whole table even when it does not fit: a study's cost is worth seeing either way
         plan = plan_for_args(args, study.variants, study.train_config(0), seeds=args.seeds, check=False, jobs=jobs)

@@ -34,6 +34,8 @@ uses only standard ipywidgets and plain matplotlib figures. The figures last dra
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import html
 import io
 from collections import OrderedDict
@@ -126,6 +128,20 @@ def _cropped(image: np.ndarray, margin: int = CROP_MARGIN) -> np.ndarray:
     return image[max(rows[0] - margin, 0):rows[-1] + margin + 1, max(columns[0] - margin, 0):columns[-1] + margin + 1]
 
 
+@contextlib.contextmanager
+def collection_paused():
+    """Python's garbage collection paused inside (if it was on): a redraw makes tens of thousands of
+    objects that live as long as its figures, and every collection during it would scan them and
+    the kernel's tables again (a fifth of a heatmaps redraw); they are collected later, at once."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class Explorer(widgets.VBox):
     """The widget `explore` returns: its controls are attributes, so code (and tests) can set them."""
 
@@ -215,7 +231,8 @@ class Explorer(widgets.VBox):
         state = self.state()
         if state not in self.drawn:
             chosen = list(state[-1])
-            self.drawn[state] = {"figures": self._draw(chosen) if chosen else [], "bundle": None}
+            with collection_paused():
+                self.drawn[state] = {"figures": self._draw(chosen) if chosen else [], "bundle": None}
             while len(self.drawn) > KEPT_VIEWS:
                 self.drawn.popitem(last=False)
         self.drawn.move_to_end(state)
@@ -269,11 +286,13 @@ class Explorer(widgets.VBox):
         """The figures shown as one PNG (or the reason there is none), as a display bundle: made
         once per state."""
         entry = self.drawn[self.shown]
-        if entry["bundle"] is None:
+        if entry["bundle"] is None and not self.figures:
+            entry["bundle"] = {"text/plain": NO_METHOD}
+        elif entry["bundle"] is None:
             view, *_, methods = self.shown
-            entry["bundle"] = ({"image/png": stacked_png(self.figures),
-                                "text/plain": f"headlab explorer: {view} of {len(methods)} methods"}
-                               if self.figures else {"text/plain": NO_METHOD})
+            with collection_paused():
+                png = stacked_png(self.figures)
+            entry["bundle"] = {"image/png": png, "text/plain": f"headlab explorer: {view} of {len(methods)} methods"}
         return entry["bundle"]
 
     def _ipython_display_(self) -> None:

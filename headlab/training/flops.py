@@ -59,23 +59,26 @@ def model_flops_utilization(config: ModelConfig, tokens_per_second: float, peak_
 
 
 @functools.lru_cache(maxsize=64)
-def muon_flops_per_step(config: ModelConfig) -> float:
-    """FLOPs of torch.optim.Muon's Newton–Schulz orthogonalisation in one optimizer step: for each
-    Muon matrix, m x n with m <= n (transposed if taller), each of ns_steps iterations computes
-    A = X·Xᵀ (2·m²·n), B = b·A + c·A·A (2·m³) and X = a·X + B·X (2·m²·n):
+def muon_flops_per_step(config: ModelConfig, ranks: int = 1) -> float:
+    """FLOPs of Muon's Newton–Schulz orthogonalisation in one optimizer step, on the busiest of
+    `ranks` DDP ranks: for each Muon matrix, m x n with m <= n (transposed if taller), each of
+    ns_steps iterations computes A = X·Xᵀ (2·m²·n), B = b·A + c·A·A (2·m³) and X = a·X + B·X (2·m²·n):
 
-        ns_steps · Σ (4·m²·n + 2·m³)
+        ns_steps · Σ_shapes ⌈k_shape / ranks⌉ · (4·m²·n + 2·m³)
 
-    Every DDP rank orthogonalises every matrix (the update is not sharded), so this is per rank,
-    however many ranks share the batch."""
+    where k_shape matrices share a shape: the ranks split each shape's stack
+    (`headlab.training.optimizers.orthogonalize_shared`), the first ranks taking ⌈k / ranks⌉ each."""
     ns_steps = inspect.signature(torch.optim.Muon).parameters["ns_steps"].default
     with torch.device("meta"):
         model = GPT(config)
-    total = 0
+    per_shape: dict[tuple[int, ...], int] = {}
     for name, parameter in model.named_parameters():
         if is_muon_matrix(name, parameter):
-            m, n = sorted(parameter.shape)
-            total += 4 * m * m * n + 2 * m ** 3
+            per_shape[tuple(parameter.shape)] = per_shape.get(tuple(parameter.shape), 0) + 1
+    total = 0
+    for shape, count in per_shape.items():
+        m, n = sorted(shape)
+        total += -(-count // ranks) * (4 * m * m * n + 2 * m ** 3)
     return float(ns_steps * total)
 
 

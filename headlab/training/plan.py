@@ -118,7 +118,8 @@ def study_plan(variants: list[ModelConfig], train_config, devices: Devices, *, t
     for config in variants:
         flops = training_flops(config, steps * tokens_per_step)
         # the optimizer's own FLOPs, per rank (not in "total": MFU counts the model's FLOPs alone)
-        flops["optimizer"] = steps * muon_flops_per_step(config) if train_config.optimizer == "muon" else 0.0
+        flops["optimizer"] = (steps * muon_flops_per_step(config, devices.count) if train_config.optimizer == "muon"
+                              else 0.0)
         memory = {s: memory_per_device(config, micro, devices.count, s, train_config.optimizer, train_config.dtype)
                   for s in STRATEGIES}
         step = (step_times or {}).get(config.label)
@@ -236,7 +237,7 @@ def format_plan(plan: StudyPlan) -> str:
     ]
     if first.flops["optimizer"]:
         share = max(v.flops["optimizer"] / (v.flops["total"] / d.count) for v in plan.variants)
-        lines.append(f"Muon's Newton–Schulz orthogonalisation: every rank runs it on every matrix, up to "
+        lines.append(f"Muon's Newton–Schulz orthogonalisation: the ranks split the matrices, up to "
                      f"+{100 * share:.0f}% of a rank's model FLOPs; counted in the wall time, not in MFU")
     lines.append("")
     step_column = f"{'ms/step':>9}" if plan.measured else ""

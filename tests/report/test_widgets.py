@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import asyncio
+import gc
 import io
 from types import SimpleNamespace
 
@@ -21,7 +22,7 @@ from matplotlib.figure import Figure
 from test_plots import FIGURE_ORDER, TAB10, legend_labels, line_colours, synthetic_tables, synthetic_training
 
 import headlab.report.widgets
-from headlab.report.widgets import NO_METHOD, choice_columns, explore, stacked_png
+from headlab.report.widgets import NO_METHOD, choice_columns, collection_paused, explore, stacked_png
 
 THREE_PANELS = ["Early Layer (L=0)", "Middle Layer (L=2)", "Late Layer (L=3)"]
 
@@ -344,6 +345,24 @@ def test_only_the_last_states_are_kept(explorer, monkeypatch):
     explorer.view.value = "heatmaps"  # two states since the default: it is forgotten
     explorer.view.value, explorer.kind.value = "spectra", "uncentered"
     assert len(draws) == 3 and drawn(explorer) is not default and len(explorer.drawn) == 2
+
+
+def test_garbage_collection_pauses_while_a_state_is_drawn_and_comes_back_after(explorer, monkeypatch):
+    collecting = []
+    draw, png = explorer._draw, headlab.report.widgets.stacked_png
+    monkeypatch.setattr(explorer, "_draw", lambda chosen: collecting.append(("draw", gc.isenabled())) or draw(chosen))
+    monkeypatch.setattr(headlab.report.widgets, "stacked_png",
+                        lambda figures: collecting.append(("png", gc.isenabled())) or png(figures))
+    explorer.view.value = "effective rank"
+    explorer.figure_bundle()
+    assert collecting == [("draw", False), ("png", False)] and gc.isenabled()
+    gc.disable()  # paused by someone else: stays so
+    try:
+        with collection_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_a_redraw_that_fails_in_a_kernel_says_so_below_the_controls(explorer, monkeypatch):

@@ -253,7 +253,7 @@ def test_every_setup_a_plan_suggests_is_one_the_command_line_can_choose_and_it_f
 
 def test_muons_orthogonalisation_is_counted_per_rank_in_the_wall_time():
     """torch.optim.Muon runs 5 Newton–Schulz iterations per matrix, 4·m²·n + 2·m³ FLOPs each
-    (m <= n); every DDP rank runs all of them, so they do not shrink with the device count."""
+    (m <= n); DDP ranks split each shape's matrices, the busiest rank taking ⌈k / ranks⌉ of them."""
     from headlab.training.flops import muon_flops_per_step
 
     config = preset("tiny", "mha")  # per block: q, k, v, out 32 x 32, MLP 128 x 32 and 32 x 128
@@ -262,11 +262,14 @@ def test_muons_orthogonalisation_is_counted_per_rank_in_the_wall_time():
     h100s = parse_devices("8xH100")
     muon = study_plan([config], train_preset("tiny", optimizer="muon"), h100s, mfu=0.5).variants[0]
     adamw = study_plan([config], train_preset("tiny"), h100s, mfu=0.5).variants[0]
-    assert muon.flops["optimizer"] == 40 * muon_flops_per_step(config) and adamw.flops["optimizer"] == 0
+    # 8 square matrices and 2 of each wide shape over 8 ranks: one of each shape on the busiest rank
+    assert muon_flops_per_step(config, 8) == 5 * (square + 2 * wide)
+    assert muon_flops_per_step(config, 2) == 5 * (4 * square + 2 * wide)
+    assert muon.flops["optimizer"] == 40 * muon_flops_per_step(config, 8) and adamw.flops["optimizer"] == 0
     assert muon.wall_s == pytest.approx((muon.flops["total"] / 8 + muon.flops["optimizer"]) / (0.5 * h100s.peak_flops))
     assert adamw.wall_s == pytest.approx(adamw.flops["total"] / (8 * 0.5 * h100s.peak_flops))
     big = study_plan(comparison_variants("paper-2.5b")[:1], train_preset("paper-2.5b"), parse_devices("8xH200"))
-    assert "Muon's Newton–Schulz orthogonalisation: every rank runs it on every matrix" in format_plan(big)
+    assert "Muon's Newton–Schulz orthogonalisation: the ranks split the matrices" in format_plan(big)
 
 
 def test_an_h200_nvl_is_not_planned_at_the_sxm_h200s_peak():

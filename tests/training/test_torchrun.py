@@ -110,7 +110,7 @@ def test_joining_the_group_makes_the_ranks_gpu_current_before_nccl_starts(monkey
 def test_a_run_resumes_under_other_execution_settings_and_records_what_changed(tmp_path, monkeypatch):
     """--compile, --device and the thread count (--jobs) do not change what is trained: the run
     resumes, and starts.jsonl says what changed."""
-    config = train_preset("tiny", steps=4, eval_every=2, checkpoint_every=2)
+    config = train_preset("tiny", steps=4, eval_every=2, checkpoint_every=2, compile="auto")
     train(preset("tiny", "mha"), config, "synthetic", out=tmp_path / "run", progress=False)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
     run = train(preset("tiny", "mha"), config.replace(compile="off", device="cpu"), "synthetic", out=tmp_path / "run",

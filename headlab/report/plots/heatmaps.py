@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Mapping
 
 import numpy as np
 import pandas as pd
+from matplotlib.collections import PathCollection
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.path import Path
+from matplotlib.textpath import TextPath
+from matplotlib.transforms import Affine2D
 
 from headlab.report.plots.checks import checked_rows, seed_count
 from headlab.report.plots.methods import methods_of
@@ -16,13 +23,22 @@ from headlab.report.plots.style import HEATMAP_CMAP, NotebookFigure, styled
 
 LABELLED_HEADS = 24  # up to this many heads every head is labelled, beyond it every k-th
 DARK_CELL = 0.408  # a cell's value is written in white below this relative luminance (as seaborn does)
+VALUE_SIZE, VALUE_COLOUR = 7, "0.15"  # points, and the colour of a value on a light cell
+CELL_VALUES = "cell values"  # the label of a heatmap's collection of values
+PANEL = 2.7  # inches: the side of one heatmap
+# Inches around the heatmaps, room for what the fonts of `styled` draw there: head numbers and the
+# axis labels (left, bottom), the figure's title (top), the colour bar and its label (right).
+MARGINS = {"left": 0.75, "right": 1.2, "top": 0.75, "bottom": 0.65}
+GAPS = (0.45, 0.8)  # inches between heatmaps: across (the next one's head numbers), down (head numbers, label, title)
+BAR = (0.35, 0.18, 0.8)  # the colour bar: its gap from the heatmaps and width (inches), its share of their height
 
 
-def heatmap(ax, matrix: pd.DataFrame, annotate: bool) -> None:
+def heatmap(ax, matrix: pd.DataFrame, annotate: bool, numbered: tuple[bool, bool] = (True, True)) -> None:
     """`matrix` (head i down, head j across) as square cells on the −1…1 diverging scale,
     head 0 at the top left, with each value written in the cell when `annotate` (white on dark
-    cells). Drawn with plain matplotlib: seaborn's heatmap draws the figure again to test its
-    labels for overlap, which costs more than the rest of the figure."""
+    cells); its heads numbered below and on the left as `numbered` says. Drawn with plain
+    matplotlib: seaborn's heatmap draws the figure again to test its labels for overlap, which
+    costs more than the rest of the figure."""
     values = matrix.to_numpy(dtype=float)
     n_rows, n_cols = values.shape
     mesh = ax.pcolormesh(values, cmap=HEATMAP_CMAP, vmin=-1, vmax=1, edgecolors="white", linewidth=0.5)
@@ -30,14 +46,36 @@ def heatmap(ax, matrix: pd.DataFrame, annotate: bool) -> None:
     ax.grid(False)
     for spine in ax.spines.values():
         spine.set_visible(False)
-    for axis, labels in ((ax.xaxis, matrix.columns), (ax.yaxis, matrix.index)):
+    for axis, labels, shown in ((ax.xaxis, matrix.columns, numbered[0]), (ax.yaxis, matrix.index, numbered[1])):
         every = -(-len(labels) // LABELLED_HEADS)
-        axis.set_ticks(np.arange(0, len(labels), every) + 0.5, [str(label) for label in labels[::every]])
+        axis.set_ticks(np.arange(0, len(labels), every) + 0.5 if shown else [],
+                       [str(label) for label in labels[::every]] if shown else [])
     if annotate:
-        dark = relative_luminance(mesh.cmap(mesh.norm(values))[..., :3]) <= DARK_CELL
-        for (i, j), value in np.ndenumerate(values):
-            ax.text(j + 0.5, i + 0.5, f"{round(value, 2) + 0.0:.2f}",  # + 0.0: no "-0.00"
-                    ha="center", va="center", fontsize=7, color="white" if dark[i, j] else "0.15", in_layout=False)
+        ax.add_collection(cell_values(ax, values, mesh.cmap(mesh.norm(values))[..., :3]), autolim=False)
+
+
+def cell_values(ax, values: np.ndarray, colours: np.ndarray) -> PathCollection:
+    """Each value of `values`, to two decimals, centred in its cell of `ax` (cell (i, j) spans
+    j…j + 1 across, i…i + 1 down), white on cells whose colour (`colours`, RGB) is dark: one
+    collection of the texts' outlines, each distinct text laid out once (`value_outline`). As
+    Text artists they took half of a heatmaps figure's drawing time, each laid out and rasterised
+    on its own; outlines look the same at this size (in an SVG they are paths, not text)."""
+    dark = relative_luminance(colours) <= DARK_CELL
+    rows, columns = np.indices(values.shape)
+    outlines = [value_outline(f"{round(value, 2) + 0.0:.2f}") for value in values.ravel()]  # + 0.0: no "-0.00"
+    return PathCollection(outlines, offsets=np.column_stack([columns.ravel() + 0.5, rows.ravel() + 0.5]),
+                          offset_transform=ax.transData,
+                          transform=Affine2D().scale(1 / 72) + ax.figure.dpi_scale_trans,  # points to pixels
+                          facecolors=np.where(dark.ravel()[:, None], to_rgba("white"), to_rgba(VALUE_COLOUR)),
+                          linewidths=0, label=CELL_VALUES)
+
+
+@functools.lru_cache(maxsize=512)
+def value_outline(text: str) -> Path:
+    """The outline of `text` in the cells' font (`VALUE_SIZE` points, in points), centred on the origin."""
+    outline = TextPath((0, 0), text, size=VALUE_SIZE, prop=FontProperties(size=VALUE_SIZE))
+    box = outline.get_extents()
+    return outline.transformed(Affine2D().translate(-(box.x0 + box.x1) / 2, -(box.y0 + box.y1) / 2))
 
 
 def relative_luminance(rgb: np.ndarray) -> np.ndarray:
@@ -46,6 +84,27 @@ def relative_luminance(rgb: np.ndarray) -> np.ndarray:
     ((c + 0.055) / 1.055)^2.4 above."""
     linear = np.where(rgb <= 0.03928, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
     return linear @ np.array([0.2126, 0.7152, 0.0722])
+
+
+def heatmap_grid(n_rows: int, n_cols: int, count: int) -> tuple[Figure, list, object]:
+    """A figure with `count` square axes, `n_cols` to a row, and a colour bar's axes on the right,
+    all placed at fixed inches: a layout engine would measure every label of every heatmap again
+    for each figure, which costs more than drawing them. Returns (figure, heatmap axes, bar axes)."""
+    across, down = GAPS
+    width = MARGINS["left"] + n_cols * PANEL + (n_cols - 1) * across + BAR[0] + BAR[1] + MARGINS["right"]
+    height = MARGINS["top"] + n_rows * PANEL + (n_rows - 1) * down + MARGINS["bottom"]
+    fig = NotebookFigure(figsize=(width, height))
+
+    def rect(left: float, bottom: float, w: float, h: float) -> list[float]:
+        return [left / width, bottom / height, w / width, h / height]
+
+    axes = [fig.add_axes(rect(MARGINS["left"] + column * (PANEL + across),
+                              height - MARGINS["top"] - PANEL - row * (PANEL + down), PANEL, PANEL))
+            for row, column in (divmod(n, n_cols) for n in range(count))]
+    grid = n_rows * PANEL + (n_rows - 1) * down
+    bar = fig.add_axes(rect(width - MARGINS["right"] - BAR[1], MARGINS["bottom"] + grid * (1 - BAR[2]) / 2,
+                            BAR[1], grid * BAR[2]))
+    return fig, axes, bar
 
 
 @styled
@@ -67,19 +126,18 @@ def similarity_heatmaps(similarity: pd.DataFrame, layer: int, circuit: str = "qk
                          "(head i of one seed has nothing to do with head i of another)")
     n_cols = len(methods.order) if len(methods.order) <= 4 else math.ceil(len(methods.order) / 2)
     n_rows = math.ceil(len(methods.order) / n_cols)
-    fig = NotebookFigure(figsize=(3.3 * n_cols + 1.2, 3.3 * n_rows + 0.6), layout="constrained")
-    axes = fig.subplots(n_rows, n_cols, squeeze=False).ravel()
-    for n, (ax, method) in enumerate(zip(axes, methods.order)):
-        matrix = data[data["model"] == method].pivot(index="head_i", columns="head_j", values="value")
-        heatmap(ax, matrix, len(matrix) <= 8 if annotate is None else annotate)
+    fig, axes, bar_axes = heatmap_grid(n_rows, n_cols, len(methods.order))
+    matrices = [data[data["model"] == method].pivot(index="head_i", columns="head_j", values="value")
+                for method in methods.order]
+    # the same heads everywhere: numbered along the figure's bottom and left edges only, as shared axes are
+    alike = all(m.index.equals(matrices[0].index) and m.columns.equals(matrices[0].columns) for m in matrices)
+    for n, (ax, method, matrix) in enumerate(zip(axes, methods.order, matrices)):
+        bottom_row, left_column = n + n_cols >= len(methods.order), n % n_cols == 0
+        heatmap(ax, matrix, len(matrix) <= 8 if annotate is None else annotate,
+                numbered=(bottom_row or not alike, left_column or not alike))
         ax.set_title(method, color=methods.colors[method], fontweight="bold")
-        bottom_row = n + n_cols >= len(methods.order)
-        ax.set(xlabel="head j" if bottom_row else "", ylabel="head i" if n % n_cols == 0 else "")
-        ax.tick_params(rotation=0)
-    for ax in axes[len(methods.order):]:
-        ax.remove()
-    bar = fig.colorbar(axes[0].collections[0], ax=axes[:len(methods.order)].tolist(), shrink=0.8,
-                       ticks=[-1, -0.5, 0, 0.5, 1])
+        ax.set(xlabel="head j" if bottom_row else "", ylabel="head i" if left_column else "")
+    bar = fig.colorbar(axes[0].collections[0], cax=bar_axes, ticks=[-1, -0.5, 0, 0.5, 1])
     bar.set_label("1 − Jensen–Shannon distance" if circuit == "pattern" else "cosine similarity")
     fig.suptitle(figure_title(f"Head similarity matrices, layer L={layer}", 1, circuit, data), fontweight="bold")
     return fig
