@@ -296,6 +296,7 @@ def fitted_trend(name: str, x: str, runs: pd.DataFrame) -> Trend | None:
     """The log-linear fit of `runs`' λ₁ on column x (None with under four runs, three settings or x spanning
     under 2x). λ₁ ≥ 1 always (the eigenvalues of a 6 x 6 cosine matrix average 1), so a fit is read as a
     trend only, never as a value below 1."""
+    runs = runs[runs[x] > 0]  # a log-scale trend has no place for a setting of 0 (no weight decay)
     if len(runs) < 4 or runs[x].nunique() < 3 or runs[x].max() < 2 * runs[x].min():
         return None  # two settings, or less than a doubling, say nothing about the shape of a trend
     u, y = np.log2(runs[x].to_numpy(dtype=float)), runs["lambda1"].to_numpy()
@@ -339,8 +340,8 @@ def draw_figure(finals: pd.DataFrame, path: Path) -> str:
     left.axhline(1.0, color="grey", ls=":", label="no shared direction (λ₁ = 1)")
     init = float(mha["lambda1_init"].mean())
     left.axhline(init, color="tab:green", ls="-.", lw=0.8, label=f"random initialisation: {init:.2f}")
-    sentence = (f"no setting has the three or more points a trend needs (the one that moves λ₁ most, {best.name}, has "
-                f"{runs[best.x].nunique()}), so nothing is extended to the paper's scale")
+    sentence = (f"the numeric setting that moves λ₁ most, {best.name}, has {runs[runs[best.x] > 0][best.x].nunique()} "
+                "values above 0, and a log-scale trend needs three, so nothing is extended to the paper's scale")
     t = trends.get(best.name)
     if t is not None and best.x in PAPER:
         grid_x = np.geomspace(runs[best.x].min(), PAPER[best.x], 60)
@@ -359,8 +360,11 @@ def draw_figure(finals: pd.DataFrame, path: Path) -> str:
         else:
             sentence = (f"{best.name}: slope {t.slope:.3f} ± {t.slope_se:.3f} (se) per doubling over {t.n} runs, "
                         "under twice its standard error: no trend to extend to the paper's setting")
-    left.set_xscale("log", base=2)
-    left.set_xlabel(best.x.replace("_", " ") + " (log scale)")
+    if runs[best.x].min() > 0:
+        left.set_xscale("log", base=2)
+    else:  # a setting of 0 (no weight decay) sits at 0, linear up to the smallest other setting
+        left.set_xscale("symlog", base=2, linthresh=runs[runs[best.x] > 0][best.x].min())
+    left.set_xlabel(best.x.replace("_", " ") + " (log scale" + (")" if runs[best.x].min() > 0 else ", 0 at 0)"))
     left.set_ylabel("first eigenvalue λ₁, uncentred, L = 0")
     left.set_title(f"The numeric setting that moves λ₁ most:\n{best.name}", fontsize=10)
     left.legend(fontsize=7, loc="center right")
@@ -409,8 +413,7 @@ def first_screen(finals: pd.DataFrame, sentence: str) -> str:
     under_muon = {f: v for f, v in under_muon.items() if not math.isnan(v)}
     top = max(under_muon, key=under_muon.get)
     top_axis = next(a for a in AXES if top in a.points)
-    tried = ", ".join(a.name for a in AXES if a.x is not None and
-                      any(f in under_muon and f != DEFAULT_POINT for f in a.points))
+    tried = ", ".join(a.name for a in AXES if any(f in under_muon and f != DEFAULT_POINT for f in a.points))
     muon_clause = (f"under Muon none of the other settings we could train on two cores ({tried}) took it above "
                    f"{under_muon[top]:.2f} (the highest: {top_axis.name}, {top_axis.points[top]})" if tried else
                    "no other setting could be trained on two cores in time")
@@ -420,7 +423,18 @@ def first_screen(finals: pd.DataFrame, sentence: str) -> str:
             f"Muon on W_Q and W_K at our scale: with AdamW on those two matrices only (Muon elsewhere) it is "
             f"{adamw_qk:.2f} and with AdamW everywhere {adamw:.2f} (validation {bpb[ADAMW_QK_POINT]:.2f} and "
             f"{bpb[ADAMW_POINT]:.2f} bits per byte against Muon's {bpb[DEFAULT_POINT]:.2f}), while {muon_clause}; "
-            f"{sentence}.")
+            f"{sentence}.{extended_trends(finals)}")
+
+
+def extended_trends(finals: pd.DataFrame) -> str:
+    """A sentence on every numeric axis whose trend is clear of its noise, extended to the paper's setting."""
+    clear = [(axis, t) for axis in AXES if axis.x in PAPER and (t := trend(axis, finals)) is not None and t.clear]
+    if not clear:
+        return ""
+    said = [f"{axis.name} ({axis.x} = {PAPER[axis.x]:,.0f}): {centre:.2f} ± {half:.2f}"
+            for axis, t in clear for centre, half in [t.predict(PAPER[axis.x])]]
+    return (" The trends clear of their noise, extended under Muon to the paper's setting (95% prediction "
+            f"intervals): {'; '.join(said)}, against the seed figure's {SEED_MHA_EARLY:.1f}.")
 
 
 def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, root: Path) -> str:
@@ -458,7 +472,7 @@ def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, 
             lines += ["Not trained in time: the shared CPU ran a Muon run in 300–1,000 s, so this axis has only the "
                       "default point (in the optimizer table).", ""]
             continue
-        lines += [markdown_table(pd.DataFrame(rows), 2), ""]
+        lines += [markdown_table(pd.DataFrame(rows), 2), "", *trend_lines(axis, finals)]
         separations = [{"setting": value, **{f"MQA − MHA, λ₁ {name} (L={layer})": separation(finals, folder, layer)
                                              for name, layer in panels(int(finals["n_layer"].iloc[0])).items()}}
                        for folder, value in axis.points.items() if separation(finals, folder, 0) != "–"]
@@ -468,6 +482,23 @@ def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, 
     lines += deep_panels(finals)
     lines += mechanism(finals, throughs, root)
     return "\n".join(lines)
+
+
+def trend_lines(axis: Axis, finals: pd.DataFrame) -> list[str]:
+    """The log-linear trend of MHA's λ₁ at L = 0 along a numeric axis, extended to the paper's setting
+    with a 95% prediction interval where the slope is clear of its noise; nothing where no trend is fitted."""
+    t = trend(axis, finals)
+    if t is None:
+        return []
+    line = (f"Trend (MHA, L = 0, every seed): λ₁ = {t.intercept:.2f} + {t.slope:.3f}·log₂({axis.x}), slope ± "
+            f"{t.slope_se:.3f} (se), {t.n} runs")
+    if not t.clear:
+        return [line + "; the slope is under twice its standard error: no trend to extend.", ""]
+    if axis.x not in PAPER:
+        return [line + ".", ""]
+    centre, half = t.predict(PAPER[axis.x])
+    return [line + f"; at the paper's {axis.x} = {PAPER[axis.x]:,.0f} it predicts {centre:.2f} ± {half:.2f} (95% "
+            "prediction interval; λ₁ cannot fall below 1).", ""]
 
 
 def deep_panels(finals: pd.DataFrame) -> list[str]:
