@@ -170,17 +170,15 @@ def change_since(end: pd.DataFrame, half: pd.DataFrame, role: str, mla_rope: str
 
 
 def settling(change: Difference | None, since: int | None, decimals: int, margin: float) -> str | None:
-    """A claim's mark, by the rule with the claim's `margin`: 'still moving' when its change since
-    step `since` is an ordering, 'settled' when the change is within ±margin, else 'settling
-    undecided'; None (no mark) without a half-way value."""
+    """A claim's mark: 'still moving' when its change since step `since` is an ordering by the rule
+    with the claim's `margin`, else the change alone, with no verdict: with a few seeds the change's
+    interval is as wide as the margin, so 'settled' against 'undecided' turned on machine noise (a
+    rerun elsewhere flipped it) while 'still moving' does not; None (no mark) without a half-way value."""
     if change is None:
         return None
-    verdict = change.verdict(margin)
-    if verdict in (HIGHER, LOWER):
+    if change.verdict(margin) in (HIGHER, LOWER):
         return f"still moving: changed by {change.format(decimals)} since step {since}"
-    if verdict == WITHIN:
-        return f"settled: changed by {change.format(decimals)} since step {since}, within ±{margin:g}"
-    return f"settling undecided: changed by {change.format(decimals)} since step {since}"
+    return f"changed by {change.format(decimals)} since step {since}"
 
 
 # ---- the comparison with Standard MHA ---------------------------------------------------------
@@ -189,8 +187,8 @@ def claims(metrics: pd.DataFrame, half: Halfway | None = None) -> list[str]:
     """One sentence per variant and metric against Standard MHA by the rule with the metric's
     margin (`margins`): within ±δ, higher or lower by d̄ ± h, or undecided; and a sentence on what
     centering does to each variant's rank, by the same rule. With `half` (the same runs half-way
-    through training), each sentence is marked settled or still moving (`change_since`). With one
-    seed, the single sentence "One seed: no orderings claimed."."""
+    through training), each sentence carries its change since then, marked still moving where that
+    is an ordering (`settling`). With one seed, the single sentence "One seed: no orderings claimed."."""
     if metrics["seed"].nunique() < 2:
         return ["One seed: no orderings claimed."]
     sentences, deltas = [], margins(metrics)
@@ -257,7 +255,8 @@ def rule_text(n_seeds: int, n_comparisons: int) -> str:
             "orderings, so an ordering whose interval barely excludes zero is a lead to re-test with more seeds, not "
             "a finding. Each comparison is also made half-way through training (the snapshot nearest half the "
             "steps), and the per-seed change of its difference since then is judged by the same rule: an ordering "
-            "marks the sentence still moving (a longer run may change it), a change within ±δ settled.")
+            "marks the sentence still moving (a longer run may change it); any other change is shown, not judged "
+            "(with a few seeds its interval is as wide as δ, so 'settled' would turn on machine noise).")
 
 
 # ---- do the measures agree? --------------------------------------------------------------------

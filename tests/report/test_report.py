@@ -275,7 +275,7 @@ def test_a_report_cut_short_leaves_the_previous_one_whole(study, monkeypatch):
 def test_each_claim_says_whether_it_has_settled_since_half_way():
     """The same comparison half-way through training: MQA's loss gap to MHA shrank by 0.1 in every
     seed since then, more than the ±0.05 margin (still moving); GQA's rank gap is the same up to
-    seed noise, well within the ±3-point margin (settled)."""
+    seed noise: its change is shown, not judged (a 'settled' verdict turned on machine noise)."""
     from headlab.study.claims import Halfway
 
     end = synthetic_metrics(seeds=3, loss_gap=0.1, loss_noise=0.002, rank_gap=4.0)
@@ -286,8 +286,8 @@ def test_each_claim_says_whether_it_has_settled_since_half_way():
     mqa_loss = next(s for s in sentences if s.startswith("MQA: validation loss"))
     assert mqa_loss.endswith("[still moving: changed by -0.100 ± 0.000 since step 40].")
     gqa_rank = next(s for s in sentences if s.startswith(f"{ROLES['gqa'].label}: uncentered effective rank"))
-    assert "lower than Standard MHA by 4.17" in gqa_rank and "[settled: changed by" in gqa_rank
-    assert gqa_rank.endswith("since step 50, within ±3].")
+    assert "lower than Standard MHA by 4.17" in gqa_rank and "[changed by" in gqa_rank
+    assert gqa_rank.endswith("since step 50].") and "settled" not in gqa_rank
     assert all(s.endswith("].") for s in sentences)  # every claim carries its mark
     assert not any("[" in s for s in claims(end))  # none without a half-way point
 
