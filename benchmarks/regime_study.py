@@ -106,9 +106,7 @@ AXES = [
     Axis("training length", "tokens_per_parameter", {"length/x0.25": "225 steps", DEFAULT_POINT: "900 steps",
                                                      "length/x4": "3600 steps"},
          (f"{TRAIN} --seeds 3 --out ROOT/length --lengths 0.25", f"{TRAIN} --seeds 2 --out ROOT/length --lengths 4"),
-         "Sized down: the 3,600-step point (x4, the second command) did not fit beside the other axes on the two "
-         "shared cores and is not trained, so this axis has two points; under Muon λ₁ grows through training "
-         "(the through-training tables below) but stays near 1"),
+         "Sized down: the 3,600-step point (x4) has 2 seeds, trained last once the machine was quiet"),
     Axis("weight decay", "decay_timescale", {"weight_decay/x1-weight_decay0": "0", DEFAULT_POINT: "0.1",
                                              "weight_decay/x1-weight_decay1": "1"},
          (f"{TRAIN} --seeds 3 --out ROOT/weight_decay --set weight_decay=0",
