@@ -145,6 +145,14 @@ def first_eigenvalues(analysis) -> pd.DataFrame:
                 columns={"effective_rank_pct_of_heads": "er_pct"}), on=keys))
 
 
+def both_views(model, windows: torch.Tensor) -> pd.DataFrame:
+    """Per layer: λ₁ and effective rank of the weights view, and λ₁ of the data-aware view of the
+    same forms on `windows` (`lambda1_data`)."""
+    weights = first_eigenvalues(analyze(model))
+    data = first_eigenvalues(analyze(model, measure="data", inputs=input_moments(model, windows)))
+    return weights.merge(data[["layer", "lambda1"]].rename(columns={"lambda1": "lambda1_data"}), on="layer")
+
+
 def decay_timescale(train) -> float:
     """weight decay · Σ_t Muon's lr at step t (AdamW's lr for the AdamW recipe): the e-folds by
     which decoupled decay alone would shrink a matrix over the run."""
@@ -182,8 +190,7 @@ def run_tables(run_dir: Path, corpora: dict) -> tuple[pd.DataFrame, pd.DataFrame
     if tokenizer not in corpora:
         corpora[tokenizer] = load_corpus("shakespeare", tokenizer)
     windows = validation_windows(corpora[tokenizer], MOMENT_WINDOWS, model_config.seq_len)
-    final = first_eigenvalues(analyze(run.model))
-    data = first_eigenvalues(analyze(run.model, measure="data", inputs=input_moments(run.model, windows)))
+    final = both_views(run.model, windows)
     through = first_eigenvalues(analyze_snapshots(run_dir))
     init = through[through["step"] == 0].drop(columns="step")
     evals = run.val_losses()[-1]
@@ -191,7 +198,6 @@ def run_tables(run_dir: Path, corpora: dict) -> tuple[pd.DataFrame, pd.DataFrame
     params = count_parameters(model_config)["total"]
     tokens_per_step = train.batch_size * model_config.seq_len
     final = (final.merge(init, on="layer", suffixes=("", "_init"))
-             .merge(data[["layer", "lambda1"]].rename(columns={"lambda1": "lambda1_data"}), on="layer")
              .assign(role=ROLES[name], seed=int(seed), n_layer=model_config.n_layer, val_bpb=evals["val_bpb"],
                      tokens_per_step=tokens_per_step, steps=train.steps, tokens=tokens_per_step * train.steps,
                      tokens_per_parameter=tokens_per_step * train.steps / params,
@@ -689,11 +695,7 @@ def through_training(args) -> None:
             rows = []
 
             def probe(model, step):
-                weights = first_eigenvalues(analyze(model))
-                data = first_eigenvalues(analyze(model, measure="data", inputs=input_moments(model, windows)))
-                rows.append(weights[["layer", "lambda1"]].merge(
-                    data[["layer", "lambda1"]].rename(columns={"lambda1": "lambda1_data"}), on="layer")
-                    .assign(step=step))
+                rows.append(both_views(model, windows)[["layer", "lambda1", "lambda1_data"]].assign(step=step))
 
             run = train(config, study.train_config(seed), corpus, out=run_dir, resume=True, progress=False,
                         observe=probe)
