@@ -44,6 +44,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from headlab.analysis.gguf_models import gguf_model, gguf_tokenizer
+from headlab.analysis.gguf_sources import is_gguf_source
 from headlab.analysis.hf_models import attention_input_modules, check_runnable, load_hf_model, transformers_module
 from headlab.analysis.hub import local_path
 from headlab.data.tokenizers import get_tokenizer
@@ -121,6 +123,8 @@ def forward_model(source) -> tuple[torch.nn.Module, str]:
     if not isinstance(source, (str, Path)):
         raise TypeError(f"input moments need a model to run forward: pass a headlab GPT, a run folder or a "
                         f"Hugging Face checkpoint folder, not a {type(source).__name__}")
+    if is_gguf_source(local_path(source)):
+        return gguf_model(local_path(source))
     folder = source_folder(source)
     cfg = _config_json(folder)
     if "model_type" not in cfg:
@@ -194,6 +198,8 @@ def encode_text(source, text: str, tokenizer: str | None = None, max_tokens: int
             raise ValueError("encode_text of a GPT object needs tokenizer = 'byte' or 'gpt2' (a run folder names "
                              "its own)")
         return _windows(get_tokenizer(tokenizer).encode(text)[:max_tokens], source.config.seq_len)
+    if is_gguf_source(local_path(source)):
+        return _hf_windows(gguf_tokenizer(local_path(source)), text, max_tokens)
     folder = source_folder(source)
     cfg = _config_json(folder)
     if "model_type" not in cfg:
@@ -205,7 +211,11 @@ def encode_text(source, text: str, tokenizer: str | None = None, max_tokens: int
         seq_len = ModelConfig.from_dict(cfg["model"]).seq_len
         return _windows(get_tokenizer(name, folder).encode(text)[:max_tokens], seq_len)  # a trained BPE: the run's copy
     check_runnable(cfg["model_type"], "token windows")
-    hf = transformers_module().AutoTokenizer.from_pretrained(str(folder))
+    return _hf_windows(transformers_module().AutoTokenizer.from_pretrained(str(folder)), text, max_tokens)
+
+
+def _hf_windows(hf, text: str, max_tokens: int) -> torch.Tensor:
+    """Windows of HF_WINDOW tokens of a `transformers` tokenizer (see `encode_text`)."""
     # verbose=False: the text is cut into windows below, so a text longer than the model's context is expected
     ids = np.asarray(hf(text, add_special_tokens=False, verbose=False)["input_ids"][:max_tokens])
     if hf.cls_token_id is not None and hf.sep_token_id is not None:
