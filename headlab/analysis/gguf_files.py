@@ -4,7 +4,7 @@ metadata, and every tensor memory-mapped and dequantised to float only when it i
     checkpoint = open_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
     checkpoint.architecture                       # "llama", "gemma3", ...
     checkpoint.value("attention.head_count")      # <architecture>.attention.head_count
-    checkpoint.tensor("blk.0.attn_q.weight")      # float32 (out, in), as a PyTorch Linear stores it
+    checkpoint.tensor("blk.0.attn_q.weight")      # float (out, in), as a PyTorch Linear stores it
 
 Every type that `gguf.quants.dequantize` knows is read (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
 Q8_0, the K-quants Q2_K … Q6_K, the IQ types); a type it does not know is one line naming the
@@ -38,15 +38,6 @@ def gguf_module():
     except ImportError as error:  # a dependency of headlab: only a broken environment lacks it
         raise RuntimeError("reading GGUF files needs the gguf package: pip install 'gguf>=0.10'") from error
     return gguf
-
-
-def is_gguf_file(path: Path) -> bool:
-    """Whether `path` is a regular file that starts with GGUF's magic bytes."""
-    path = Path(path)
-    if not path.is_file():
-        return False
-    with open(path, "rb") as file:
-        return file.read(4) == GGUF_MAGIC
 
 
 @dataclass(frozen=True)
@@ -95,14 +86,16 @@ class GGUFCheckpoint:
         return value
 
     def tensor(self, name: str) -> np.ndarray:
-        """Tensor `name` dequantised to float32, in numpy (row-major, PyTorch Linear) order."""
+        """Tensor `name` in numpy (row-major, PyTorch Linear) order: F16, F32 and F64 as stored (a
+        view of the file), every other type dequantised to float32."""
         if name not in self._by_name:
             raise ValueError(f"{self.path} has no tensor {name!r}: this {self.architecture} file is incomplete or "
                              "not laid out as llama.cpp writes the architecture")
         stored = self._by_name[name]
         gguf = gguf_module()
         try:
-            array = gguf.quants.dequantize(stored.data, stored.tensor_type)
+            floats = stored.data.dtype.kind == "f"  # F16/F32/F64 (BF16 is stored as bytes: dequantised)
+            array = stored.data if floats else gguf.quants.dequantize(stored.data, stored.tensor_type)
         except (NotImplementedError, KeyError) as error:
             raise ValueError(f"{self.path}: tensor {name} is stored as {stored.tensor_type.name}, which gguf "
                              f"{_version(gguf)} cannot dequantise ({error})") from None
@@ -110,7 +103,7 @@ class GGUFCheckpoint:
         if array.shape != expected:
             raise ValueError(f"{self.path}: tensor {name} holds {array.shape} values where its header says {expected} "
                              "(truncated or corrupt file?)")
-        return np.asarray(array, dtype=np.float32)
+        return array
 
 
 def _version(gguf) -> str:

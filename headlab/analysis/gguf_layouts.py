@@ -139,20 +139,24 @@ def unpermute_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def hf_names(checkpoint: GGUFCheckpoint) -> dict[str, str]:
-    """Hugging Face name -> GGUF name of every tensor the base model reads; a tensor of another
-    kind (a RoPE frequency table, a vision tower) is refused in one line."""
+    """Hugging Face name -> GGUF name of every tensor the base model reads, those the file lacks
+    included (reading one is then the line naming it); a tensor of another kind (a RoPE frequency
+    table, a vision tower) or of a block beyond block_count is refused in one line."""
     arch = architecture_of(checkpoint)
-    names = {}
+    n_layers = _count(checkpoint, "block_count")
+    expected = {hf: gguf for gguf, hf in _TOP_LEVEL.items()}
+    for layer in range(n_layers):
+        expected.update({f"layers.{layer}.{hf}.weight": f"blk.{layer}.{gguf}.weight"
+                         for gguf, hf in arch.block_names.items()})
+    known = set(expected.values()) | _IGNORED
     for name in checkpoint.tensors:
-        block = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
-        if name in _TOP_LEVEL:
-            names[_TOP_LEVEL[name]] = name
-        elif block and block.group(2) in arch.block_names:
-            names[f"layers.{block.group(1)}.{arch.block_names[block.group(2)]}.weight"] = name
-        elif name not in _IGNORED:
+        if name not in known:
+            block = re.fullmatch(r"blk\.(\d+)\..*", name)
+            why = (f"the metadata says {n_layers} blocks" if block and int(block.group(1)) >= n_layers else
+                   "a variant it does not read: RoPE scaling tables, biases, other towers")
             raise ValueError(f"{checkpoint.path}: tensor {name} has no place in headlab's {checkpoint.architecture} "
-                             "layout (a variant it does not read: RoPE scaling tables, biases, other towers)")
-    return names
+                             f"layout ({why})")
+    return expected
 
 
 def hf_tensors(checkpoint: GGUFCheckpoint) -> TensorStore:
