@@ -78,8 +78,16 @@ def _tokenizer(path: str, modified: int):
     return transformers_module().AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
-def gguf_tokenizer(source):
+def gguf_tokenizer(source) -> tuple[object, int | None]:
     """The tokenizer stored in the GGUF checkpoint `source` names, as `transformers` rebuilds it
-    from the file's vocabulary (tokenizer.ggml.*)."""
+    from the file's vocabulary (tokenizer.ggml.*), and the token llama.cpp starts a text with:
+    the BOS where tokenizer.ggml.add_bos_token says so (absent: as llama.cpp defaults, yes for
+    SentencePiece vocabularies, no for byte-level BPE), else None."""
     path = gguf_path(source)
-    return _tokenizer(str(path), path.stat().st_mtime_ns)
+    checkpoint = open_gguf(path)
+    metadata = checkpoint.metadata
+    if "tokenizer.ggml.tokens" not in checkpoint.array_lengths and "tokenizer.ggml.tokens" not in metadata:
+        raise ValueError(f"{path} holds no tokenizer (tokenizer.ggml.tokens): headlab cannot encode text for it")
+    add_bos = metadata.get("tokenizer.ggml.add_bos_token", metadata.get("tokenizer.ggml.model") == "llama")
+    bos = metadata.get("tokenizer.ggml.bos_token_id")
+    return _tokenizer(str(path), path.stat().st_mtime_ns), bos if add_bos else None
