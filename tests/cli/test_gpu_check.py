@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py: --smoke runs every stage a CPU can run (torchrun with gloo, FSDP, exact
+"""tools/gpu_check.py: --smoke runs every stage a CPU can run (torchrun with gloo, FSDP, exact
 resume, SDPA backends, the six variants' tables, tokenization) into one summary; the verdicts of the
 GPU-only stages are checked here on the values they judge; any FAIL makes the exit status 1."""
 
@@ -18,7 +18,7 @@ from headlab.model.config import preset
 from headlab.model.gpt import GPT
 from headlab.runs.checkpoints import has_checkpoint
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "gpu_check.py"
 
 
 @pytest.fixture
