@@ -131,7 +131,7 @@ def test_a_node_with_base_dependencies_only_gets_the_table_with_reasons(tmp_path
     and prints its summary: every GPU row and the tokenization row SKIP, each saying why; exit 0."""
     for module in ("pyarrow", "pyarrow.parquet", "zstandard"):
         monkeypatch.setitem(sys.modules, module, None)  # `import pyarrow` now raises ModuleNotFoundError
-    monkeypatch.delitem(sys.modules, "tokenization", raising=False)
+    monkeypatch.delitem(sys.modules, "benchmarks.tokenization", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     module = load_gpu_check(tmp_path, monkeypatch)
     assert module.main(["--runs-dir", str(tmp_path / "runs"), "--json", str(tmp_path / "r.json")]) == 0
