@@ -14,7 +14,7 @@ import transformers
 
 HIDDEN = 64  # a multiple of 32, the block length of Q8_0 and Q4_0
 LLAMA = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=HIDDEN, head_dim=16,
-             intermediate_size=96, vocab_size=300, rms_norm_eps=1e-6, rope_theta=10_000.0,
+             intermediate_size=96, vocab_size=300, rms_norm_eps=1e-6, rope_theta=50_000.0,
              max_position_embeddings=256, tie_word_embeddings=True)
 # six layers so that layer 5 is global and the others local (llama.cpp's pattern), a window shorter than the test's
 # sequences, and the RoPE bases llama.cpp assumes (local 10 000, global from the file)
