@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from headlab.training.config import AUTO_COMPILE, GPU_BACKEND, NO_COMPILE
+from headlab.training.gpus import gpu_peak
 
 TRITON_CAPABILITY = (7, 0)  # Triton, inductor's GPU code generator, needs Volta or later
 BF16_CAPABILITY = (8, 0)  # native bf16 (Ampere): below it inductor skips a bf16 graph (SkipFrame)
@@ -79,8 +80,6 @@ def compile_backend(requested: str, device: torch.device, dtype: str = "float32"
 
 def _eager_seconds(run_flops: float | None, gpu_name: str, dtype: str) -> float | None:
     """A short estimate of a run's eager training time on `gpu_name` (None when either is unknown)."""
-    from headlab.training.hardware import gpu_peak  # hardware imports this module
-
     peak = gpu_peak(gpu_name, dtype) if run_flops is not None else None
     return None if peak is None else run_flops / (EAGER_MFU * peak[1] * 1e12)
 

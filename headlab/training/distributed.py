@@ -65,7 +65,7 @@ def is_main_process() -> bool:
 def use_tf32_matmuls(device: torch.device) -> None:
     """fp32 matmuls on TF32 tensor cores (fp32 range, 10-bit mantissa inputs, fp32 sums) on
     Ampere and later GPUs: about 8x the fp32 CUDA cores, and the rate `--plan` prices fp32
-    training at (headlab.training.hardware.GPU_PEAKS). Process-wide; bf16 autocast's matmuls are
+    training at (headlab.training.gpus.GPU_PEAKS). Process-wide; bf16 autocast's matmuls are
     unaffected."""
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
         allow_tf32_matmuls()
