@@ -98,7 +98,7 @@ def probe(smoke: bool) -> dict:
                                "force_non_lazy_backward_lowering": hasattr(functorch,
                                                                            "force_non_lazy_backward_lowering"),
                                "recompile_limit": getattr(dynamo, "recompile_limit", None)},
-            "ipywidgets": importlib.util.find_spec("ipywidgets") is not None,
+            "ipywidgets": not node_checks.missing_modules(("ipywidgets",)),
             "missing_needs": node_checks.missing_modules()}
 
 

@@ -10,7 +10,7 @@ matplotlib and seaborn), which headlab's notebooks and figures need and no check
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import logging
 import os
 import signal
@@ -35,8 +35,16 @@ NEEDS = ("torch", "numpy", "scipy", "pandas", "tqdm", "safetensors", "tokenizers
 
 
 def missing_modules(names=NEEDS) -> list[str]:
-    """The modules of `names` this Python cannot import (found without importing them)."""
-    return [name for name in names if importlib.util.find_spec(name) is None]
+    """The modules of `names` this Python cannot import. Each is imported, not only looked up: a module
+    that is found but fails to import (a broken install, a shadowing folder) stops the checks as surely
+    as an absent one."""
+    missing = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
 
 
 def child_env(**extra: str) -> dict[str, str]:
