@@ -22,7 +22,7 @@ def without_modules(folder: Path) -> dict[str, str]:
     """An environment whose Python (and its children's) cannot import ABSENT_ON_THE_GPU_IMAGE."""
     for name in ABSENT_ON_THE_GPU_IMAGE:
         (folder / name).mkdir(parents=True)
-        (folder / name / "__init__.py").write_text(f"raise ModuleNotFoundError('No module named {name!r}')\n")
+        (folder / name / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named {name!r}\")\n")
     return {**os.environ, "PYTHONPATH": str(folder), sources.CACHE_ENV: str(folder / "cache"),
             "GPU_WINDOW_PORT": "29561"}
 
