@@ -27,7 +27,6 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from dataclasses import fields as dataclass_fields
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from headlab.data.encoding import available_cores
 from headlab.data.shards import Corpus
 from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
 from headlab.io import LOCK, Manifest, being_written, inside, make_folder
-from headlab.model.config import FAMILY_FIELDS, ModelConfig, preset
+from headlab.model.config import FAMILY_FIELDS, RELEASED_FIELDS, ModelConfig, preset, recorded_fields
 from headlab.runs.checkpoints import checkpoint_step, has_checkpoint
 from headlab.runs.divergence import Divergence, run_divergence
 from headlab.runs.layout import CONFIG, EXECUTION_FIELDS, check_resumable, run_manifest
@@ -425,9 +424,7 @@ def settings_key(preset: str, steps: int | None) -> str:
 # trained, and a run resumes across it.
 HOW_RUN = tuple(name for name in EXECUTION_FIELDS if name != "snapshot_every")
 ALWAYS_KEYED = {
-    ModelConfig: ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "head_dim", "attention", "n_kv_head",
-                  "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "qk_norm", "rope_base",
-                  "kv_residual_init", "mlp", "mlp_ratio"),
+    ModelConfig: RELEASED_FIELDS,
     TrainConfig: ("steps", "batch_size", "optimizer", "lr", "matrix_lr", "embedding_lr", "unembedding_lr",
                   "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip", "eval_every", "eval_batches",
                   "checkpoint_every", "log_every", "dtype", "seed", "lrkv_factor_decay", "lrkv_b_optimizer",
@@ -444,6 +441,5 @@ def settings_digest(settings: list) -> str:
 
 
 def _keyed(values: dict, config_class) -> dict:
-    defaults = {f.name: f.default for f in dataclass_fields(config_class)}
-    return {name: value for name, value in values.items() if name not in HOW_RUN
-            and (name in ALWAYS_KEYED[config_class] or name not in defaults or value != defaults[name])}
+    return {name: value for name, value in recorded_fields(values, config_class, ALWAYS_KEYED[config_class]).items()
+            if name not in HOW_RUN}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from headlab.model.config import check_field_types, config_from_dict, invalid_field
+from headlab.model.config import check_field_types, config_from_dict, invalid_field, recorded_fields
 
 OPTIMIZERS = ("adamw", "muon")
 LRKV_B_OPTIMIZERS = ("adamw", "muon")
@@ -21,6 +21,12 @@ UNSWEPT_TRAIN_FIELDS = ("steps", "seed")
 
 # TrainConfig.compile as runs saved it when it was a switch: True compiled on a GPU only, as "auto" does
 LEGACY_COMPILE = {False: "off", True: "auto"}
+# TrainConfig's fields in headlab's previous release (91a3e0b), which `TrainConfig.recorded` always
+# names; compile was a switch there
+RELEASED_TRAIN_FIELDS = ("steps", "batch_size", "optimizer", "lr", "matrix_lr", "embedding_lr", "unembedding_lr",
+                         "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip", "eval_every", "eval_batches",
+                         "checkpoint_every", "log_every", "dtype", "compile", "device", "seed", "parallel",
+                         "grad_accum", "lrkv_factor_decay", "lrkv_b_optimizer", "snapshot_every")
 MAX_STEPS = 10 ** 8  # optimizer steps: more is a mistake (the paper's runs take 50,000)
 
 
@@ -131,6 +137,14 @@ class TrainConfig:
 
     def replace(self, **changes) -> "TrainConfig":
         return config_from_dict(TrainConfig, {**asdict(self), **changes})
+
+    def recorded(self) -> dict:
+        """The fields as a run's config.json records them, so that headlab's previous release reads
+        them: `RELEASED_TRAIN_FIELDS` (compile as that release's switch where it says the same:
+        `LEGACY_COMPILE`), and any field added since only where it differs from its default."""
+        values = recorded_fields(asdict(self), TrainConfig, RELEASED_TRAIN_FIELDS)
+        legacy = {mode: switch for switch, mode in LEGACY_COMPILE.items()}
+        return {**values, "compile": legacy.get(self.compile, self.compile)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
