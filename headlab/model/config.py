@@ -23,9 +23,6 @@ from headlab.schema import FAMILIES
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # bytes per value: `kv_cache_bytes`'s unit
 
 MLP_TYPES = ("relu2", "gelu", "swiglu")
-# The fields that only some attention families read; every other field shapes every family.
-FAMILY_FIELDS = {"n_kv_head": ("gqa",), "kv_rank": ("lrkv",), "kv_residual_init": ("lrkv",),
-                 "kv_latent_dim": ("mla",), "rope_head_dim": ("mla",), "q_latent_dim": ("mla",)}
 # ModelConfig's fields in headlab's previous release (91a3e0b): a run's config.json names any field
 # added since only away from its default (`ModelConfig.recorded`), so that release reads today's runs
 RELEASED_FIELDS = ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "head_dim", "attention", "n_kv_head",

@@ -110,7 +110,7 @@ class GPT(nn.Module):
         for block in self.blocks:
             if isinstance(block.attn, LowRankKVAttention):
                 std = nanochat_std(block.attn.k_shared.weight) if nanochat else INIT_STD
-                block.attn.init_residuals(std=std, ratio=self.config.kv_residual_init)
+                block.attn.init_residuals(std=std, ratio=block.attn.residual_init)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
         """Logits (B, T, vocab) for tokens idx (B, T), and the mean cross-entropy if `targets`
