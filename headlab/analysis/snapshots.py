@@ -15,13 +15,12 @@ from headlab.analysis.heads import ModelHeads, from_state_dict
 from headlab.analysis.similarity import Analysis, analyze, stack_tables
 from headlab.analysis.tensors import TensorStore
 from headlab.model.config import ModelConfig
+from headlab.model.gpt import initial_model
 from headlab.runs.checkpoints import has_checkpoint
 from headlab.runs.folder import load_weights
-from headlab.runs.layout import read_config, run_manifest, saved_train_config
+from headlab.runs.layout import read_config, run_manifest
 from headlab.runs.snapshots import FOLDER, attention_tensors, snapshot_files
 from headlab.schema import COLUMNS
-from headlab.training.config import TrainConfig
-from headlab.training.trainer import initial_model
 
 
 def analyze_snapshots(run_dir: str | Path, label: str | None = None, **options) -> Analysis:
@@ -67,7 +66,10 @@ def check_initial_snapshot(run_dir: str | Path, config: ModelConfig, file: Path)
     and seed draw (`initial_model`, what training starts from), drawn again here and compared bit
     for bit. A snapshot swapped for another run's, its hash listed anew, would otherwise become the
     random-initialisation baseline of the wrong run."""
-    seed = saved_train_config(run_dir, read_config(run_dir), TrainConfig).seed
+    train = read_config(run_dir).get("train")
+    seed = train.get("seed", 0) if isinstance(train, dict) else 0  # a training config's default seed is 0
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"{Path(run_dir) / 'config.json'} records seed {seed!r}, not a seed: write the run again")
     checked = (run_manifest(run_dir).entry(f"{FOLDER}/{file.name}")["sha256"], config, seed)
     if checked in _INITIAL_SNAPSHOTS:
         return

@@ -201,6 +201,14 @@ def nanochat_std(weight: torch.Tensor) -> float:
     return min(1.0, (fan_out / fan_in) ** 0.5) / fan_in ** 0.5
 
 
+def initial_model(config: ModelConfig, seed: int) -> GPT:
+    """The step-0 weights of a run of `config` with `seed`, drawn on the CPU as training draws them
+    (the global torch generator seeded with `seed`), so the random-initialisation baseline of a run
+    is its own first draw, whether or not its folder kept a step-0 snapshot."""
+    torch.manual_seed(seed)
+    return GPT(config)
+
+
 def count_parameters(config: ModelConfig) -> dict[str, int]:
     """`GPT(config).param_counts()` with the model built on the meta device: no weights are
     allocated, so even the 6.3B preset costs no memory."""

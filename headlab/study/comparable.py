@@ -21,6 +21,7 @@ import torch
 
 from headlab.data.shards import Corpus, random_windows
 from headlab.model.config import ModelConfig
+from headlab.model.gpt import initial_model
 from headlab.model.reads import fields_read
 from headlab.runs.checkpoints import checkpoint_step
 from headlab.runs.divergence import uniform_loss
@@ -30,7 +31,7 @@ from headlab.study.claims import MARGINS
 from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
 from headlab.training.config import TrainConfig
-from headlab.training.trainer import eval_mode, initial_model
+from headlab.training.trainer import eval_mode
 
 LEARNING_WINDOWS = 8  # validation windows the step-0 and final losses are scored on (the same for both)
 NOT_RECIPE = ("seed", "steps", *EXECUTION_FIELDS)  # how a run is executed, which seed, how long: not its recipe

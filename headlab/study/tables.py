@@ -50,6 +50,7 @@ from headlab.analysis.similarity import analyze, concat, stack_tables
 from headlab.analysis.snapshots import analyze_snapshots, snapshot_heads
 from headlab.analysis.spectrum import frobenius_gram
 from headlab.data.shards import Corpus, random_windows
+from headlab.model.gpt import initial_model
 from headlab.runs.divergence import run_divergence
 from headlab.runs.layout import resume_differences, run_identity
 from headlab.schema import ALL_CIRCUITS, CIRCUITS, FLAGSHIP_MLA_ROPE, MLA_ROPE
@@ -62,7 +63,6 @@ from headlab.training.config import TrainConfig, train_preset
 from headlab.training.optimizers import optimizer_table
 from headlab.training.reads import model_setting_reaches, train_change_reaches
 from headlab.training.runs import Run
-from headlab.training.trainer import initial_model
 
 # The figures and claims use the whole pre-softmax score of MLA, as for every other family (see
 # `headlab.analysis.similarity`); the paper's latent-only definition is in the tables beside it.
