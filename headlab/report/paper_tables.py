@@ -20,10 +20,19 @@ def qk_rows(summary: pd.DataFrame, model: str, mla_rope: str, kind: str) -> pd.D
                    & (summary["kind"] == kind)]
 
 
-def layer_range(summary: pd.DataFrame, model: str, mla_rope: str, kind: str) -> tuple[float, float]:
-    """Min and max over layers of the seed-mean effective rank (% of H) of one model."""
-    by_layer = qk_rows(summary, model, mla_rope, kind).groupby("layer")["effective_rank_pct_of_heads"].mean()
-    return float(by_layer.min()), float(by_layer.max())
+def layer_range(summary: pd.DataFrame, model: str, mla_rope: str, kind: str) -> str:
+    """'[low–high]': min and max over layers of the seed-mean effective rank (% of H) of one model,
+    naming the layers it leaves out or holds over fewer seeds: undefined (no circuit) in every seed,
+    or in some; '[undefined]' where every layer is."""
+    ranks = qk_rows(summary, model, mla_rope, kind).pivot_table(index="layer", columns="seed", dropna=False,
+                                                                values="effective_rank_pct_of_heads")
+    by_layer, defined = ranks.mean(axis=1), ranks.notna().sum(axis=1)
+    if not defined.any():
+        return "[undefined]"
+    notes = [f"no circuit at layer {', '.join(map(str, defined.index[defined == 0]))}"] if (defined == 0).any() else []
+    notes += [f"layer {layer} in {n} of {ranks.shape[1]} seeds" for layer, n in defined.items()
+              if 0 < n < ranks.shape[1]]
+    return f"[{by_layer.min():.1f}–{by_layer.max():.1f}{''.join(f'; {note}' for note in notes)}]"
 
 
 def rank_table(summary: pd.DataFrame, metrics: pd.DataFrame, init_summary: pd.DataFrame | None = None
@@ -36,8 +45,8 @@ def rank_table(summary: pd.DataFrame, metrics: pd.DataFrame, init_summary: pd.Da
     for role, model, mla_rope in variant_rows(metrics):
         row = {"role": role, "ours": variant_name(role, model, mla_rope)}
         for kind in KINDS:
-            low, high = layer_range(summary, model, mla_rope, kind)
-            row[f"{kind} % of H"] = f"{spread(values(metrics, role, mla_rope, kind)).format(1)} [{low:.1f}–{high:.1f}]"
+            row[f"{kind} % of H"] = (f"{spread(values(metrics, role, mla_rope, kind)).format(1)} "
+                                     f"{layer_range(summary, model, mla_rope, kind)}")
             if init_summary is not None:
                 at_init = qk_rows(init_summary, model, mla_rope, kind).groupby("seed")["effective_rank_pct_of_heads"]
                 row[f"random init, {kind}"] = spread(at_init.mean().to_numpy()).format(1)
