@@ -131,6 +131,9 @@ def recipe_text(meta: dict) -> str:
         text = recipe_in_words(train)
     text += f"; {train['warmup_steps']} warmup steps, cosine decay to {train['min_lr_ratio']:g} of the peak, " \
             f"{train['batch_size']} sequences per step."
+    if meta.get("learning_checked") is False:
+        text += (" Whether each run learned was not checked (learning_checked False, a smoke test): a comparison "
+                 "below may be of runs that learned nothing, their initialisations'.")
     changed, unread = meta.get("changed") or {}, meta.get("unread") or {}
     settings = lambda values: ", ".join(f"`{name} = {value}`" for name, value in values.items())
     text += f" Changed from the preset `{meta['preset']}`: {settings(changed)}." if changed else ""
@@ -165,7 +168,7 @@ def optimizer_frame(rows: list[dict]) -> pd.DataFrame:
                ", ".join(row["tensors"]))
         merged.setdefault(key, []).append(row["model"])
     return pd.DataFrame([{"variants": ", ".join(models), "optimizer": optimizer, "learning rate": lr,
-                          "weight decay": decay, "tensors (in every block)": tensors}
+                          "weight decay": decay, "tensors (each block's named once)": tensors}
                          for (optimizer, lr, decay, tensors), models in merged.items()])
 
 

@@ -296,10 +296,16 @@ def optimizer_rows(runs: list[StudyRun], train_config: TrainConfig) -> list[dict
     return rows
 
 
-def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: float | None = None) -> StudyTables:
+def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: float | None = None,
+                  learning_checked: bool = True) -> StudyTables:
     """Every table of the study of `runs` (trained on `corpus`), and its meta; `started` is the
     `time.perf_counter()` at which the study began, for the minutes it records. Each run's model
-    is read from its folder once and dropped before the next is read."""
+    is read from its folder once and dropped before the next is read.
+
+    Refused, naming the runs: runs not trained alike but for their attention (`check_alike`),
+    and runs that diverged or learned nothing (`headlab.study.comparable`). learning_checked
+    False skips the second check, for a smoke test of a pipeline whose few steps teach a large
+    model nothing; the meta records it and the report says so beside every comparison."""
     unit, ranks = loss_unit(corpus.tokenizer_name), lrkv_ranks(runs)
     check_alike(runs, preset)
     pieces: dict[str, list[pd.DataFrame]] = {}
@@ -309,7 +315,7 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
         one = [replace(r, held=r.run)]
         if divergence := one[0].run.diverged or run_divergence(r.folder):
             diverged[r.folder] = divergence
-        elif failure := no_learning(r, one[0].run.model, corpus):
+        elif learning_checked and (failure := no_learning(r, one[0].run.model, corpus)):
             unlearned[r.folder] = failure
         if diverged or unlearned:
             continue  # the study is refused below, naming every run that failed: nothing more to analyse
@@ -339,7 +345,7 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
         "corpus": corpus.name, "tokenizer": corpus.tokenizer_name, "corpus_description": corpus_description(corpus),
         "bytes_per_token": corpus.bytes_per_token, "loss_unit": unit, "flagship_mla_rope": FLAGSHIP_MLA_ROPE,
         "circuits": list(CIRCUITS), "train": recipe, "changed": changed, "unread": unread,
-        "optimizers": optimizer_rows(runs, trained_with),
+        "optimizers": optimizer_rows(runs, trained_with), "learning_checked": learning_checked,
         "moment_seconds": moment_seconds, "moment_tokens": moment_tokens,
         "steps": steps, "runs": {r.folder.name: run_identity(r.folder) for r in runs},
         "minutes": None if started is None else (time.perf_counter() - started) / 60,
@@ -348,10 +354,10 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
 
 
 def tabulate_study(runs: list[StudyRun], corpus: Corpus, preset: str, folder: str | Path,
-                   started: float | None = None) -> StudyTables:
+                   started: float | None = None, learning_checked: bool = True) -> StudyTables:
     """`analyze_study`, written into `folder` and read back: the tables exactly as `headlab report`
     will find them, so a report drawn now and one redrawn later are the same."""
-    write_study_tables(analyze_study(runs, corpus, preset, started), folder)
+    write_study_tables(analyze_study(runs, corpus, preset, started, learning_checked), folder)
     return read_study_tables(folder)
 
 

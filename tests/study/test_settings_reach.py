@@ -71,7 +71,7 @@ def test_the_report_prints_which_optimizer_trains_which_tensor_from_the_plan():
     rows = optimizer_rows(runs, recipe)
     plan = optimizer_frame(rows)
     where = {(row["variants"], tensor): (row["optimizer"], row["weight decay"]) for row in plan.to_dict("records")
-             for tensor in row["tensors (in every block)"].split(", ")}
+             for tensor in row["tensors (each block's named once)"].split(", ")}
     mla, lrkv = (next(r.config.label for r in runs if r.role == role) for role in ("mla", "lrkv-small"))
     assert where[(mla, "attn.wq")] == ("AdamW", "0.1 (weight_decay)")
     assert where[(mla, "attn.wkv_a")][0] == where[(mla, "attn.wkv_b")][0] == "Muon"
