@@ -15,6 +15,7 @@ from headlab.model.config import preset
 from headlab.report.paper_tables import optimizer_frame, optimizer_lines, recipe_text
 from headlab.study.study import Study, StudyRun
 from headlab.study.sweep import grid
+from headlab.study.table_files import unsupported_meta
 from headlab.study.tables import changed_settings, optimizer_rows
 from headlab.training.config import train_preset
 
@@ -92,3 +93,13 @@ def test_a_changed_setting_that_reaches_no_run_is_named_apart():
         {"lr": 0.01}, {"matrix_lr": 0.05})
     assert changed_settings(runs, train_preset("tiny", optimizer="muon", muon_qk=False), "tiny") == (
         {"optimizer": "muon", "muon_qk": False}, {})
+
+
+def test_a_setting_kept_for_the_others_is_read_back_with_the_study():
+    """n_kv_head = 3 beside n_head = 3 reaches no MHA or MQA run (the report names it apart), yet
+    the study's tables are read back as of a preset that holds it (found by a hostile input: the
+    tables of such a study were refused as edited by hand)."""
+    meta = {"preset": "tiny", "changed": {"n_head": 3}, "unread": {"n_kv_head": 3}, "n_layer": 2, "n_head": 3,
+            "d_model": 32, "head_dim": 8}
+    assert unsupported_meta({}, meta) is None
+    assert "cannot take" in unsupported_meta({}, {**meta, "unread": {}})

@@ -67,11 +67,12 @@ def deadline(seconds: int = HANG_S):
         signal.signal(signal.SIGALRM, previous)
 
 
-def cli(*argv) -> tuple[str, str]:
-    """Run `headlab argv` in this process; classify by exit status and stderr."""
+def cli(*argv, seconds: int = HANG_S) -> tuple[str, str]:
+    """Run `headlab argv` in this process; classify by exit status and stderr (a hang: no answer
+    within `seconds`, more for a case that trains a study on a busy machine)."""
     err, out = io.StringIO(), io.StringIO()
     try:
-        with deadline(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        with deadline(seconds), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             code = main([str(a) for a in argv])
     except SystemExit as exit_:  # argparse: usage and one error line, status 2
         code = exit_.code
@@ -85,9 +86,9 @@ def cli(*argv) -> tuple[str, str]:
     return ("silent" if code == 0 else "traceback"), text[-200:]
 
 
-def api(make) -> tuple[str, str]:
+def api(make, seconds: int = HANG_S) -> tuple[str, str]:
     try:
-        with deadline():
+        with deadline(seconds):
             make()
     except Hang as error:
         return "hang", str(error)

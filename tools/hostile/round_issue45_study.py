@@ -22,7 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hostile.harness import api, cli, faults, recorder
+from hostile.harness import api as api_within
+from hostile.harness import cli as cli_within
+from hostile.harness import faults, recorder
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -42,6 +44,17 @@ ROOT = Path(__file__).resolve().parents[2]
 PREVIOUS_RELEASE = "91a3e0b"
 REPRODUCE = ["reproduce", "--preset", "tiny", "--corpus", "synthetic", "--steps", "4", "--seeds", "1", "--jobs", "1"]
 SWEEP = ["sweep", "--preset", "tiny", "--lengths", "0.1", "--seeds", "1", "--jobs", "1", "--only", "mha", "mqa"]
+
+
+def cli(*argv) -> tuple[str, str]:
+    """`hostile.harness.cli` with room for a case that trains a study on a busy machine (a hang
+    is no answer within 15 minutes)."""
+    return cli_within(*argv, seconds=900)
+
+
+def api(make) -> tuple[str, str]:
+    """`hostile.harness.api`, with the same room as `cli`."""
+    return api_within(make, seconds=900)
 
 
 def refused(outcome: tuple[str, str], *words: str) -> tuple[str, str]:
