@@ -10,7 +10,7 @@ from pathlib import Path
 from headlab.model.config import ARCHS, DTYPE_BYTES, PRESETS, ModelConfig
 from headlab.schema import ALL_CIRCUITS, ALL_MEASURES, CIRCUITS, FAMILIES, MEASURES, MLA_ROPE, ROLES
 from headlab.training.config import (
-    DTYPES,
+    CHOICES,
     GPU_BACKEND,
     OPTIMIZERS,
     PARALLEL,
@@ -164,8 +164,7 @@ def train_arguments(train: argparse.ArgumentParser) -> None:
             ("parallel", None, None, "under torchrun: ddp (a full replica per process) or fsdp (parameters, "
                                      "gradients and optimizer state sharded per block; AdamW only)"),
             ("grad_accum", positive_int, "K", "micro-batches per optimizer step on each process")):
-        choices = {"optimizer": OPTIMIZERS, "dtype": DTYPES, "parallel": PARALLEL}
-        options = {"choices": choices[name]} if name in choices else {"type": kind, "metavar": metavar}
+        options = {"choices": CHOICES[name]} if name in CHOICES else {"type": kind, "metavar": metavar}
         train.add_argument("--" + name.replace("_", "-"), dest=name, **options,
                            help=f"{text} (default: the preset's; {DEFAULT_PRESET}: {getattr(small, name)})")
     compile_argument(train)

@@ -85,7 +85,7 @@ def cmd_info(args) -> int:
 
 def _train_config_from_args(args):
     overrides = {name: getattr(args, name) for name in TRAIN_OVERRIDES if getattr(args, name) is not None}
-    return train_preset(args.preset, **overrides, **({"compile": args.compile} if args.compile else {}))
+    return train_preset(args.preset, **overrides, **({"compile": args.compile} if args.compile is not None else {}))
 
 def _train_model_config(args, vocab_size: int) -> ModelConfig:
     if args.config:

@@ -110,7 +110,7 @@ class GPT(nn.Module):
         for block in self.blocks:
             if isinstance(block.attn, LowRankKVAttention):
                 std = nanochat_std(block.attn.k_shared.weight) if nanochat else INIT_STD
-                block.attn.init_residuals(std=std, ratio=self.config.kv_residual_init)
+                block.attn.init_residuals(std=std, ratio=block.attn.residual_init)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
         """Logits (B, T, vocab) for tokens idx (B, T), and the mean cross-entropy if `targets`
@@ -199,6 +199,14 @@ def nanochat_std(weight: torch.Tensor) -> float:
     order √(fan_out/fan_in), the spectral condition for feature learning of arXiv 2310.17813."""
     fan_out, fan_in = weight.shape[-2:]
     return min(1.0, (fan_out / fan_in) ** 0.5) / fan_in ** 0.5
+
+
+def initial_model(config: ModelConfig, seed: int) -> GPT:
+    """The step-0 weights of a run of `config` with `seed`, drawn on the CPU as training draws them
+    (the global torch generator seeded with `seed`), so the random-initialisation baseline of a run
+    is its own first draw, whether or not its folder kept a step-0 snapshot."""
+    torch.manual_seed(seed)
+    return GPT(config)
 
 
 def count_parameters(config: ModelConfig) -> dict[str, int]:

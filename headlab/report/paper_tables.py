@@ -20,10 +20,19 @@ def qk_rows(summary: pd.DataFrame, model: str, mla_rope: str, kind: str) -> pd.D
                    & (summary["kind"] == kind)]
 
 
-def layer_range(summary: pd.DataFrame, model: str, mla_rope: str, kind: str) -> tuple[float, float]:
-    """Min and max over layers of the seed-mean effective rank (% of H) of one model."""
-    by_layer = qk_rows(summary, model, mla_rope, kind).groupby("layer")["effective_rank_pct_of_heads"].mean()
-    return float(by_layer.min()), float(by_layer.max())
+def layer_range(summary: pd.DataFrame, model: str, mla_rope: str, kind: str) -> str:
+    """'[low–high]': min and max over layers of the seed-mean effective rank (% of H) of one model,
+    naming the layers it leaves out or holds over fewer seeds: undefined (no circuit) in every seed,
+    or in some; '[undefined]' where every layer is."""
+    ranks = qk_rows(summary, model, mla_rope, kind).pivot_table(index="layer", columns="seed", dropna=False,
+                                                                values="effective_rank_pct_of_heads")
+    by_layer, defined = ranks.mean(axis=1), ranks.notna().sum(axis=1)
+    if not defined.any():
+        return "[undefined]"
+    notes = [f"no circuit at layer {', '.join(map(str, defined.index[defined == 0]))}"] if (defined == 0).any() else []
+    notes += [f"layer {layer} in {n} of {ranks.shape[1]} seeds" for layer, n in defined.items()
+              if 0 < n < ranks.shape[1]]
+    return f"[{by_layer.min():.1f}–{by_layer.max():.1f}{''.join(f'; {note}' for note in notes)}]"
 
 
 def rank_table(summary: pd.DataFrame, metrics: pd.DataFrame, init_summary: pd.DataFrame | None = None
@@ -36,8 +45,8 @@ def rank_table(summary: pd.DataFrame, metrics: pd.DataFrame, init_summary: pd.Da
     for role, model, mla_rope in variant_rows(metrics):
         row = {"role": role, "ours": variant_name(role, model, mla_rope)}
         for kind in KINDS:
-            low, high = layer_range(summary, model, mla_rope, kind)
-            row[f"{kind} % of H"] = f"{spread(values(metrics, role, mla_rope, kind)).format(1)} [{low:.1f}–{high:.1f}]"
+            row[f"{kind} % of H"] = (f"{spread(values(metrics, role, mla_rope, kind)).format(1)} "
+                                     f"{layer_range(summary, model, mla_rope, kind)}")
             if init_summary is not None:
                 at_init = qk_rows(init_summary, model, mla_rope, kind).groupby("seed")["effective_rank_pct_of_heads"]
                 row[f"random init, {kind}"] = spread(at_init.mean().to_numpy()).format(1)
@@ -108,26 +117,68 @@ def markdown_table(frame: pd.DataFrame, decimals: int) -> str:
 
 
 def recipe_text(meta: dict) -> str:
-    """The study's training recipe in one sentence, and every setting it changed from its preset."""
+    """The study's training recipe in one sentence, every setting it changed from its preset, and
+    any it set that bears on none of its runs."""
     train = meta.get("train")
     if train is None:  # tables written before the recipe was recorded
         return "The training recipe is not recorded in these tables."
-    factors = "" if train["lrkv_factor_decay"] else "; no weight decay on LRKV's factors U_h, B_h"
-    if train["optimizer"] == "adamw":
-        text = (f"Trained with AdamW (lr {train['lr']:g}, weight decay {train['weight_decay']:g} on every matrix"
-                f"{', LRKV' + chr(39) + 's factors U_h, B_h included' if train['lrkv_factor_decay'] else ''}){factors}")
-    else:
-        b = ("B_h by per-head Muon" if train["lrkv_b_optimizer"] == "muon"
-             else "LRKV's 3-D B_h and the norms by AdamW at lr " + f"{train['lr']:g}" + " without decay")
-        # muon_qk is absent from tables written before it was an option: Muon trained W_Q, W_K then
-        blocks = ("the blocks' matrices" if train.get("muon_qk", True) else
-                  f"the blocks' matrices but W_Q, W_K (AdamW there, lr {train['lr']:g}, weight decay "
-                  f"{train['weight_decay']:g}: not the paper's recipe)")
-        text = (f"Trained with the paper's split: Muon on {blocks} (lr {train['matrix_lr']:g}, weight "
-                f"decay {train['weight_decay']:g}), AdamW on the embedding (lr {train['embedding_lr']:g}) and the "
-                f"head (lr {train['unembedding_lr']:g}), {b}{factors}")
+    if meta.get("optimizers"):  # the plan the runs were trained by: `optimizer_lines` shows it whole
+        text = ("Trained with " + ("AdamW" if train["optimizer"] == "adamw" else "the paper's split of Muon and AdamW")
+                + "; which optimizer trains which tensor of each variant, at which learning rate and weight decay, is "
+                  "the optimizer plan the runs were trained by (the report's table 'Which optimizer trains which "
+                  "tensor')")
+    else:  # tables written before the plan was recorded: the recipe in words
+        text = recipe_in_words(train)
     text += f"; {train['warmup_steps']} warmup steps, cosine decay to {train['min_lr_ratio']:g} of the peak, " \
             f"{train['batch_size']} sequences per step."
-    changed = meta.get("changed") or {}
-    settings = ", ".join(f"`{name} = {value}`" for name, value in changed.items())
-    return text + (f" Changed from the preset `{meta['preset']}`: {settings}." if changed else "")
+    if meta.get("learning_checked") is False:
+        text += (" Whether each run learned was not checked (learning_checked False, a smoke test): a comparison "
+                 "below may be of runs that learned nothing, their initialisations'.")
+    changed, unread = meta.get("changed") or {}, meta.get("unread") or {}
+    settings = lambda values: ", ".join(f"`{name} = {value}`" for name, value in values.items())
+    text += f" Changed from the preset `{meta['preset']}`: {settings(changed)}." if changed else ""
+    return text + (f" Set, but read by none of these runs (nothing trained differs for it): {settings(unread)}."
+                   if unread else "")
+
+
+def recipe_in_words(train: dict) -> str:
+    """The optimizers of a recipe in words, for tables written before the plan was recorded."""
+    factors = "" if train["lrkv_factor_decay"] else "; no weight decay on LRKV's factors U_h, B_h"
+    if train["optimizer"] == "adamw":
+        return (f"Trained with AdamW (lr {train['lr']:g}, weight decay {train['weight_decay']:g} on every matrix"
+                f"{', LRKV' + chr(39) + 's factors U_h, B_h included' if train['lrkv_factor_decay'] else ''}){factors}")
+    b = ("B_h by per-head Muon" if train["lrkv_b_optimizer"] == "muon"
+         else "LRKV's 3-D B_h and the norms by AdamW at lr " + f"{train['lr']:g}" + " without decay")
+    # muon_qk is absent from tables written before it was an option: Muon trained W_Q, W_K then
+    blocks = ("the blocks' matrices" if train.get("muon_qk", True) else
+              f"the blocks' matrices but those that form only queries or keys (AdamW there, lr {train['lr']:g}, weight "
+              f"decay {train['weight_decay']:g}: not the paper's recipe; MLA's joint key/value latents stay on Muon)")
+    return (f"Trained with the paper's split: Muon on {blocks} (lr {train['matrix_lr']:g}, weight "
+            f"decay {train['weight_decay']:g}), AdamW on the embedding (lr {train['embedding_lr']:g}) and the "
+            f"head (lr {train['unembedding_lr']:g}), {b}{factors}")
+
+
+def optimizer_frame(rows: list[dict]) -> pd.DataFrame:
+    """The optimizer plan of a study (meta["optimizers"]) as a table: one row per group of tensors,
+    the variants whose plan holds the same group merged into one row."""
+    merged: dict[tuple, list[str]] = {}
+    for row in rows:
+        key = (row["optimizer"], f"{row['lr']:g} ({row['lr_setting']})",
+               f"{row['weight_decay']:g} ({row['decay_setting']})" if row["decay_setting"] else "none",
+               ", ".join(row["tensors"]))
+        merged.setdefault(key, []).append(row["model"])
+    return pd.DataFrame([{"variants": ", ".join(models), "optimizer": optimizer, "learning rate": lr,
+                          "weight decay": decay, "tensors (each block's named once)": tensors}
+                         for (optimizer, lr, decay, tensors), models in merged.items()])
+
+
+def optimizer_lines(meta: dict) -> list[str]:
+    """'Which optimizer trains which tensor': the plan the runs' optimizers were made from
+    (`headlab.training.optimizers.optimizer_plan`), or nothing for tables written before it was recorded."""
+    if not meta.get("optimizers"):
+        return []
+    return ["### Which optimizer trains which tensor", "",
+            "The optimizer plan the runs' optimizers were made from (`headlab.training.optimizers`), read from the "
+            "code that trained them, not written beside it: each tensor named as in every block (attn.c_q: each "
+            "block's query matrix; wte, lm_head: the embedding and the output head), with the setting each rate "
+            "and decay comes from.", "", markdown_table(optimizer_frame(meta["optimizers"]), 3), ""]

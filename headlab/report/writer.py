@@ -26,6 +26,7 @@ from headlab.report.paper_tables import (
     cache_table,
     loss_table,
     markdown_table,
+    optimizer_lines,
     rank_table,
     recipe_text,
     seed_distance_rows,
@@ -383,6 +384,7 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
         "",
         recipe_text(meta),
         "",
+        *optimizer_lines(meta),
         "![Eigenvalue spectra of head similarity matrices](figures/spectra_uncentered.png)",
         "",
         f"The flagship figure shows the uncentered spectra (eigenvalues sum to H, none is zero by construction), "

@@ -58,8 +58,8 @@ def write_run_config(manifest: Manifest, model_config: ModelConfig, train_config
         "format": FORMAT,
         "headlab_version": installed_version(),
         "git_commit": _git_commit(),
-        "model": model_config.to_dict(),
-        "train": asdict(train_config),
+        "model": model_config.recorded(),  # fields added since the previous release only where set
+        "train": train_config.recorded(),
         "data": data_identity(corpus),
     }
     manifest.write_bytes(CONFIG, json.dumps(payload, indent=2).encode())
@@ -76,7 +76,29 @@ def read_config(run_dir: str | Path) -> dict:
         raise ValueError(f"{path} is not valid JSON: {error}") from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT or "model" not in payload:
         raise ValueError(f"{path} is not a headlab run config (no format='{FORMAT}' and 'model' entry)")
+    check_known_fields(payload, "model", ModelConfig, path)
     return payload
+
+
+def check_known_fields(payload: dict, section: str, config_class, path: Path) -> None:
+    """Refuse in one line a run whose config.json `section` names fields `config_class` does not
+    have: a newer headlab wrote it, recording a setting this one cannot train or read as it was."""
+    values = payload.get(section)
+    unknown = sorted(set(values) - set(config_class.__dataclass_fields__)) if isinstance(values, dict) else []
+    if unknown:
+        written = f"headlab {payload.get('headlab_version', '(version unrecorded)')}"
+        commit = payload.get("git_commit")
+        raise ValueError(f"{path} records {', '.join(f'{section}.{name}' for name in unknown)}, unknown to this "
+                         f"headlab ({installed_version()}): the run needs a newer headlab (it was written by {written}"
+                         f"{f', commit {str(commit)[:12]}' if commit else ''}); upgrade headlab to read it")
+
+
+def saved_train_config(run_dir: str | Path, payload: dict, config_class):
+    """The training settings a run's config.json records, as `config_class` (the trainer's
+    TrainConfig: this layer is below training), fields added since the run was saved at their
+    defaults; a field this headlab does not know is refused (`check_known_fields`)."""
+    check_known_fields(payload, "train", config_class, Path(run_dir) / CONFIG)
+    return config_class.from_dict(payload.get("train", {}))
 
 
 def _differences(section: str, saved: dict, given: dict) -> list[str]:
@@ -94,7 +116,7 @@ def resume_differences(run_dir: str | Path, model_config: ModelConfig, train_con
     payload = read_config(run_dir)
     differences = _differences("model", ModelConfig.from_dict(payload["model"]).to_dict(), model_config.to_dict())
     what = lambda config: {k: v for k, v in asdict(config).items() if k not in EXECUTION_FIELDS}
-    saved_train = type(train_config).from_dict(payload.get("train", {}))
+    saved_train = saved_train_config(run_dir, payload, type(train_config))
     differences += _differences("train", what(saved_train), what(train_config))
     saved_data, given_data = payload.get("data", {}), data_identity(corpus)
     differences += _differences("data", {k: saved_data[k] for k in DATA_IDENTITY if k in saved_data},

@@ -64,14 +64,16 @@ def read_study_tables(folder: str | Path) -> StudyTables:
 def unsupported_meta(tables: dict[str, pd.DataFrame], meta: dict) -> str | None:
     """What a study's meta claims that its preset or its tables contradict, else None. The
     tables are hashed but the meta beside them in study.json is not, so it is checked by what
-    it states: a headlab preset which, with the settings the meta says were changed, has the
+    it states: a headlab preset which, with the settings the meta says were changed (or set), has the
     meta's shape (layers, heads, widths), and tables of that many layers and heads, of the meta's
     seeds and number of runs."""
     preset_name = meta.get("preset")
     if not isinstance(preset_name, str) or preset_name not in PRESETS:
         return f"preset {preset_name!r}, which headlab has not"
     model_fields = {f.name for f in fields(ModelConfig)}
-    changed = meta.get("changed") if isinstance(meta.get("changed"), dict) else {}
+    # every setting of the runs' configs: those that change them, and those they hold though no run reads
+    # them (n_kv_head beside an n_head it must divide)
+    changed = {k: v for key in ("unread", "changed") if isinstance(meta.get(key), dict) for k, v in meta[key].items()}
     try:
         shape = PRESETS[preset_name].replace(**{k: v for k, v in changed.items() if k in model_fields})
     except (TypeError, ValueError) as error:

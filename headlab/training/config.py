@@ -4,23 +4,29 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from headlab.model.config import check_field_types, config_from_dict, invalid_field
+from headlab.model.config import check_field_types, config_from_dict, invalid_field, recorded_fields
 
 OPTIMIZERS = ("adamw", "muon")
 LRKV_B_OPTIMIZERS = ("adamw", "muon")
 DTYPES = ("float32", "bfloat16")
 PARALLEL = ("ddp", "fsdp")
+# The TrainConfig fields that take one of a few names, and those names
+CHOICES = {"optimizer": OPTIMIZERS, "lrkv_b_optimizer": LRKV_B_OPTIMIZERS, "dtype": DTYPES, "parallel": PARALLEL}
 # TrainConfig.compile besides a torch.compile backend, and what "auto" compiles with on a GPU
 # (headlab.training.compiling)
 AUTO_COMPILE, NO_COMPILE, GPU_BACKEND = "auto", "off", "inductor"
-# The fields that train only some attention families' models (as `headlab.model.config.FAMILY_FIELDS`).
-FAMILY_TRAIN_FIELDS = {"lrkv_factor_decay": ("lrkv",), "lrkv_b_optimizer": ("lrkv",)}
 # TrainConfig fields a sweep's grid cannot set: its lengths axis sets the steps, its seeds axis the seed.
 UNSWEPT_TRAIN_FIELDS = ("steps", "seed")
 
 
 # TrainConfig.compile as runs saved it when it was a switch: True compiled on a GPU only, as "auto" does
 LEGACY_COMPILE = {False: "off", True: "auto"}
+# TrainConfig's fields in headlab's previous release (91a3e0b), which `TrainConfig.recorded` always
+# names; compile was a switch there
+RELEASED_TRAIN_FIELDS = ("steps", "batch_size", "optimizer", "lr", "matrix_lr", "embedding_lr", "unembedding_lr",
+                         "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip", "eval_every", "eval_batches",
+                         "checkpoint_every", "log_every", "dtype", "compile", "device", "seed", "parallel",
+                         "grad_accum", "lrkv_factor_decay", "lrkv_b_optimizer", "snapshot_every")
 MAX_STEPS = 10 ** 8  # optimizer steps: more is a mistake (the paper's runs take 50,000)
 
 
@@ -78,28 +84,22 @@ class TrainConfig:
         if self.steps > MAX_STEPS:
             raise invalid_field("steps", self.steps, f"must be at most {MAX_STEPS:,} (years of training at any size; "
                                 "the schedule and the plan enumerate the steps)", "TrainConfig")
-        if self.optimizer not in OPTIMIZERS:
-            raise invalid_field("optimizer", self.optimizer, f"allowed values are {', '.join(OPTIMIZERS)}",
-                                "TrainConfig")
-        if self.lrkv_b_optimizer not in LRKV_B_OPTIMIZERS:
-            raise invalid_field("lrkv_b_optimizer", self.lrkv_b_optimizer,
-                                f"allowed values are {', '.join(LRKV_B_OPTIMIZERS)}", "TrainConfig")
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise invalid_field(name, getattr(self, name), f"allowed values are {', '.join(allowed)}",
+                                    "TrainConfig")
         if self.lrkv_b_optimizer == "muon" and self.optimizer != "muon":
             raise invalid_field("lrkv_b_optimizer", self.lrkv_b_optimizer, "per-head Muon on B_h needs optimizer = "
                                 "'muon' (under 'adamw' every parameter is AdamW's)", "TrainConfig")
         if not self.muon_qk and self.optimizer != "muon":
             raise invalid_field("muon_qk", self.muon_qk, "taking the query and key projections from Muon needs "
                                 "optimizer = 'muon' (under 'adamw' every parameter is AdamW's)", "TrainConfig")
-        if self.parallel not in PARALLEL:
-            raise invalid_field("parallel", self.parallel, f"allowed values are {', '.join(PARALLEL)}", "TrainConfig")
         if self.parallel == "fsdp" and self.optimizer == "muon":
             raise invalid_field("parallel", self.parallel, "Muon orthogonalizes whole matrices and FSDP hands it row "
                            "shards; use optimizer = 'adamw' with fsdp, or parallel = 'ddp' with muon", "TrainConfig")
         if self.batch_size % self.grad_accum:
             raise invalid_field("grad_accum", self.grad_accum, f"must divide batch_size = {self.batch_size}",
                                 "TrainConfig")
-        if self.dtype not in DTYPES:
-            raise invalid_field("dtype", self.dtype, f"allowed values are {', '.join(DTYPES)}", "TrainConfig")
         for name in ("lr", "matrix_lr", "embedding_lr", "unembedding_lr", "grad_clip"):
             if not getattr(self, name) > 0:
                 raise invalid_field(name, getattr(self, name), "must be positive", "TrainConfig")
@@ -131,6 +131,14 @@ class TrainConfig:
 
     def replace(self, **changes) -> "TrainConfig":
         return config_from_dict(TrainConfig, {**asdict(self), **changes})
+
+    def recorded(self) -> dict:
+        """The fields as a run's config.json records them, so that headlab's previous release reads
+        them: `RELEASED_TRAIN_FIELDS` (compile as that release's switch where it says the same:
+        `LEGACY_COMPILE`), and any field added since only where it differs from its default."""
+        values = recorded_fields(asdict(self), TrainConfig, RELEASED_TRAIN_FIELDS)
+        legacy = {mode: switch for switch, mode in LEGACY_COMPILE.items()}
+        return {**values, "compile": legacy.get(self.compile, self.compile)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":

@@ -26,7 +26,9 @@ Two options of the LRKV factors, for the question of what the recipe does to the
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -192,39 +194,87 @@ def make_optimizers(model: GPT, config: TrainConfig, split_across=None) -> list[
     return optimizers
 
 
-def _build_optimizers(model: GPT, config: TrainConfig, split_across) -> list[torch.optim.Optimizer]:
-    named = list(model.named_parameters())
+@dataclass(frozen=True)
+class ParamGroup:
+    """One group of parameters in the recipe's plan: which optimizer trains them, at which learning
+    rate and weight decay, and the TrainConfig fields those come from (None: no decay)."""
+
+    optimizer: str  # ADAMW, MUON or HEADWISE_MUON
+    names: tuple[str, ...]
+    lr_setting: str
+    lr: float
+    decay_setting: str | None
+    weight_decay: float
+
+
+ADAMW, MUON, HEADWISE_MUON = "AdamW", "Muon", "per-head Muon"
+
+
+def optimizer_plan(named: list[tuple[str, torch.Tensor]], config: TrainConfig) -> list[list[ParamGroup]]:
+    """Which optimizer trains which parameter (module docstring): per optimizer, its groups in the
+    order of its saved state, so a run saved by the same recipe resumes into the same groups. The one
+    place the recipe is decided: `_build_optimizers` makes the optimizers from it, and
+    `optimizer_table` shows it."""
+    def group(optimizer, chosen, lr_setting, decay_setting):
+        return ParamGroup(optimizer, tuple(n for n, _ in chosen), lr_setting, getattr(config, lr_setting),
+                          decay_setting, getattr(config, decay_setting) if decay_setting else 0.0)
+
     # LRKV's factors form a group of their own only when they are treated differently, so a run
     # saved by the default recipe resumes into the same optimizer groups.
     separate = (lambda n: is_lrkv_factor(n)) if not config.lrkv_factor_decay else (lambda n: False)
     if config.optimizer == "adamw":
-        groups = [{"params": [p for n, p in named if p.dim() >= 2 and not separate(n)],
-                   "weight_decay": config.weight_decay},
-                  {"params": [p for n, p in named if separate(n)], "weight_decay": 0.0},
-                  {"params": [p for n, p in named if p.dim() < 2], "weight_decay": 0.0}]
-        return [torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=ADAM_BETAS, fused=True)]
-    factor_decay = config.weight_decay if config.lrkv_factor_decay else 0.0
+        groups = [group(ADAMW, [(n, p) for n, p in named if p.dim() >= 2 and not separate(n)], "lr", "weight_decay"),
+                  group(ADAMW, [(n, p) for n, p in named if separate(n)], "lr", None),
+                  group(ADAMW, [(n, p) for n, p in named if p.dim() < 2], "lr", None)]
+        return [[g for g in groups if g.names]]
+    factor_decay = "weight_decay" if config.lrkv_factor_decay else None
     by_adamw = (lambda n: is_qk_matrix(n)) if not config.muon_qk else (lambda n: False)
     muon = [(n, p) for n, p in named if is_muon_matrix(n, p) and not by_adamw(n)]
-    muon_groups = [{"params": [p for n, p in muon if not separate(n)], "weight_decay": config.weight_decay},
-                   {"params": [p for n, p in muon if separate(n)], "weight_decay": 0.0}]
+    muon_groups = [group(MUON, [(n, p) for n, p in muon if not separate(n)], "matrix_lr", "weight_decay"),
+                   group(MUON, [(n, p) for n, p in muon if separate(n)], "matrix_lr", None)]
     qk = [(n, p) for n, p in named if is_muon_matrix(n, p) and by_adamw(n)]
-    headwise = [p for n, p in named if n.endswith(LRKV_B)] if config.lrkv_b_optimizer == "muon" else []
-    routed = {id(p) for g in muon_groups for p in g["params"]} | {id(p) for p in headwise} | {id(p) for _, p in qk}
-    other = [p for n, p in named if id(p) not in routed and not n.startswith(("wte.", "lm_head."))]
+    headwise = [(n, p) for n, p in named if n.endswith(LRKV_B)] if config.lrkv_b_optimizer == "muon" else []
+    routed = {n for g in muon_groups for n in g.names} | {n for n, _ in headwise} | {n for n, _ in qk}
+    other = [(n, p) for n, p in named if n not in routed and not n.startswith(("wte.", "lm_head."))]
     adam_groups = [
-        {"params": list(model.wte.parameters()), "lr": config.embedding_lr, "weight_decay": 0.0},
-        {"params": list(model.lm_head.parameters()), "lr": config.unembedding_lr, "weight_decay": 0.0},
-        {"params": other, "lr": config.lr, "weight_decay": 0.0},
-        {"params": [p for n, p in qk if not separate(n)], "lr": config.lr, "weight_decay": config.weight_decay},
-        {"params": [p for n, p in qk if separate(n)], "lr": config.lr, "weight_decay": 0.0},
+        group(ADAMW, [(n, p) for n, p in named if n.startswith("wte.")], "embedding_lr", None),
+        group(ADAMW, [(n, p) for n, p in named if n.startswith("lm_head.")], "unembedding_lr", None),
+        group(ADAMW, other, "lr", None),
+        group(ADAMW, [(n, p) for n, p in qk if not separate(n)], "lr", "weight_decay"),
+        group(ADAMW, [(n, p) for n, p in qk if separate(n)], "lr", None),
     ]
-    optimizers = [Muon([g for g in muon_groups if g["params"]], split_across, lr=config.matrix_lr,
-                       weight_decay=config.weight_decay),
-                  # the QK groups only when filled, so a run saved by the default recipe resumes
-                  torch.optim.AdamW(adam_groups[:3] + [g for g in adam_groups[3:] if g["params"]], betas=ADAM_BETAS,
-                                    fused=True)]
-    if headwise:
-        optimizers.append(HeadwiseMuon(headwise, lr=config.matrix_lr, weight_decay=factor_decay,
-                                       split_across=split_across))
+    # the QK groups only when filled, so a run saved by the default recipe resumes
+    plan = [[g for g in muon_groups if g.names], adam_groups[:3] + [g for g in adam_groups[3:] if g.names]]
+    return plan + ([[group(HEADWISE_MUON, headwise, "matrix_lr", factor_decay)]] if headwise else [])
+
+
+def _build_optimizers(model: GPT, config: TrainConfig, split_across) -> list[torch.optim.Optimizer]:
+    parameters = dict(model.named_parameters())
+    optimizers = []
+    for groups in optimizer_plan(list(parameters.items()), config):
+        torch_groups = [{"params": [parameters[n] for n in g.names], "lr": g.lr, "weight_decay": g.weight_decay}
+                        for g in groups]
+        kind = groups[0].optimizer if groups else MUON  # Muon's groups may all be empty (no block matrices)
+        if kind == ADAMW:
+            optimizers.append(torch.optim.AdamW(torch_groups, lr=config.lr, betas=ADAM_BETAS, fused=True))
+        elif kind == MUON:
+            optimizers.append(Muon(torch_groups, split_across, lr=config.matrix_lr, weight_decay=config.weight_decay))
+        else:
+            optimizers.append(HeadwiseMuon(torch_groups, lr=config.matrix_lr, split_across=split_across))
     return optimizers
+
+
+def optimizer_table(model_config, config: TrainConfig) -> list[dict]:
+    """`optimizer_plan` of a model of `model_config`, one row per parameter: parameter, optimizer,
+    lr_setting, lr, decay_setting, weight_decay. What trains each tensor, as the optimizers are
+    made from it."""
+    return [{"parameter": name, "optimizer": g.optimizer, "lr_setting": g.lr_setting, "lr": g.lr,
+             "decay_setting": g.decay_setting, "weight_decay": g.weight_decay}
+            for groups in optimizer_plan(meta_parameters(model_config), config) for g in groups for name in g.names]
+
+
+@functools.lru_cache(maxsize=64)
+def meta_parameters(model_config) -> list[tuple[str, torch.Tensor]]:
+    """The named parameters of a GPT of `model_config`, built on the meta device: names and shapes, no weights."""
+    with torch.device("meta"):
+        return list(GPT(model_config).named_parameters())

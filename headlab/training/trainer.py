@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus, random_windows, read_shards
 from headlab.model.config import ModelConfig
-from headlab.model.gpt import GPT, eval_mode
+from headlab.model.gpt import GPT, eval_mode, initial_model
 from headlab.runs.checkpoints import gather_training_state
 from headlab.runs.divergence import Divergence, is_diverged
 from headlab.runs.folder import RunFolder
@@ -233,14 +233,6 @@ def compiled_bucket_cap_mb(model: GPT) -> float:
     DDP's first bucket (1 MiB): DDPOptimizer refuses buckets smaller than that one."""
     block_bytes = sum(p.numel() * p.element_size() for p in model.blocks[0].parameters())
     return max(block_bytes, dist._DEFAULT_FIRST_BUCKET_BYTES) / 2 ** 20
-
-
-def initial_model(model_config: ModelConfig, seed: int) -> GPT:
-    """The step-0 weights of a run of `model_config` with `seed`, drawn on the CPU as training
-    draws them (the global torch generator seeded with `seed`), so the random-initialisation
-    baseline of a run is its own first draw, whether or not its folder kept a step-0 snapshot."""
-    torch.manual_seed(seed)
-    return GPT(model_config)
 
 
 def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus, device: torch.device,

@@ -322,17 +322,20 @@ def test_headlab_docs_writes_the_readme_figures_and_headline_table(study, tmp_pa
 def test_the_report_states_the_training_recipe_and_what_changed_from_the_preset(study):
     out, runs, report = study
     meta = read_study_tables(out).meta
-    assert meta["train"]["optimizer"] == "adamw" and meta["changed"] == {}
-    assert "Trained with AdamW (lr 0.003, weight decay 0.1 on every matrix, LRKV's factors U_h, B_h included)" in \
-        report.read_text()
-    muon = {**meta, "train": {**meta["train"], "optimizer": "muon", "lrkv_factor_decay": False},
+    assert meta["train"]["optimizer"] == "adamw" and meta["changed"] == {} and meta["unread"] == {}
+    text = report.read_text()
+    assert "Trained with AdamW; which optimizer trains which tensor of each variant" in text
+    assert "| Standard MHA, MQA, GQA (2 KV heads) | AdamW | 0.003 (lr) | 0.1 (weight_decay) | wte, attn.c_q, " \
+        "attn.c_k, attn.c_v, attn.c_proj, mlp.c_fc, mlp.c_proj, lm_head |" in text  # the plan: a row per group
+    # tables written before the plan was recorded: the recipe in words, as then
+    muon = {**meta, "optimizers": None, "train": {**meta["train"], "optimizer": "muon", "lrkv_factor_decay": False},
             "changed": {"optimizer": "muon", "lrkv_factor_decay": False}}
     text = headlab.report.writer.recipe_text(muon)
     assert "Muon on the blocks' matrices (lr 0.02" in text and "no weight decay on LRKV's factors" in text
     assert text.endswith("Changed from the preset `tiny`: `optimizer = muon`, `lrkv_factor_decay = False`.")
     qk_by_adamw = headlab.report.writer.recipe_text({**muon, "train": {**muon["train"], "muon_qk": False}})
-    assert "Muon on the blocks' matrices but W_Q, W_K (AdamW there, lr 0.003, weight decay 0.1: not the paper's " \
-        "recipe) (lr 0.02" in qk_by_adamw
+    assert "Muon on the blocks' matrices but those that form only queries or keys (AdamW there, lr 0.003, weight " \
+        "decay 0.1: not the paper's recipe; MLA's joint key/value latents stay on Muon) (lr 0.02" in qk_by_adamw
 
 
 def test_reproduce_set_replaces_preset_settings_and_records_them(tmp_path, capsys):
