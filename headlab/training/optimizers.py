@@ -100,7 +100,7 @@ def orthogonalize_shared(stacks: list[torch.Tensor], group=None, **options) -> l
         own.append(torch.cat([done, padding]).bfloat16().flatten())
     own = torch.cat(own)
     gathered = own.new_empty(ranks * own.numel())
-    dist.all_gather_single(gathered, own, group=group)
+    all_gather_flat(gathered, own, group)
     gathered = gathered.view(ranks, own.numel())
     results, start = [], 0
     for stack, share in zip(stacks, shares):
@@ -109,6 +109,14 @@ def orthogonalize_shared(stacks: list[torch.Tensor], group=None, **options) -> l
         results.append(every[:len(stack)].to(stack.dtype))
         start += size
     return results
+
+
+def all_gather_flat(gathered: torch.Tensor, own: torch.Tensor, group) -> None:
+    """Every rank's `own` (of one size on every rank) into `gathered`, rank by rank: torch's
+    `all_gather_single` where it has one (torch 2.13 on; `all_gather_into_tensor` is deprecated
+    there), else `all_gather_into_tensor`, which every older torch headlab supports has."""
+    collective = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    collective(gathered, own, group=group)
 
 
 @torch.no_grad()

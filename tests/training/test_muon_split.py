@@ -67,6 +67,26 @@ def test_muon_split_across_ranks_ends_with_the_single_process_weights():
     assert mine_0 + mine_1 == all_matrices and abs(mine_0 - mine_1) <= STEPS * 8  # halves, but for odd counts
 
 
+def _on_rank_of_an_older_torch(rank: int):
+    """A rank of a torch before 2.13: no `all_gather_single`, only `all_gather_into_tensor` (counted)."""
+    del dist.all_gather_single  # the forked rank's own module: the test process keeps it
+    calls, gather = [0], dist.all_gather_into_tensor
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return gather(*args, **kwargs)
+
+    dist.all_gather_into_tensor = counted
+    weights, _ = _on_rank(rank)
+    return weights, calls[0]
+
+
+def test_muon_split_on_a_torch_without_all_gather_single_gathers_with_the_older_collective():
+    alone, _ = _after_muon_steps()
+    for weights, calls in on_ranks(_on_rank_of_an_older_torch, timeout=60):
+        assert calls >= STEPS and all(torch.equal(weights[name], alone[name]) for name in alone)
+
+
 def _trained_on_rank(rank: int):
     with counting_orthogonalized() as orthogonalized:
         run = train(preset("tiny", "mha"), train_preset("tiny", steps=STEPS, eval_every=STEPS, optimizer="muon",
