@@ -27,7 +27,7 @@ it is empty. The trainer's side, under torchrun too (rank 0 owns the folder, the
             if folder.checkpoint_due(step + 1):                                 # asked once per step
                 folder.checkpoint(model, optimizers, generator, step + 1)
 
-A checkpoint is due every `checkpoint_every` steps, at the last step and, with `checkpoint_minutes`,
+A checkpoint is due every `checkpoint_every` steps (unless 0), at the last step and, with `checkpoint_minutes`,
 on the first logging step (`log_every`) at which that many minutes have passed on rank 0's `clock`
 since the previous checkpoint ended (or training started): rank 0 decides, every rank follows
 (`decided`), so they all enter the checkpoint's collectives together.
@@ -188,7 +188,7 @@ class RunFolder:
         config = self.train_config
         if self.path is None:
             return False
-        if done % config.checkpoint_every == 0 or done == config.steps:
+        if config.checkpoint_every and done % config.checkpoint_every == 0 or done == config.steps:
             return True
         if not config.checkpoint_minutes or done % config.log_every:
             return False
