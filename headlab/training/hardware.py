@@ -206,7 +206,7 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
         def train_step(x, y):
             for micro_x, micro_y in zip(x.chunk(train_config.grad_accum), y.chunk(train_config.grad_accum)):
                 with autocast:
-                    _, loss = forward(micro_x, micro_y)
+                    loss = forward(micro_x, micro_y, loss_only=True)
                 (loss / train_config.grad_accum).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
             for optimizer in optimizers:

@@ -307,7 +307,7 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
         for micro, (micro_x, micro_y) in enumerate(zip(x.chunk(n_micro), y.chunk(n_micro))):
             with synchronizing(micro == n_micro - 1):  # ranks exchange gradients once, after the last
                 with autocast:
-                    _, micro_loss = forward(micro_x, micro_y)
+                    micro_loss = forward(micro_x, micro_y, loss_only=True)  # no logits kept (GPT.forward)
                 (micro_loss / n_micro).backward()
             loss += micro_loss.detach() / n_micro
         torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
