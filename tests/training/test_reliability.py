@@ -68,12 +68,12 @@ def _interrupt_at_step(monkeypatch, step: int):
     """GPT.forward raises on its `step`-th training call (0-based)."""
     original, calls = GPT.forward, {"n": 0}
 
-    def forward(self, idx, targets=None, cache=None):
+    def forward(self, idx, *args, **kwargs):
         if self.training:
             calls["n"] += 1
             if calls["n"] - 1 == step:
                 raise _Interrupt
-        return original(self, idx, targets, cache)
+        return original(self, idx, *args, **kwargs)
 
     monkeypatch.setattr(GPT, "forward", forward)
 
