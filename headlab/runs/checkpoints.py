@@ -38,10 +38,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.fsdp import FSDPModule
 
 from headlab.io import Manifest, fsync_path
 from headlab.runs.layout import CHECKPOINT_PREFIX, FORMAT, MANIFEST, METRICS, run_manifest
 from headlab.runs.metrics import MetricsLog
+from headlab.runs.optimizer_state import load_named_state, named_state
 
 
 class CheckpointWriteFailed(RuntimeError):
@@ -134,14 +136,21 @@ def _whole(cpu_offload: bool = False):
     return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
 
 
+def gathered_by_every_rank(model: torch.nn.Module, optimizers) -> bool:
+    """Whether `gather_training_state` is a collective: the ranks hold shards of the model (FSDP)
+    or of the optimizer state (a sharded step: `headlab.runs.optimizer_state`)."""
+    return isinstance(model, FSDPModule) or any(getattr(o, "shard", None) is not None for o in optimizers)
+
+
 def gather_training_state(model: torch.nn.Module, optimizers) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """The whole weights and optimizer states (keyed by parameter name) on the CPU. With an
-    FSDP-sharded model every rank must call it (it all-gathers the shards) and only rank 0
-    receives the tensors; otherwise it is a copy of the local state."""
+    """The whole weights and optimizer states (keyed by parameter name) on the CPU. When the
+    ranks hold shards (`gathered_by_every_rank`) every rank must call it and rank 0 receives
+    the whole state; otherwise it is the local state."""
 
     weights = get_model_state_dict(model, options=_whole(cpu_offload=True))
-    return ({k: v.detach().contiguous().cpu() for k, v in weights.items()},
-            [get_optimizer_state_dict(model, o, options=_whole(cpu_offload=True)) for o in optimizers])
+    states = ([get_optimizer_state_dict(model, o, options=_whole(cpu_offload=True)) for o in optimizers]
+              if isinstance(model, FSDPModule) else [named_state(model, o) for o in optimizers])
+    return {k: v.detach().contiguous().cpu() for k, v in weights.items()}, states
 
 
 def save_checkpoint(run_dir: Path, weights: dict[str, torch.Tensor], optimizer_states: list[dict],
@@ -319,7 +328,10 @@ def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module, optimizers, 
     if len(state["optimizers"]) != len(optimizers):
         raise ValueError(f"{state_path} holds {len(state['optimizers'])} optimizer states, expected {len(optimizers)}")
     for optimizer, optimizer_state in zip(optimizers, state["optimizers"]):
-        set_optimizer_state_dict(model, optimizer, optimizer_state, options=_whole())
+        if isinstance(model, FSDPModule):
+            set_optimizer_state_dict(model, optimizer, optimizer_state, options=_whole())
+        else:
+            load_named_state(model, optimizer, optimizer_state, state_path)
         _own_memory(optimizer)
     generator.set_state(state["generator"])
     torch.set_rng_state(state["torch_rng"])

@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Callable, ContextManager
 
 import torch
-from torch.distributed.fsdp import FSDPModule
 
 from headlab.io import FolderLock, Manifest, append_line, make_folder, read_regular, refuse_foreign
 from headlab.model.config import ModelConfig
@@ -52,6 +51,7 @@ from headlab.runs.checkpoints import (
     Checkpoint,
     checkpoint_of,
     gather_training_state,
+    gathered_by_every_rank,
     load_checkpoint,
     parse_weights,
     read_current,
@@ -196,9 +196,9 @@ class RunFolder:
 
     def checkpoint(self, model: torch.nn.Module, optimizers, generator: torch.Generator, step: int) -> None:
         """Make the state after `step` updates the run's current checkpoint (`save_checkpoint`).
-        Every rank calls it: all join the gather of FSDP shards, and a failed write on the owner
-        raises on every rank."""
-        if isinstance(model, FSDPModule) or self.owner:
+        Every rank calls it: all join the gather of FSDP shards or of a sharded optimizer state,
+        and a failed write on the owner raises on every rank."""
+        if gathered_by_every_rank(model, optimizers) or self.owner:
             weights, optimizer_states = gather_training_state(model, optimizers)
         with self.together():
             if self.owner:

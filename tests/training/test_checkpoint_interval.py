@@ -8,8 +8,8 @@ import pytest
 
 from headlab import preset
 from headlab.runs import folder as folder_module
-from headlab.training import trainer as trainer_module
 from headlab.runs.layout import STARTS
+from headlab.training import trainer as trainer_module
 from headlab.training.config import TRAIN_PRESETS, train_preset
 from headlab.training.trainer import train
 from ranks import on_ranks
