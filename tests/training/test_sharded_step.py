@@ -6,6 +6,7 @@ even counts, whose B_h go to the headwise Muon and whose embedding and head go t
 
 from contextlib import contextmanager
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -102,3 +103,77 @@ def test_ddp_training_shards_the_step_and_its_replicas_stay_equal():
     (weights_0, mine_0), (weights_1, mine_1) = on_ranks(_trained_on_rank, timeout=60)
     assert _equal(weights_0, weights_1)
     assert mine_0 + mine_1 == alone and 0 < mine_0 < alone
+
+
+MUON_RUN = train_preset("tiny", steps=4, eval_every=4, checkpoint_every=2, optimizer="muon", device="cpu")
+
+
+def _own_states(optimizers, model) -> dict:
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {(i, names[id(p)], key): value.clone() for i, optimizer in enumerate(optimizers)
+            for p, state in optimizer.state.items() for key, value in state.items()}
+
+
+def _trained_and_interrupted(out, interrupt_at: int | None = None):
+    """train(MUON_RUN) into `out` (resumed if it holds a checkpoint), interrupted in the training
+    forward numbered `interrupt_at` (the weights then None); the weights and this process's
+    optimizer state (by optimizer, parameter name and key) at the end, read through the trainer's
+    own objects."""
+    from headlab.training import trainer as trainer_module
+
+    held = {}
+    step_class = trainer_module.OptimizerStep
+
+    class Holding(step_class):
+        def __init__(self, model, optimizers, group=None):
+            super().__init__(model, optimizers, group)
+            held.update(model=model, optimizers=optimizers)
+
+    trainer_module.OptimizerStep = Holding  # a forked rank's own module (or restored below)
+    forward, calls = GPT.forward, [0]
+
+    def interrupted(self, *args, **kwargs):
+        calls[0] += self.training
+        if calls[0] == interrupt_at:
+            raise RuntimeError("interrupted")
+        return forward(self, *args, **kwargs)
+
+    GPT.forward = interrupted
+    try:
+        weights = train(preset("tiny", "mha"), MUON_RUN, "synthetic", out=out, resume=True,
+                        progress=False).model.state_dict()
+    except RuntimeError as error:
+        if str(error) != "interrupted":
+            raise
+        weights = None
+    finally:
+        GPT.forward, trainer_module.OptimizerStep = forward, step_class
+    return weights, _own_states(held["optimizers"], held["model"])
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_holds_the_whole_state_and_resumes_on_any_number_of_ranks(tmp_path):
+    """The checkpoint gathers each rank's share (the union of what the ranks hold, exactly). Two
+    ranks resuming it end where the uninterrupted two-rank run ends, bit for bit, each loading
+    its share only; one process resuming it loads the whole state and trains on."""
+    import shutil
+
+    from headlab.runs.checkpoints import current_checkpoint
+
+    (_, cut_0), (_, cut_1) = on_ranks(lambda rank: _trained_and_interrupted(tmp_path / "cut", interrupt_at=3),
+                                      timeout=90)  # in step 3: each rank's share as the step-2 checkpoint saw it
+    checkpoint = current_checkpoint(tmp_path / "cut")
+    assert checkpoint.step == 2
+    shutil.copytree(tmp_path / "cut", tmp_path / "cut-alone")
+    saved = torch.load(checkpoint.folder / "state.pt", weights_only=True)["optimizers"]
+    saved = {(i, name, key): value for i, state in enumerate(saved) for name, entry in state["state"].items()
+             for key, value in entry.items()}
+    assert set(cut_0).isdisjoint(cut_1) and set(cut_0) | set(cut_1) == set(saved)
+    assert all(torch.equal(value, saved[key]) for key, value in {**cut_0, **cut_1}.items())
+    (whole_0, _), (whole_1, _) = on_ranks(lambda rank: _trained_and_interrupted(tmp_path / "whole"), timeout=90)
+    (resumed_0, held_0), (resumed_1, held_1) = on_ranks(lambda rank: _trained_and_interrupted(tmp_path / "cut"),
+                                                        timeout=90)
+    assert _equal(resumed_0, whole_0) and _equal(resumed_1, whole_0) and _equal(whole_1, whole_0)
+    assert set(held_0).isdisjoint(held_1) and set(held_0) | set(held_1) == set(saved)  # each its share, all of it
+    _, held_alone = _trained_and_interrupted(tmp_path / "cut-alone")
+    assert set(held_alone) == set(saved)
