@@ -107,6 +107,7 @@ def muon_step(params: list[torch.Tensor], state, lr: float, weight_decay: float,
                                else torch.stack(buffers), steps=steps, eps=eps, coefficients=coefficients)
         torch._foreach_mul_(same, 1 - lr * weight_decay)
         torch._foreach_add_(same, update.unbind(0), alpha=-lr * math.sqrt(max(1.0, shape[-2] / shape[-1])))
+        del update  # before the next shape's stacks
 
 
 class Muon(torch.optim.Muon):

@@ -125,20 +125,22 @@ class OptimizerStep:
 
     def _exchange(self) -> None:
         """Every rank's updated parameters to every rank: one broadcast per rank and dtype of its
-        parameters packed in one buffer, in the model's order."""
-        ranks = dist.get_world_size(self.shard.group)
-        for rank in range(ranks):
+        parameters packed in one buffer, in the model's order, one buffer alive at a time."""
+        for rank in range(dist.get_world_size(self.shard.group)):
             by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
             for p in self.parameters:
                 if self.shard.owner[id(p)] == rank:
                     by_dtype.setdefault(p.dtype, []).append(p)
-            for dtype, same in by_dtype.items():
-                sizes = [p.numel() for p in same]
-                if rank == self.shard.rank:
-                    packed = torch.cat([p.detach().reshape(-1) for p in same])
-                else:
-                    packed = torch.empty(sum(sizes), dtype=dtype, device=same[0].device)
-                dist.broadcast(packed, src=dist.get_global_rank(self.shard.group, rank), group=self.shard.group)
-                if rank != self.shard.rank:
-                    for p, piece in zip(same, packed.split(sizes)):
-                        p.detach().copy_(piece.view_as(p))
+            for same in by_dtype.values():
+                self._broadcast(rank, same)
+
+    def _broadcast(self, rank: int, same: list[torch.Tensor]) -> None:
+        sizes = [p.numel() for p in same]
+        if rank == self.shard.rank:
+            packed = torch.cat([p.detach().reshape(-1) for p in same])
+        else:
+            packed = torch.empty(sum(sizes), dtype=same[0].dtype, device=same[0].device)
+        dist.broadcast(packed, src=dist.get_global_rank(self.shard.group, rank), group=self.shard.group)
+        if rank != self.shard.rank:
+            for p, piece in zip(same, packed.split(sizes)):
+                p.detach().copy_(piece.view_as(p))
