@@ -101,7 +101,10 @@ def muon_step(params: list[torch.Tensor], state, lr: float, weight_decay: float,
             by_shape.setdefault((p.shape, p.dtype, p.device), []).append(p)
     for (shape, _, _), same in by_shape.items():
         grads = [p.grad for p in same]
-        buffers = [state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in same]
+        for p in same:
+            if "momentum_buffer" not in state[p]:  # made once, not a zero tensor per matrix and step
+                state[p]["momentum_buffer"] = torch.zeros_like(p)
+        buffers = [state[p]["momentum_buffer"] for p in same]
         torch._foreach_lerp_(buffers, grads, 1 - momentum)
         update = orthogonalize(torch.stack(grads).lerp_(torch.stack(buffers), momentum) if nesterov
                                else torch.stack(buffers), steps=steps, eps=eps, coefficients=coefficients)

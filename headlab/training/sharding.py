@@ -83,6 +83,7 @@ class OptimizerStep:
         self.parameters = [p for p in model.parameters() if p.requires_grad]
         self.optimizers = optimizers
         self.shard = None
+        self.flat: list[tuple[int, list[torch.Tensor]]] | None = None  # (rank, flat views of its parameters)
         if group is not None and dist.get_world_size(group) > 1:
             params = [(optimizer, p) for optimizer in optimizers for g in optimizer.param_groups for p in g["params"]]
             owner = owners([p for optimizer, p in params if _orthogonalised(optimizer)],
@@ -125,22 +126,25 @@ class OptimizerStep:
 
     def _exchange(self) -> None:
         """Every rank's updated parameters to every rank: one broadcast per rank and dtype of its
-        parameters packed in one buffer, in the model's order, one buffer alive at a time."""
-        for rank in range(dist.get_world_size(self.shard.group)):
-            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-            for p in self.parameters:
-                if self.shard.owner[id(p)] == rank:
-                    by_dtype.setdefault(p.dtype, []).append(p)
-            for same in by_dtype.values():
-                self._broadcast(rank, same)
+        parameters packed in one buffer, in the model's order, one buffer alive at a time. A
+        handful of operations per rank, whatever its parameters (flat views made once)."""
+        if self.flat is None:
+            self.flat = []
+            for rank in range(dist.get_world_size(self.shard.group)):
+                by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+                for p in self.parameters:
+                    if self.shard.owner[id(p)] == rank:
+                        by_dtype.setdefault(p.dtype, []).append(p.detach().view(-1))
+                self.flat += [(rank, views) for views in by_dtype.values()]
+        for rank, views in self.flat:
+            self._broadcast(rank, views)
 
-    def _broadcast(self, rank: int, same: list[torch.Tensor]) -> None:
-        sizes = [p.numel() for p in same]
+    def _broadcast(self, rank: int, views: list[torch.Tensor]) -> None:
+        sizes = [view.numel() for view in views]
         if rank == self.shard.rank:
-            packed = torch.cat([p.detach().reshape(-1) for p in same])
+            packed = torch.cat(views)
         else:
-            packed = torch.empty(sum(sizes), dtype=same[0].dtype, device=same[0].device)
+            packed = torch.empty(sum(sizes), dtype=views[0].dtype, device=views[0].device)
         dist.broadcast(packed, src=dist.get_global_rank(self.shard.group, rank), group=self.shard.group)
         if rank != self.shard.rank:
-            for p, piece in zip(same, packed.split(sizes)):
-                p.detach().copy_(piece.view_as(p))
+            torch._foreach_copy_(views, packed.split(sizes))
