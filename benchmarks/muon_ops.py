@@ -32,8 +32,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from headlab.model.gpt import GPT
 from headlab.study.roles import comparison_variants
+from headlab.training.flops import newton_schulz_by_rank
 from headlab.training.optimizers import Muon, is_muon_matrix
-from headlab.training.sharding import owners
 
 
 class CountedOps(TorchDispatchMode):
@@ -55,11 +55,7 @@ def ops_per_step(config, optimizer_class, ranks: int = 1) -> tuple[int, int, int
     with torch.device("meta"):
         model = GPT(config)
         matrices = [p for n, p in model.named_parameters() if is_muon_matrix(n, p)]
-    owner = owners(matrices, [], ranks)
-    work = [0] * ranks
-    for p in matrices:
-        m, n = sorted(p.shape)
-        work[owner[id(p)]] += 4 * m * m * n + 2 * m ** 3
+    work, owner = newton_schulz_by_rank(matrices, ranks)
     busiest = max(range(ranks), key=lambda rank: work[rank])
     mine = [p for p in matrices if owner[id(p)] == busiest]
     with torch.device("meta"):

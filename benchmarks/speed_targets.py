@@ -18,18 +18,18 @@ issue 46 (H6-H9), so the page says what each fix is worth and what is left.
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 from dataclasses import dataclass
 
 try:
     from benchmarks import common
+    from benchmarks.muon_ops import CountedOps
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
     import common
+    from muon_ops import CountedOps
 
 import torch
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from headlab import GPT, preset
 from headlab.training.config import PAPER_CHECKPOINT_MINUTES, TrainConfig, train_preset
@@ -58,16 +58,6 @@ class Assumptions:
     seconds_per_op: float = 8e-6  # one eager operation dispatched from Python (the step is not compiled)
     eager_slowdown: float = 1.7  # the evaluation forward runs eager
     checkpoint_bytes_per_s: float = 1e9  # rank 0 writes, hashes and fsyncs a checkpoint
-
-
-class CountedOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def step_ops(config, ranks: int) -> int:

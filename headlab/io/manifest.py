@@ -210,8 +210,7 @@ class Manifest:
         try:
             data = read_regular(path)
         except FileNotFoundError:
-            raise ValueError(f"{path} is missing, but {self.path} lists it: restore it, or write the folder "
-                             "again") from None
+            raise self._missing(path) from None
         if len(data) != entry["bytes"] or verify and hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise self._mismatch(name, path)
         return data
@@ -227,8 +226,7 @@ class Manifest:
         try:
             fd = open_regular(path)
         except FileNotFoundError:
-            raise ValueError(f"{path} is missing, but {self.path} lists it: restore it, or write the folder "
-                             "again") from None
+            raise self._missing(path) from None
         try:
             if os.fstat(fd).st_size != entry["bytes"] or verify and descriptor_digest(fd) != entry["sha256"]:
                 raise self._mismatch(name, path)
@@ -240,10 +238,13 @@ class Manifest:
         """The path of file `name` once its content is verified (read in chunks: for large files)."""
         entry, path = self.entry(name), self.file(name)
         if not path.exists():
-            raise ValueError(f"{path} is missing, but {self.path} lists it: restore it, or write the folder again")
+            raise self._missing(path)
         if file_digest(path) != entry["sha256"]:
             raise self._mismatch(name, path)
         return path
+
+    def _missing(self, path: Path) -> ValueError:
+        return ValueError(f"{path} is missing, but {self.path} lists it: restore it, or write the folder again")
 
     def _mismatch(self, name: str, path: Path) -> ValueError:
         if name in self.intended:

@@ -59,6 +59,17 @@ def model_flops_utilization(config: ModelConfig, tokens_per_second: float, peak_
     return tokens_per_second * training_flops(config, 1)["total"] / peak_flops
 
 
+def newton_schulz_by_rank(matrices: list[torch.Tensor], ranks: int) -> tuple[list[int], dict[int, int]]:
+    """FLOPs of one Newton–Schulz iteration of each rank's matrices, 4·m²·n + 2·m³ per m x n
+    matrix (m <= n), as a sharded step deals them (`headlab.training.sharding.owners`), and that deal."""
+    owner = owners(matrices, [], ranks)
+    per_rank = [0] * ranks
+    for p in matrices:
+        m, n = sorted(p.shape)
+        per_rank[owner[id(p)]] += 4 * m * m * n + 2 * m ** 3
+    return per_rank, owner
+
+
 @functools.lru_cache(maxsize=64)
 def muon_flops_per_step(config: ModelConfig, ranks: int = 1) -> float:
     """FLOPs of Muon's Newton–Schulz orthogonalisation in one optimizer step, on the busiest of
@@ -68,17 +79,12 @@ def muon_flops_per_step(config: ModelConfig, ranks: int = 1) -> float:
         ns_steps · max over ranks of Σ_(the rank's matrices) (4·m²·n + 2·m³)
 
     where each rank orthogonalises the matrices a sharded step deals it
-    (`headlab.training.sharding.owners`: each shape's k matrices dealt round-robin, ⌊k / ranks⌋
-    or ⌈k / ranks⌉ to a rank)."""
+    (`newton_schulz_by_rank`: each shape's k matrices dealt round-robin, ⌊k / ranks⌋ or ⌈k / ranks⌉
+    to a rank)."""
     ns_steps = inspect.signature(torch.optim.Muon).parameters["ns_steps"].default
     with torch.device("meta"):
         model = GPT(config)
-    matrices = [p for n, p in model.named_parameters() if is_muon_matrix(n, p)]
-    owner = owners(matrices, [], ranks)
-    per_rank = [0] * ranks
-    for p in matrices:
-        m, n = sorted(p.shape)
-        per_rank[owner[id(p)]] += 4 * m * m * n + 2 * m ** 3
+    per_rank, _ = newton_schulz_by_rank([p for n, p in model.named_parameters() if is_muon_matrix(n, p)], ranks)
     return float(ns_steps * max(per_rank))
 
 
