@@ -23,6 +23,7 @@ from headlab.training.compiling import compile_backend, compiled_forward
 from headlab.training.distributed import Processes, launched_processes, training_device
 from headlab.training.memory import USABLE_MEMORY_FRACTION, GiB, PlanError, memory_per_device, micro_batch_size
 from headlab.training.optimizers import make_optimizers
+from headlab.training.sharding import OptimizerStep
 from headlab.training.trainer import on_device
 
 # Dense (no sparsity) peaks in TFLOPS, bf16 on tensor cores and fp32 as fp32 training runs
@@ -183,7 +184,7 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads or previous)
-    model = forward = optimizers = None
+    model = forward = optimizers = step_optimizers = None
     try:
         model = GPT(config).to(device)
         backend, not_compiled = compile_backend(train_config.compile, device)
@@ -192,6 +193,7 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
         forward = compiled_forward(model if _compiles_as_training(processes, train_config) else _apart(model),
                                    train_config.compile, backend, print)
         optimizers = make_optimizers(model, train_config)
+        step_optimizers = OptimizerStep(model, optimizers)  # one rank's whole step (a sharded rank steps 1/ranks)
         corpus = [np.random.default_rng(0).integers(0, config.vocab_size, 64 * config.seq_len * local_batch)]
         generator = torch.Generator().manual_seed(0)
         autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if train_config.dtype == "bfloat16"
@@ -210,9 +212,8 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
                 with autocast:
                     loss = forward(micro_x, micro_y, loss_only=True)
                 (loss / train_config.grad_accum).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
+            step_optimizers(train_config.grad_clip)
             for optimizer in optimizers:
-                optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
 
         @torch.no_grad()
@@ -225,7 +226,7 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
         evals = [timed(eval_step, local_batch) for _ in range(3)][1:]
     finally:
         torch.set_num_threads(previous)
-        del model, forward, optimizers
+        del model, forward, optimizers, step_optimizers
         gc.collect()
         torch.cuda.empty_cache()  # a no-op unless CUDA was used
     median = statistics.median(steps)
