@@ -78,6 +78,7 @@ def _notice_then_ddp_step(rank: int) -> int:
     return split[0]
 
 
+@pytest.mark.slow
 def test_the_ddp_step_after_the_training_notice_compiles_its_own_split_graph():
     """Dynamo keeps compiled graphs with the function compiled: had the notice compiled
     `GPT.forward` without DDP, the DDP step would be served that graph, unsplit (its gradient
