@@ -34,7 +34,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from headlab import GPT, preset
 from headlab.training.config import PAPER_CHECKPOINT_MINUTES, TrainConfig, train_preset
 from headlab.training.flops import muon_flops_per_step, parameter_counts, training_flops
-from headlab.training.hardware import gpu_peak
+from headlab.training.gpus import gpu_peak
 from headlab.training.memory import checkpoint_bytes, rank_shares
 from headlab.training.optimizers import is_muon_matrix, make_optimizers
 from headlab.training.sharding import OptimizerStep

@@ -7,7 +7,6 @@ import functools
 import gc
 import math
 import os
-import re
 import statistics
 import time
 from contextlib import nullcontext
@@ -21,32 +20,12 @@ from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
 from headlab.training.compiling import compile_backend, compiled_forward
 from headlab.training.distributed import Processes, launched_processes, training_device
+from headlab.training.flops import rank_training_flops
+from headlab.training.gpus import GPU_PEAKS, gpu_peak
 from headlab.training.memory import USABLE_MEMORY_FRACTION, GiB, PlanError, memory_per_device, micro_batch_size
 from headlab.training.optimizers import make_optimizers
 from headlab.training.sharding import OptimizerStep
 from headlab.training.trainer import on_device
-
-# Dense (no sparsity) peaks in TFLOPS, bf16 on tensor cores and fp32 as fp32 training runs
-# (TF32 tensor cores from Ampere on: `headlab.training.distributed.use_tf32_matmuls`), and
-# memory as marketed, from the vendors' data sheets (USABLE_MEMORY_FRACTION leaves room for what the driver reserves).
-# Matched in order as whole words of torch.cuda.get_device_name() (case aside), so the more
-# specific names come first and "NVIDIA L40" is not an L4 nor "NVIDIA GH200 480GB" an H200.
-# The T4 has neither bf16 tensor cores (its fp16 peak is given) nor TF32 (its CUDA-core fp32).
-GPU_PEAKS: tuple[tuple[str, float, float, float], ...] = (
-    # name, bf16 TFLOPS, GiB, fp32 (TF32) TFLOPS
-    ("B200", 2250.0, 180.0, 1100.0),
-    ("H100 PCIe", 756.5, 80.0, 378.0),
-    ("H100 NVL", 835.5, 94.0, 417.5),
-    ("H200 NVL", 835.5, 141.0, 417.5),
-    ("H200", 989.4, 141.0, 494.7),
-    ("H100", 989.4, 80.0, 494.7),
-    ("A100-SXM4-40GB", 312.0, 40.0, 156.0),
-    ("A100-PCIE-40GB", 312.0, 40.0, 156.0),
-    ("A100", 312.0, 80.0, 156.0),
-    ("L40S", 362.0, 48.0, 183.0),
-    ("L4", 121.0, 24.0, 60.0),
-    ("T4", 65.0, 16.0, 8.1),
-)
 
 
 @dataclass(frozen=True)
@@ -69,15 +48,6 @@ class Devices:
     @property
     def usable_bytes(self) -> float:
         return USABLE_MEMORY_FRACTION * self.memory_bytes
-
-
-def gpu_peak(name: str, dtype: str = "bfloat16") -> tuple[str, float, float] | None:
-    """(table key, dense TFLOPS in the training `dtype`, GiB) of the first GPU_PEAKS entry found
-    in `name` as whole words: neither a letter nor a digit on either side of it."""
-    for key, bf16, gib, fp32 in GPU_PEAKS:
-        if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", name, re.IGNORECASE):
-            return key, bf16 if dtype == "bfloat16" else fp32, gib
-    return None
 
 
 def parse_devices(spec: str, peak_tflops: float | None = None, dtype: str = "bfloat16") -> Devices:
@@ -134,7 +104,7 @@ def visible_devices(peak_tflops: float | None = None, dtype: str = "bfloat16") -
         if peak_tflops:
             return Devices(name, count, memory, peak_tflops * 1e12, "stated")
         if known is None:
-            raise PlanError(f"GPU {name!r} has no entry in headlab.training.hardware.GPU_PEAKS: state its dense "
+            raise PlanError(f"GPU {name!r} has no entry in headlab.training.gpus.GPU_PEAKS: state its dense "
                             f"{'bf16' if dtype == 'bfloat16' else 'fp32 (TF32)'} peak with --plan-peak-tflops")
         return Devices(name, count, memory, known[1] * 1e12, "table")
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -187,7 +157,8 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
     model = forward = optimizers = step_optimizers = None
     try:
         model = GPT(config).to(device)
-        backend, not_compiled = compile_backend(train_config.compile, device)
+        backend, not_compiled = compile_backend(train_config.compile, device, train_config.dtype,
+                                                rank_training_flops(config, train_config, processes.world_size))
         if not_compiled:
             print(not_compiled)
         forward = compiled_forward(model if _compiles_as_training(processes, train_config) else _apart(model),
