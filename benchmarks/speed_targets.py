@@ -4,7 +4,7 @@ compiled, built up cost by cost from headlab's own cost model. Estimates, not me
 From the package: the model FLOPs per token (`headlab.training.flops.training_flops`), Muon's
 Newton–Schulz FLOPs on the busiest rank (`muon_flops_per_step`), each rank's share of the sharded
 step (`headlab.training.memory.rank_shares`), the checkpoint's bytes (`checkpoint_bytes`), the H200's
-bf16 peak (`headlab.training.hardware.GPU_PEAKS`), and the ATen operations one rank's optimizer step
+bf16 peak (`headlab.training.gpus.GPU_PEAKS`), and the ATen operations one rank's optimizer step
 dispatches (counted here, as benchmarks/muon_ops.py counts them, on a fake process group of the
 ranks and a model of the same structure at a small width). Stated as assumptions (`Assumptions`):
 what a compiled forward and backward reach of the peak (the one number that moves the estimate
