@@ -58,14 +58,22 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "an integer >= 0")
 
 
-def positive_float(text: str) -> float:
+def _float_in(text: str, allowed, what: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text} is invalid: must be a finite positive number")
+    if not (math.isfinite(value) and allowed(value)):
+        raise argparse.ArgumentTypeError(f"{text} is invalid: must be a finite {what}")
     return value
+
+
+def positive_float(text: str) -> float:
+    return _float_in(text, lambda value: value > 0, "positive number")
+
+
+def non_negative_float(text: str) -> float:
+    return _float_in(text, lambda value: value >= 0, "number >= 0")
 
 MAX_INT = 2 ** 62  # larger counts are mistakes, and overflow the tensors' int64
 
@@ -154,9 +162,11 @@ def train_arguments(train: argparse.ArgumentParser) -> None:
             ("lr", positive_float, "LR", "AdamW learning rate"),
             ("warmup_steps", non_negative_int, "N", "linear warmup steps"),
             ("eval_every", positive_int, "N", "validate every N steps"),
-            ("checkpoint_every", positive_int, "N", "checkpoint every N steps (and at the end)"),
-            ("checkpoint_minutes", positive_float, "M", "also checkpoint once M minutes of training have passed "
-                                                         "since the last checkpoint (checked every --log-every steps)"),
+            ("checkpoint_every", non_negative_int, "N", "checkpoint every N steps (and at the end; 0: by "
+                                                        "--checkpoint-minutes only); may change on --resume"),
+            ("checkpoint_minutes", non_negative_float, "M", "also checkpoint once M minutes of training have "
+                                                            "passed since the last checkpoint (checked every "
+                                                            "--log-every steps; 0: off); may change on --resume"),
             ("log_every", positive_int, "N", "log the training loss every N steps"),
             ("dtype", None, None, "float32, or bfloat16 autocast"),
             ("device", str, "DEVICE", "auto, cpu, cuda or cuda:<index>"),

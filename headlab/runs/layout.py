@@ -27,9 +27,10 @@ METRICS = "metrics.jsonl"
 STARTS = "starts.jsonl"
 CHECKPOINT_PREFIX = "checkpoint-"
 DATA_IDENTITY = ("tokenizer", "vocab_size", "n_train_tokens", "n_val_tokens", "sha256")
-# How the training is spread over processes and run, not what is trained: a run may resume under
-# others, and starts.jsonl records each start's.
-EXECUTION_FIELDS = ("parallel", "grad_accum", "snapshot_every", "compile", "device")
+# How the training is spread over processes, run and checkpointed, not what is trained: a run may
+# resume under others, and starts.jsonl records each start's.
+EXECUTION_FIELDS = ("parallel", "grad_accum", "snapshot_every", "compile", "device", "checkpoint_every",
+                    "checkpoint_minutes")
 
 
 def run_manifest(run_dir: str | Path) -> Manifest:
@@ -112,7 +113,7 @@ def resume_differences(run_dir: str | Path, model_config: ModelConfig, train_con
     `run_dir`, as 'section.field: saved X, given Y'. Data is compared by identity (tokenizer,
     split sizes, content hash); the saved training settings are read with `train_config`'s own
     class, so fields added since the run was saved take their defaults. The `EXECUTION_FIELDS`
-    (FSDP or DDP, gradient accumulation, analysis snapshots) may differ."""
+    (FSDP or DDP, gradient accumulation, analysis snapshots, the checkpoint cadence) may differ."""
     payload = read_config(run_dir)
     differences = _differences("model", ModelConfig.from_dict(payload["model"]).to_dict(), model_config.to_dict())
     what = lambda config: {k: v for k, v in asdict(config).items() if k not in EXECUTION_FIELDS}

@@ -451,7 +451,10 @@ def settings_key(preset: str, steps: int | None) -> str:
 # option leaves the key of every setting that does not use it (trained runs, the shipped tables) as it was.
 # How a run is executed (`HOW_RUN`: processes, device, compiling) is never keyed: it does not change what is
 # trained, and a run resumes across it.
-HOW_RUN = tuple(name for name in EXECUTION_FIELDS if name != "snapshot_every")
+# The checkpoint cadence stays keyed as it was before a run could resume under another, so the keys of
+# the studies already trained (and the shipped tables) do not move.
+HOW_RUN = tuple(name for name in EXECUTION_FIELDS if name not in ("snapshot_every", "checkpoint_every",
+                                                                  "checkpoint_minutes"))
 ALWAYS_KEYED = {
     ModelConfig: RELEASED_FIELDS,
     TrainConfig: ("steps", "batch_size", "optimizer", "lr", "matrix_lr", "embedding_lr", "unembedding_lr",

@@ -24,6 +24,7 @@ from headlab.training.flops import rank_training_flops
 from headlab.training.gpus import GPU_PEAKS, gpu_peak
 from headlab.training.memory import USABLE_MEMORY_FRACTION, GiB, PlanError, memory_per_device, micro_batch_size
 from headlab.training.optimizers import make_optimizers
+from headlab.training.sharding import OptimizerStep
 from headlab.training.trainer import on_device
 
 
@@ -143,8 +144,9 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
     (and, on a GPU, the allocator's cache emptied) before this returns, so training finds the
     device's memory as it was. The step is compiled as training compiles it
     (`headlab.training.compiling`: a backend that fails here is not tried again in training):
-    the warm-up steps take the compile, which the timing leaves out. This is what a plan's wall
-    time on this machine is made of."""
+    the warm-up steps take the compile, which the timing leaves out; one process reuses these
+    graphs in training, while under torchrun's DDP they are compiled apart from those of the
+    DDP step (`_compiles_as_training`). This is what a plan's wall time on this machine is made of."""
     processes = processes or launched_processes()
     micro = micro_batch_size(train_config.batch_size, processes.world_size, train_config.grad_accum)
     local_batch = train_config.batch_size // processes.world_size
@@ -152,15 +154,17 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads or previous)
-    model = forward = optimizers = None
+    model = forward = optimizers = step_optimizers = None
     try:
         model = GPT(config).to(device)
         backend, not_compiled = compile_backend(train_config.compile, device, train_config.dtype,
                                                 rank_training_flops(config, train_config, processes.world_size))
         if not_compiled:
             print(not_compiled)
-        forward = compiled_forward(model, train_config.compile, backend, print)
+        forward = compiled_forward(model if _compiles_as_training(processes, train_config) else _apart(model),
+                                   train_config.compile, backend, print)
         optimizers = make_optimizers(model, train_config)
+        step_optimizers = OptimizerStep(model, optimizers)  # one rank's whole step (a sharded rank steps 1/ranks)
         corpus = [np.random.default_rng(0).integers(0, config.vocab_size, 64 * config.seq_len * local_batch)]
         generator = torch.Generator().manual_seed(0)
         autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if train_config.dtype == "bfloat16"
@@ -177,11 +181,10 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
         def train_step(x, y):
             for micro_x, micro_y in zip(x.chunk(train_config.grad_accum), y.chunk(train_config.grad_accum)):
                 with autocast:
-                    _, loss = forward(micro_x, micro_y)
+                    loss = forward(micro_x, micro_y, loss_only=True)
                 (loss / train_config.grad_accum).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
+            step_optimizers(train_config.grad_clip)
             for optimizer in optimizers:
-                optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
 
         @torch.no_grad()
@@ -194,11 +197,30 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
         evals = [timed(eval_step, local_batch) for _ in range(3)][1:]
     finally:
         torch.set_num_threads(previous)
-        del model, forward, optimizers
+        del model, forward, optimizers, step_optimizers
         gc.collect()
         torch.cuda.empty_cache()  # a no-op unless CUDA was used
     median = statistics.median(steps)
     return StepTime(median, (max(steps) - min(steps)) / median, statistics.median(evals), threads or previous)
+
+
+def _compiles_as_training(processes: Processes, train_config) -> bool:
+    """Whether training compiles the plain model as `measure_step` would: one process, or FSDP
+    (which compiles each block apart). Under DDP it compiles the DDP-wrapped model, and dynamo
+    splits that graph at DDP's all-reduce buckets (DDPOptimizer) only when it compiles
+    `GPT.forward` inside DDP's forward. A graph compiled here for `GPT.forward` would sit in
+    dynamo's cache of that function, be served to the DDP step unsplit, and every gradient
+    all-reduce would wait for the whole backward."""
+    return processes.world_size == 1 or train_config.parallel == "fsdp"
+
+
+def _apart(model: torch.nn.Module):
+    """`model` called through a function of its own, whose compiled graphs dynamo keeps with
+    that function, not with `GPT.forward` (inlined into them)."""
+
+    def timed(*args, **kwargs):
+        return model(*args, **kwargs)
+    return timed
 
 
 def step_fits(config: ModelConfig, train_config, device: torch.device, processes: Processes | None = None) -> bool:

@@ -49,6 +49,7 @@ from headlab.training.distributed import (
 from headlab.training.flops import rank_training_flops
 from headlab.training.optimizers import make_optimizers
 from headlab.training.runs import Run
+from headlab.training.sharding import OptimizerStep
 
 
 class TrainingDiverged(RuntimeError):
@@ -248,8 +249,9 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     if sharded:
         shard_per_block(model, train_config, backend)
     replicated = ddp.world_size > 1 and not sharded
-    # DDP replicas hold the same gradients: Muon splits its Newton–Schulz work across them
-    optimizers = make_optimizers(model, train_config, split_across=dist.group.WORLD if replicated else None)
+    optimizers = make_optimizers(model, train_config)
+    # DDP replicas hold the same gradients: each steps its share of the parameters (ZeRO-1)
+    step_optimizers = OptimizerStep(model, optimizers, dist.group.WORLD if replicated else None)
     generator = torch.Generator().manual_seed(train_config.seed)
     start_step = folder.start(model, optimizers, generator, ddp.world_size, device)
 
@@ -303,15 +305,13 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
         for micro, (micro_x, micro_y) in enumerate(zip(x.chunk(n_micro), y.chunk(n_micro))):
             with synchronizing(micro == n_micro - 1):  # ranks exchange gradients once, after the last
                 with autocast:
-                    _, micro_loss = forward(micro_x, micro_y)
+                    micro_loss = forward(micro_x, micro_y, loss_only=True)  # no logits kept (GPT.forward)
                 (micro_loss / n_micro).backward()
             loss += micro_loss.detach() / n_micro
-        torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
         loss = _global_mean(loss, ddp)
         divergence = torch.where(divergence[0].isnan() & ~loss.isfinite(),
                                  torch.stack((torch.full_like(loss, step), loss)), divergence)
-        for optimizer in optimizers:
-            optimizer.step()
+        step_optimizers(train_config.grad_clip)
         done = step + 1
         checkpoint_due = folder.checkpoint_due(done)
         if (done % train_config.log_every == 0 or done % train_config.eval_every == 0 or done == train_config.steps
