@@ -55,10 +55,11 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from headlab.analysis.gram import normalised_gram
 from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import InputMoments
 from headlab.analysis.layer_weights import LRKVWeights, MLAWeights, check_mla_rope
-from headlab.analysis.spectrum import cosine_similarity, mean_offdiagonal, normalised_gram, similarity_spectrum
+from headlab.analysis.spectrum import cosine_similarity, mean_offdiagonal, similarity_spectrum
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.schema import (
     ALL_CIRCUITS,

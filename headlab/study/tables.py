@@ -41,13 +41,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from headlab.analysis.gram import frobenius_gram
 from headlab.analysis.heads import load_heads
 from headlab.analysis.lrkv import deviation_table, factor_table, rank_r_model
 from headlab.analysis.measures import measure_agreement, measure_views
 from headlab.analysis.qk_norm import norm_scale_effect
 from headlab.analysis.similarity import analyze, concat, stack_tables
 from headlab.analysis.snapshots import analyze_snapshots, snapshot_heads
-from headlab.analysis.spectrum import frobenius_gram
 from headlab.data.shards import Corpus, random_windows
 from headlab.runs.layout import EXECUTION_FIELDS, resume_differences, run_identity
 from headlab.schema import ALL_CIRCUITS, CIRCUITS, FLAGSHIP_MLA_ROPE, MLA_ROPE
