@@ -192,3 +192,17 @@ def similarity_spectrum(similarity: np.ndarray, kind: str) -> Spectrum:
     block = g[np.ix_(live, live)]
     values = eigenspectrum(double_center(block) if kind == "centered" else block) if live.any() else np.zeros(0)
     return Spectrum(kind, np.concatenate([values, np.full(g.shape[0] - values.size, np.nan)]))
+
+
+def clipped_spectrum(similarity: np.ndarray, kind: str) -> tuple[Spectrum, float]:
+    """The `kind` spectrum of a symmetric similarity that may not be PSD, with its negative
+    eigenvalues clipped to 0, and the clipped share Σ|λ₋| / Σ|λ| (0 when nothing was clipped)."""
+    check("kind", kind, KINDS)
+    s = np.asarray(similarity, dtype=np.float64)
+    if s.ndim != 2 or s.shape[0] != s.shape[1] or not np.allclose(s, s.T, atol=1e-9):
+        raise ValueError(f"similarity must be a symmetric square matrix; got shape {s.shape}")
+    matrix = double_center(s) if kind == "centered" else s
+    values = np.linalg.eigvalsh((matrix + matrix.T) / 2)[::-1]
+    total = np.abs(values).sum()
+    negative = float(-values[values < 0].sum() / total) if total > 0 else 0.0
+    return Spectrum(kind, np.clip(values, 0.0, None)), negative

@@ -13,6 +13,7 @@ import pandas as pd
 
 from headlab.io import FolderLock, Manifest, being_written, make_folder, refuse_foreign
 
+ANALYSIS_MANIFEST, ANALYSIS = "analysis.json", "an analysis folder"  # `Analysis.save`'s folder: its manifest, its kind
 TEXT_COLUMNS = ("model", "role", "kind", "circuit", "measure", "mla_rope", "part", "loss_unit")
 
 

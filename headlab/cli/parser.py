@@ -101,9 +101,10 @@ COMMANDS = (
                         partial(add_corpus_arguments, tokenizer_default="byte"),
                         train_arguments, add_plan_arguments)),
     Command("analyze", "head similarity, eigen-spectra and effective rank per layer (paper §4.3)",
-            "Analyse headlab run folders and Hugging Face checkpoints: save the tidy tables and print each model's "
-            "per-layer effective rank. Models are listed in family order (MHA, LRKV, MQA, MLA, GQA, then others as "
-            "given), or in the order of --label when given.",
+            "Analyse headlab run folders and Hugging Face checkpoints: save the tidy tables, print each model's "
+            "per-layer first eigenvalue (beside its random-init value for run folders) and effective rank, and draw "
+            "the uncentered spectra of the early, middle and late layer (spectra_uncentered.png). Models are listed "
+            "in family order (MHA, LRKV, MQA, MLA, GQA, then others as given), or in the order of --label when given.",
             "cmd_analyze", (analyze_arguments,), path_problems=analyze_problems),
     Command("reproduce", "train the six comparison variants, analyse their heads, write figures and a report beside "
             "the paper's numbers",

@@ -18,8 +18,8 @@ from headlab.analysis.layer_weights import GroupedWeights, ModelHeads
 from headlab.analysis.similarity import Analysis, analyze
 from headlab.analysis.spectrum import cosine_similarity
 from headlab.analysis.zero_forms import dead_heads, zero_form_note
-from headlab.cli.commands import format_effective_ranks
 from headlab.cli.main import main as cli_main
+from headlab.report.analysis_output import layer_table as format_effective_ranks
 from headlab.schema import KINDS, SPECTRUM_METRICS
 
 H, D, E, LAYERS = 4, 12, 3, 2
