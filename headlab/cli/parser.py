@@ -129,8 +129,8 @@ COMMANDS = (
     Command("docs", "draw the README's figures and headline table from a study",
             "Write the flagship figure, the effective rank per layer and the loss against cache size (PNG and SVG) "
             "and headline.md (loss and effective rank, mean ± sd over seeds, paired differences to MHA ± 95% "
-            "half-width, the study's run time) from a study folder's tables; `make docs` does it for make demo's "
-            "study.",
+            "half-width) from a study folder's tables; `make docs` does it for make demo's study (how long a study "
+            "took is no table's: the README states the measured time).",
             "cmd_docs", (study_folder_argument, docs_arguments), path_problems=study_folder_problems),
 )
 
