@@ -23,6 +23,8 @@ Tables (CSV, one row per observation):
     factor_training   LRKV: the key residual-to-shared norm ratio per layer at every snapshot step
     lrkv_factors      LRKV: norm ratio and principal angles per layer, projection and head (final weights)
     rank_bound        MHA: what a rank-r residual could keep of W_h − W̄, and MHA rebuilt from it
+    metrics, claims, seed_distance, ... what the study concludes from the tables above, computed once
+                      (`headlab.study.conclusions`): the report renders them
 The meta (study.json) records the preset, the model's shape, the corpus and tokenizer, the
 training recipe (`train`: every TrainConfig field that moves a number) and each setting changed
 from the preset (`changed`), the analysis options, and how long training and analysis took.
@@ -51,6 +53,7 @@ from headlab.analysis.snapshots import analyze_snapshots, snapshot_heads
 from headlab.data.shards import Corpus, random_windows
 from headlab.runs.layout import EXECUTION_FIELDS, resume_differences, run_identity
 from headlab.schema import ALL_CIRCUITS, CIRCUITS, FLAGSHIP_MLA_ROPE, MLA_ROPE
+from headlab.study.conclusions import conclusions
 from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
 from headlab.study.study import Study, StudyRun, settings_key
@@ -301,7 +304,7 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
         "steps": steps, "runs": {r.folder.name: run_identity(r.folder) for r in runs},
         "minutes": None if started is None else (time.perf_counter() - started) / 60,
     }
-    return StudyTables(tables, meta)
+    return StudyTables({**tables, **conclusions(tables, meta)}, meta)
 
 
 def tabulate_study(runs: list[StudyRun], corpus: Corpus, preset: str, folder: str | Path,

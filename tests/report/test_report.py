@@ -18,9 +18,9 @@ import headlab.study.tables
 from doc_blocks import code_block, run_python
 from headlab.cli.main import main
 from headlab.model.gpt import GPT
-from headlab.report.paper_tables import rank_table
 from headlab.report.writer import DOCS_FIGURES, FIGURES, write_report
 from headlab.study.claims import claims, per_seed_metrics, rule_text
+from headlab.study.conclusions import rank_table
 from headlab.study.paper import PAPER, SEED_SPECTRA
 from headlab.study.roles import comparison_roles
 from headlab.study.table_files import SHIPPED, StudyTables, read_study_tables
