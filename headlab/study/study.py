@@ -225,7 +225,7 @@ class Study:
 
     def training_notice(self, seeds: int = 1, jobs: int = 1) -> str | None:
         """One line saying what `train(seeds)` will train and about how long it takes on this
-        machine (a step of every variant is timed now, on `RUN_THREADS` threads as each run trains,
+        machine (a step of every variant with steps left is timed now, on `RUN_THREADS` threads as each run trains,
         evaluations counted: `headlab.training.hardware.run_seconds`); None when every run is finished.
         Runs that each have no more steps left than timing a step takes (warm-up included) are not
         timed: the timing would cost more than the training it estimates.
@@ -240,10 +240,12 @@ class Study:
         if max(left.values()) <= TIMING_STEPS:
             return f"{what}: not timed (no run has more steps left than the {TIMING_STEPS} that timing a step takes)"
         device = training_device(config.device, launched_processes().local_rank)
-        if not all(step_fits(variant, config, device) for variant in self.roles.values()):
+        # only the variants with steps left: each timing compiles its model on a GPU (minutes at scale)
+        training = {role: self.roles[role] for role in dict.fromkeys(role for _, role in left)}
+        if not all(step_fits(variant, config, device) for variant in training.values()):
             return (f"{what}: not timed here (an unsharded step of the largest variant does not fit {device}; "
                     "`headlab reproduce --plan` estimates the time from FLOPs); finished runs are kept")
-        steps = {role: measure_step(variant, config, RUN_THREADS) for role, variant in self.roles.items()}
+        steps = {role: measure_step(variant, config, RUN_THREADS) for role, variant in training.items()}
         seconds = sum(run_seconds(steps[role], config, n) for (_, role), n in left.items()) / jobs
         took = f"{max(1, round(seconds))} s" if seconds < 90 else f"{round(seconds / 60)} min"
         return (f"{what}: about {took} here ({load_note()}); finished runs are kept, "

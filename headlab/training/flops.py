@@ -88,3 +88,9 @@ def training_flops(config: ModelConfig, tokens: int) -> dict[str, float]:
     attention = attention_flops_per_token(config) * tokens
     return {"6ND": float(weights), "attention": float(attention), "total": float(weights + attention)}
 
+
+
+def rank_training_flops(config: ModelConfig, train_config, world_size: int = 1) -> float:
+    """FLOPs one of `world_size` ranks does in a whole run of `train_config` (every step, all ranks alike)."""
+    tokens = train_config.steps * train_config.batch_size * config.seq_len
+    return training_flops(config, tokens)["total"] / world_size

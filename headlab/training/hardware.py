@@ -21,6 +21,7 @@ from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
 from headlab.training.compiling import compile_backend, compiled_forward
 from headlab.training.distributed import Processes, launched_processes, training_device
+from headlab.training.flops import rank_training_flops
 from headlab.training.memory import USABLE_MEMORY_FRACTION, GiB, PlanError, memory_per_device, micro_batch_size
 from headlab.training.optimizers import make_optimizers
 from headlab.training.trainer import on_device
@@ -185,7 +186,8 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
     model = forward = optimizers = None
     try:
         model = GPT(config).to(device)
-        backend, not_compiled = compile_backend(train_config.compile, device)
+        backend, not_compiled = compile_backend(train_config.compile, device, train_config.dtype,
+                                                rank_training_flops(config, train_config, processes.world_size))
         if not_compiled:
             print(not_compiled)
         forward = compiled_forward(model, train_config.compile, backend, print)

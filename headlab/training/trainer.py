@@ -33,7 +33,7 @@ from headlab.model.gpt import GPT, eval_mode
 from headlab.runs.checkpoints import gather_training_state
 from headlab.runs.divergence import Divergence, is_diverged
 from headlab.runs.folder import RunFolder
-from headlab.training.compiling import compile_backend, compiled_forward
+from headlab.training.compiling import compile_backend, compiled_forward, first_step_compiling
 from headlab.training.config import TrainConfig
 from headlab.training.distributed import (
     Processes,
@@ -46,6 +46,7 @@ from headlab.training.distributed import (
     training_device,
     use_tf32_matmuls,
 )
+from headlab.training.flops import rank_training_flops
 from headlab.training.optimizers import make_optimizers
 from headlab.training.runs import Run
 
@@ -248,7 +249,8 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     model = initial_model(model_config, train_config.seed).to(device)  # the same on every rank, whatever their number
     sharded = ddp.world_size > 1 and train_config.parallel == "fsdp"
     say = print if ddp.is_main else (lambda message: None)
-    backend, not_compiled = compile_backend(train_config.compile, device)
+    backend, not_compiled = compile_backend(train_config.compile, device, train_config.dtype,
+                                            rank_training_flops(model_config, train_config, ddp.world_size))
     if not_compiled:
         say(not_compiled)
     if sharded:
@@ -270,7 +272,9 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
             model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
             gradient_as_bucket_view=True, **buckets)
     synchronizing = _gradient_sync(step_model)
-    forward = step_model if sharded else compiled_forward(step_model, train_config.compile, backend, say)
+    # FSDP compiles each block (shard_per_block): its first step is compiled as compiled_forward's is
+    forward = (FirstStep(step_model) if sharded and backend else step_model if sharded
+               else compiled_forward(step_model, train_config.compile, backend, say))
 
     local_batch = train_config.batch_size // ddp.world_size
     n_micro = train_config.grad_accum
@@ -350,6 +354,21 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     if run.final_val_loss is not None and is_diverged(run.final_val_loss, corpus.vocab_size):
         run.diverged = Divergence(run.step, run.final_val_loss, corpus.vocab_size)
     return run
+
+
+class FirstStep:
+    """`module`, its first call under `first_step_compiling` (FSDP's per-block compiles: a failure
+    there raises rather than leaving a block eager unseen)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module, self.first = module, True
+
+    def __call__(self, *args, **kwargs):
+        if not self.first:
+            return self.module(*args, **kwargs)
+        self.first = False
+        with first_step_compiling():
+            return self.module(*args, **kwargs)
 
 
 class _HiddenBar:

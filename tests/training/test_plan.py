@@ -229,6 +229,20 @@ def test_under_torchrun_only_rank_0_times_the_steps_of_the_notice(monkeypatch, t
     assert study.training_notice().startswith("training 6 of 6 runs") and len(timed) == 6
 
 
+def test_a_rerun_times_only_the_variants_it_still_trains(monkeypatch, tmp_path):
+    """Timing a variant compiles it on a GPU: a rerun that finishes one run times that one only."""
+    from headlab.study import study as study_module
+
+    timed = []
+    monkeypatch.setattr(study_module, "measure_step", lambda variant, *args, **kwargs: timed.append(variant.label) or
+                        StepTime(0.1, 0.0, 0.01, 1))
+    study = study_module.Study("tiny", 10, tmp_path / "study")
+    left = {(seed, role): 700 if (seed, role) == (1, "mqa") else 0 for seed in range(2) for role in study.roles}
+    monkeypatch.setattr(study_module.Study, "steps_left", lambda self, seeds: left)
+    assert study.training_notice(seeds=2).startswith("training 1 of 12 runs")
+    assert timed == [study.roles["mqa"].label]
+
+
 def test_every_setup_a_plan_suggests_is_one_the_command_line_can_choose_and_it_fits(capsys):
     """paper-6.3b with the preset's Muon on 8 x H100 does not fit under DDP: each suggestion names
     the options that choose it, `headlab reproduce` accepts them, and the plan under them fits."""
