@@ -35,39 +35,34 @@ def _unreadable(path: Path, kind: str) -> bool:
     return not os.access(path, os.R_OK | (os.X_OK if kind == "folder" else 0))
 
 
+KINDS = {"folder": "a folder", "file": "a file", "other": "not a regular file or folder (a FIFO, device or socket)"}
+
+
 def folder_problem(path: Path, what: str) -> str | None:
-    """Why `path` cannot be the folder `what` names (None: it can, or it does not exist yet and
-    `what` is created)."""
-    kind = _kind(path)
-    if kind is None:
-        return f"{what} {path}: no such folder"
-    if kind != "folder":
-        return f"{what} {path} is {'a file' if kind == 'file' else 'not a regular file or folder'}, not a folder"
-    if _unreadable(path, kind):
-        return f"{what} {path}: permission denied (the folder cannot be read)"
-    return None
+    """Why `path` cannot be the readable folder `what` names (None: it can)."""
+    return _kind_problem(path, what, "folder")
 
 
 def file_problem(path: Path, what: str) -> str | None:
-    """Why `path` cannot be the readable regular file `what` names."""
+    """Why `path` cannot be the readable regular file `what` names (None: it can)."""
+    return _kind_problem(path, what, "file")
+
+
+def _kind_problem(path: Path, what: str, wanted: str) -> str | None:
     kind = _kind(path)
     if kind is None:
-        return f"{what} {path}: no such file"
-    if kind == "folder":
-        return f"{what} {path} is a folder, not a file"
-    if kind == "other":
-        return f"{what} {path} is not a regular file (a FIFO, device or socket)"
+        return f"{what} {path}: no such {wanted}"
+    if kind != wanted:
+        return f"{what} {path} is {KINDS[kind]}, not {KINDS[wanted]}"
     if _unreadable(path, kind):
-        return f"{what} {path}: permission denied (the file cannot be read)"
+        return f"{what} {path}: permission denied (the {wanted} cannot be read)"
     return None
 
 
 def output_problem(path: Path, what: str) -> str | None:
     """Why `path` cannot be an output folder: something that is not a folder is in its place."""
     kind = _kind(path)
-    if kind not in (None, "folder"):
-        return f"{what} {path} is {'a file' if kind == 'file' else 'not a regular file or folder'}, not a folder"
-    return None
+    return None if kind in (None, "folder") else f"{what} {path} is {KINDS[kind]}, not a folder"
 
 
 def source_problem(source: str) -> str | None:
