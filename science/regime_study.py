@@ -64,7 +64,8 @@ PAPER_AVERAGED_UPDATES = 2 / (0.02 * 0.1)
 PAPER_TOKENS_AVERAGED = PAPER_AVERAGED_UPDATES * 524_288
 # The paper's depth and panels (cpu-deep: 12 layers of 6 heads, d_h 16) with AdamW on W_Q, W_K
 DEEP_POINT = "deep_muon_qk/x1-muon_qkFalse"
-DEEP_COMMAND = ("nice -n 19 python -m headlab sweep --preset cpu-deep --only mha mqa --jobs 2 --seeds 3 "
+# {seeds}: the seeds that finished (a rerun with them reuses every run the table shows)
+DEEP_COMMAND = ("nice -n 19 python -m headlab sweep --preset cpu-deep --only mha mqa --jobs 2 --seeds {seeds} "
                 "--out ROOT/deep_muon_qk --set muon_qk=false")
 ADAMW_POINT, ADAMW_QK_POINT = "optimizer/x1-optimizeradamw", "muon_qk/x1-muon_qkFalse-snapshot_every100"
 PAPER = {"tokens_per_step": 524_288, "tokens_per_parameter": 100e9 / 128e6, "head_dim": 128, "d_model": 768,
@@ -74,12 +75,12 @@ PAPER = {"tokens_per_step": 524_288, "tokens_per_parameter": 100e9 / 128e6, "hea
 @dataclass(frozen=True)
 class Axis:
     """One difference from the paper: its points (folder under ROOT -> shown value; None: the
-    default point), the quantity it is plotted against and the commands that trained it."""
+    default point), the quantity it is plotted against and the command that trains each point."""
 
     name: str
     x: str | None  # a column of the run table; None: categorical
     points: dict[str, str]
-    commands: tuple[str, ...]
+    commands: dict[str, str]  # the point (folder) a command trains -> the command
     note: str = ""
     default_value: str = field(default="")
 
@@ -88,44 +89,48 @@ SWEEP = "nice -n 19 python -m headlab sweep --preset cpu-small --only mha mqa --
 TRAIN = "nice -n 19 python science/regime_study.py train --only mha --jobs 2"
 AXES = [
     Axis("optimizer", None, {"optimizer/x1-optimizeradamw": "AdamW everywhere", DEFAULT_POINT: "Muon split"},
-         (f"{SWEEP} --out ROOT/optimizer --set optimizer=adamw,muon",)),
+         {"optimizer/x1-optimizeradamw": f"{SWEEP} --out ROOT/optimizer --set optimizer=adamw,muon"}),
     Axis("W_Q, W_K trained by", None, {DEFAULT_POINT: "Muon (default)",
                                        "muon_qk/x1-muon_qkFalse-snapshot_every100": "AdamW (Muon elsewhere)"},
-         (f"{SWEEP} --out ROOT/muon_qk --set muon_qk=false --set snapshot_every=100",),
+         {"muon_qk/x1-muon_qkFalse-snapshot_every100":
+          f"{SWEEP} --out ROOT/muon_qk --set muon_qk=false --set snapshot_every=100"},
          "Muon everywhere else (V, O, MLP); W_Q and W_K by AdamW at lr 3e-3 with weight decay 0.1"),
     Axis("batch at equal steps", "tokens_per_step", {"batch_equal_steps/x1-batch_size4": "4 x 64",
                                                      DEFAULT_POINT: "16 x 64",
                                                      "batch_equal_steps/x1-batch_size64": "64 x 64"},
-         (f"{TRAIN} --seeds 3 --out ROOT/batch_equal_steps --set batch_size=4",
-          f"{TRAIN} --seeds 2 --out ROOT/batch_equal_steps --set batch_size=64")),
+         {"batch_equal_steps/x1-batch_size4": f"{TRAIN} --seeds 3 --out ROOT/batch_equal_steps --set batch_size=4",
+          "batch_equal_steps/x1-batch_size64": f"{TRAIN} --seeds 2 --out ROOT/batch_equal_steps --set batch_size=64"}),
     Axis("batch at equal tokens", "tokens_per_step", {"batch_equal_tokens/x4-batch_size4": "4 x 64, 3600 steps",
                                                       DEFAULT_POINT: "16 x 64, 900 steps",
                                                       "batch_equal_tokens/x0.25-batch_size64": "64 x 64, 225 steps"},
-         (f"{TRAIN} --seeds 3 --out ROOT/batch_equal_tokens --lengths 0.25 --set batch_size=64",
-          f"{TRAIN} --seeds 2 --out ROOT/batch_equal_tokens --lengths 4 --set batch_size=4")),
+         {"batch_equal_tokens/x0.25-batch_size64":
+          f"{TRAIN} --seeds 3 --out ROOT/batch_equal_tokens --lengths 0.25 --set batch_size=64",
+          "batch_equal_tokens/x4-batch_size4":
+          f"{TRAIN} --seeds 2 --out ROOT/batch_equal_tokens --lengths 4 --set batch_size=4"}),
     Axis("training length", "tokens_per_parameter", {"length/x0.25": "225 steps", DEFAULT_POINT: "900 steps",
                                                      "length/x4": "3600 steps"},
-         (f"{TRAIN} --seeds 3 --out ROOT/length --lengths 0.25", f"{TRAIN} --seeds 2 --out ROOT/length --lengths 4"),
+         {"length/x0.25": f"{TRAIN} --seeds 3 --out ROOT/length --lengths 0.25",
+          "length/x4": f"{TRAIN} --seeds 2 --out ROOT/length --lengths 4"},
          "Sized down: the 3,600-step point (x4) has 2 seeds, trained last once the machine was quiet"),
     Axis("weight decay", "decay_timescale", {"weight_decay/x1-weight_decay0": "0", DEFAULT_POINT: "0.1",
                                              "weight_decay/x1-weight_decay1": "1"},
-         (f"{TRAIN} --seeds 3 --out ROOT/weight_decay --set weight_decay=0",
-          f"{TRAIN} --seeds 3 --out ROOT/weight_decay --set weight_decay=1"),
+         {"weight_decay/x1-weight_decay0": f"{TRAIN} --seeds 3 --out ROOT/weight_decay --set weight_decay=0",
+          "weight_decay/x1-weight_decay1": f"{TRAIN} --seeds 3 --out ROOT/weight_decay --set weight_decay=1"},
          "decay timescale = weight decay x the sum over steps of Muon's lr: the e-folds by which decay alone "
          "would shrink a matrix over the run"),
     Axis("head width d_h", "head_dim", {"head_dim/x1-head_dim16": "16", DEFAULT_POINT: "32",
                                         "head_dim/x1-head_dim64": "64"},
-         (f"{TRAIN} --seeds 3 --out ROOT/head_dim --set head_dim=16",
-          f"{TRAIN} --seeds 3 --out ROOT/head_dim --set head_dim=64")),
+         {"head_dim/x1-head_dim16": f"{TRAIN} --seeds 3 --out ROOT/head_dim --set head_dim=16",
+          "head_dim/x1-head_dim64": f"{TRAIN} --seeds 3 --out ROOT/head_dim --set head_dim=64"}),
     Axis("width d_model", "d_model", {DEFAULT_POINT: "128", "d_model/x1-d_model192": "192 = H x d_h"},
-         (f"{TRAIN} --seeds 3 --out ROOT/d_model --set d_model=192",)),
+         {"d_model/x1-d_model192": f"{TRAIN} --seeds 3 --out ROOT/d_model --set d_model=192"}),
     Axis("context", "seq_len", {"seq_len/x1-seq_len32": "32", DEFAULT_POINT: "64", "seq_len/x1-seq_len128": "128"},
-         (f"{TRAIN} --seeds 3 --out ROOT/seq_len --set seq_len=32",
-          f"{TRAIN} --seeds 3 --out ROOT/seq_len --set seq_len=128")),
+         {"seq_len/x1-seq_len32": f"{TRAIN} --seeds 3 --out ROOT/seq_len --set seq_len=32",
+          "seq_len/x1-seq_len128": f"{TRAIN} --seeds 3 --out ROOT/seq_len --set seq_len=128"}),
     Axis("vocabulary", None, {DEFAULT_POINT: "bytes (256)", "vocab/x1-bpe512": "BPE 512 (headlab's trainer)"},
-         (f"{TRAIN} --seeds 3 --out ROOT/vocab --tokenizer bpe:512",)),
+         {"vocab/x1-bpe512": f"{TRAIN} --seeds 3 --out ROOT/vocab --tokenizer bpe:512"}),
     Axis("architecture", None, {DEFAULT_POINT: "headlab", "arch/x1-archnanochat": "nanochat"},
-         (f"{TRAIN} --seeds 3 --out ROOT/arch --set arch=nanochat",),
+         {"arch/x1-archnanochat": f"{TRAIN} --seeds 3 --out ROOT/arch --set arch=nanochat"},
          "ModelConfig.arch: nanochat's parameter-free RMSNorms (one after the embedding too), its initialisation, "
          "output projections and head starting at zero"),
 ]
@@ -448,7 +453,7 @@ def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, 
     best, move = largest_move(finals)
     sentence = draw_figure(finals, figure)
     lines = ["# Regime study: when does the weights view get a dominant first eigenvalue? (issue 36)", "",
-             "## README first screen (proposed)", "", first_screen(finals, sentence), "",
+             "## Summary (the README's first screen quotes it)", "", first_screen(finals, sentence), "",
              f"The axis that moves Standard MHA's λ₁ at L = 0 most, by {move:.2f} between its points: "
              f"“{best.name.removesuffix(' by')}”.", "", *preset_check(finals),
              f"![first eigenvalue against the axis that moves it most]({figure.relative_to(out.parent)})", "",
@@ -471,11 +476,14 @@ def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, 
              "same forms weighed by the second moments of each layer's inputs on 32 validation windows. val bpb: "
              "validation bits per byte (comparable across tokenizers).", ""]
     for axis in AXES:
-        lines += [f"## {axis.name}", "", *(f"    {c}" for c in axis.commands), ""]
+        trained, untrained = axis_commands(axis, finals)
+        lines += [f"## {axis.name}", "", *(f"    {c}" for c in trained), ""]
         if axis.note:
             lines += [axis.note + ".", ""]
+        if untrained:
+            lines += [f"Not trained (no rows below): {'; '.join(f'`{c}`' for c in untrained)}.", ""]
         rows = axis_rows(axis, finals)
-        if not set(finals["point"]) & (set(axis.points) - {DEFAULT_POINT}):
+        if not trained:
             lines += ["Not trained in time: the shared CPU ran a Muon run in 300–1,000 s, so this axis has only the "
                       "default point (in the optimizer table).", ""]
             continue
@@ -489,6 +497,19 @@ def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, 
     lines += deep_panels(finals)
     lines += mechanism(finals, throughs, root)
     return "\n".join(lines)
+
+
+def axis_commands(axis: Axis, finals: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The commands of `axis` whose point has finished runs (shown above its rows), and the others."""
+    done = set(finals["point"])
+    return ([c for point, c in axis.commands.items() if point in done],
+            [c for point, c in axis.commands.items() if point not in done])
+
+
+def correlation_words(rho: float, closes: str) -> str:
+    """What the sign of a Spearman correlation between λ₁ and the gap says: `closes` is where or as."""
+    return (f"negative: the gap closes {closes} λ₁ grows" if rho < 0 else
+            f"positive: the gap opens {closes} λ₁ grows" if rho > 0 else "zero: no monotone relation")
 
 
 def trend_lines(axis: Axis, finals: pd.DataFrame) -> list[str]:
@@ -511,9 +532,10 @@ def trend_lines(axis: Axis, finals: pd.DataFrame) -> list[str]:
 def deep_panels(finals: pd.DataFrame) -> list[str]:
     """The paper's panels L = 0 / 6 / 11 on cpu-deep with AdamW on W_Q, W_K, beside the seed figure."""
     runs = finals[finals["point"] == DEEP_POINT]
-    lines = ["## The paper's panels: cpu-deep (12 layers) with AdamW on W_Q, W_K", "", f"    {DEEP_COMMAND}", ""]
+    lines = ["## The paper's panels: cpu-deep (12 layers) with AdamW on W_Q, W_K", ""]
     if runs.empty:
-        return [*lines, "No finished runs yet.", ""]
+        return [*lines, f"    {DEEP_COMMAND.format(seeds=3)}", "", "No finished runs yet.", ""]
+    lines += [f"    {DEEP_COMMAND.format(seeds=runs['seed'].nunique())}", ""]
     rows = []
     for role, seed_values in SEED_FIGURE.items():
         at = runs[runs["role"] == role]
@@ -547,9 +569,10 @@ def preset_check(finals: pd.DataFrame) -> list[str]:
             f"{mean_at(finals, ADAMW_QK_POINT, column='val_bpb'):.2f} bits per byte against "
             f"{mean_at(finals, DEFAULT_POINT, column='val_bpb'):.2f} under `make demo`'s recipe. Its cost is "
             "cpu-small's (two of a block's six matrices leave Muon for AdamW, which is cheaper); not timed here, "
-            "the machine being shared. Measured here for MHA and MQA only: LRKV, MLA and GQA have not been trained "
-            "under it (their query and key matrices go to AdamW as well; MLA's joint key/value latents stay with "
-            f"Muon). At the paper's depth and panels (cpu-deep, below) the same change gives Standard MHA "
+            "the machine being shared. Measured here for MHA and MQA; all six variants, 3 seeds each, are "
+            "`headlab reproduce --preset cpu-small-adamw-qk` (docs/regime/headline.md; their query and key "
+            "matrices go to AdamW as well, MLA's joint key/value latents stay with Muon). At the paper's depth "
+            "and panels (cpu-deep, below) the same change gives Standard MHA "
             f"λ₁ = {cell(deep['lambda1'].to_numpy())} at L = 0 ({deep['seed'].nunique()} seed(s)).", ""]
 
 
@@ -620,7 +643,7 @@ def mechanism(finals: pd.DataFrame, throughs: pd.DataFrame, root: Path) -> list[
             markdown_table(averaged, 2), "", f"Pooled fit: {extension}.", "",
             "At every point (L = 0, mean over seeds): λ₁ of the weights, λ₁ of the same forms on their inputs, "
             "and the gap between them. Spearman correlation over all runs between λ₁ (weights) and the gap: "
-            f"{rho:+.2f} ({len(early)} runs; negative: the gap closes where λ₁ grows).", "",
+            f"{rho:+.2f} ({len(early)} runs; {correlation_words(rho, 'where')}).", "",
             markdown_table(points.sort_values("weights"), 2), "",
             "Through training: λ₁ of the weights view at L = 0 at the snapshot nearest each fraction of the run, "
             "mean over seeds (from the snapshots, which keep the attention weights only):", "",
@@ -655,11 +678,11 @@ def probed_through_training(root: Path) -> list[str]:
                          "weights λ₁": means.loc[step, "lambda1"], "data-aware λ₁": means.loc[step, "lambda1_data"],
                          "gap": means.loc[step, "gap"]})
         rho = float(np.corrcoef(runs["lambda1"].rank(), runs["gap"].rank())[0, 1])
-        sentences.append(f"{setting}: {rho:+.2f} over {len(runs)} probed steps, the gap "
-                         f"{means['gap'].iloc[0]:.2f} at step 0 and {means['gap'].iloc[-1]:.2f} at the end")
+        sentences.append(f"{setting}: {rho:+.2f} ({correlation_words(rho, 'as')}) over {len(runs)} probed steps, "
+                         f"the gap {means['gap'].iloc[0]:.2f} at step 0 and {means['gap'].iloc[-1]:.2f} at the end")
     return [*lines, markdown_table(pd.DataFrame(rows), 2), "",
-            "Spearman correlation between the weights view's λ₁ and the gap, over every probed step and seed "
-            f"(negative: the gap closes as λ₁ grows): {'; '.join(sentences)}. Within a run the gap opens while λ₁ "
+            "Spearman correlation between the weights view's λ₁ and the gap, over every probed step and seed: "
+            f"{'; '.join(sentences)}. Within a run the gap opens while λ₁ "
             "grows when it is positive: the inputs' shared direction (the data-aware view) grows faster than the "
             "weights take it up; across settings at the same step, the larger λ₁ goes with the smaller gap.", ""]
 

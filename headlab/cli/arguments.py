@@ -203,14 +203,18 @@ def analyze_arguments(analyze: argparse.ArgumentParser) -> None:
                               "(--attention-maps) are measured on it; 'shakespeare' (where no such file exists): "
                               "the held-out tenth of the Shakespeare corpus")
     analyze.add_argument("--attention-maps", action="store_true",
-                         help="also compare the heads' attention maps on --text (1 − Jensen–Shannon distance): rows "
-                              "of circuit 'pattern' in similarity.csv, beside the weight rows")
+                         help="also compare the heads' attention maps on --text (1 − Jensen–Shannon distance), with "
+                              "their spectra and effective ranks: rows of circuit 'pattern' beside the weight rows")
     analyze.add_argument("--label", action="append", metavar="NAME",
                          help="display name of each SOURCE, in order (default: from its config)")
     analyze.add_argument("--mla-rope", default="included", choices=MLA_ROPE,
                          help="MLA only: whether the decoupled RoPE query/key parts enter A_h ('included'), or only "
                               "the latent path W_down W_up,h as in the paper's Table 4 ('excluded') "
                               "(default: %(default)s)")
+    analyze.add_argument("--no-figure", action="store_true",
+                         help="leave out the figure of the uncentered spectra (early, middle and late layer, with the "
+                              "random-init baseline of run folders and the paper's Fig. 11 marks for its variants), "
+                              "spectra_uncentered.png and .svg in --out")
     analyze.add_argument("--snapshots", action="store_true",
                          help="headlab run folders only: analyse every training snapshot (TrainConfig.snapshot_every) "
                               "and the last checkpoint; the tables gain a step column")

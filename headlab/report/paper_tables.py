@@ -1,77 +1,14 @@
-"""The study's numbers as the paper's tables: effective rank per variant (mean ± sd over seeds,
-beside the paper's), KV cache against MHA, final loss with paired differences, as DataFrames and
-as markdown."""
+"""The study's tables as the report prints them: markdown (`markdown_table`), the KV cache against
+the paper's (`cache_table`) and the recipe in words (`recipe_text`). The tables of the study's
+conclusions (effective rank and loss beside the paper's, the distance to the seed figure) are the
+study's own (`headlab.study.conclusions`)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from headlab.schema import KINDS
-from headlab.study.claims import difference_to_mha, values, variant_name, variant_rows
+from headlab.study.cells import cell_text
 from headlab.study.paper import PAPER
-from headlab.study.seed_distance import STATES
-from headlab.study.stats import spread
-from headlab.study.table_files import loss_unit
-
-
-def qk_rows(summary: pd.DataFrame, model: str, mla_rope: str, kind: str) -> pd.DataFrame:
-    """One model's QK summary rows at one `mla_rope` setting and kind."""
-    return summary[(summary["circuit"] == "qk") & (summary["model"] == model) & (summary["mla_rope"] == mla_rope)
-                   & (summary["kind"] == kind)]
-
-
-def layer_range(summary: pd.DataFrame, model: str, mla_rope: str, kind: str) -> str:
-    """'[low–high]': min and max over layers of the seed-mean effective rank (% of H) of one model,
-    naming the layers it leaves out or holds over fewer seeds: undefined (no circuit) in every seed,
-    or in some; '[undefined]' where every layer is."""
-    ranks = qk_rows(summary, model, mla_rope, kind).pivot_table(index="layer", columns="seed", dropna=False,
-                                                                values="effective_rank_pct_of_heads")
-    by_layer, defined = ranks.mean(axis=1), ranks.notna().sum(axis=1)
-    if not defined.any():
-        return "[undefined]"
-    notes = [f"no circuit at layer {', '.join(map(str, defined.index[defined == 0]))}"] if (defined == 0).any() else []
-    notes += [f"layer {layer} in {n} of {ranks.shape[1]} seeds" for layer, n in defined.items()
-              if 0 < n < ranks.shape[1]]
-    return f"[{by_layer.min():.1f}–{by_layer.max():.1f}{''.join(f'; {note}' for note in notes)}]"
-
-
-def rank_table(summary: pd.DataFrame, metrics: pd.DataFrame, init_summary: pd.DataFrame | None = None
-               ) -> pd.DataFrame:
-    """The paper's Table 3 form: mean ± sd over seeds of the layer-mean effective rank (% of H),
-    with the range over layers of the seed means, beside the paper's value for the same role.
-    With `init_summary` (a study's init_summary), the same mean ± sd of the runs' step-0 weights
-    follows each kind: the random-initialisation baseline."""
-    rows = []
-    for role, model, mla_rope in variant_rows(metrics):
-        row = {"role": role, "ours": variant_name(role, model, mla_rope)}
-        for kind in KINDS:
-            row[f"{kind} % of H"] = (f"{spread(values(metrics, role, mla_rope, kind)).format(1)} "
-                                     f"{layer_range(summary, model, mla_rope, kind)}")
-            if init_summary is not None:
-                at_init = qk_rows(init_summary, model, mla_rope, kind).groupby("seed")["effective_rank_pct_of_heads"]
-                row[f"random init, {kind}"] = spread(at_init.mean().to_numpy()).format(1)
-        paper = PAPER[role]
-        rows.append({**row, "paper (128M)": paper.label, "paper uncentered": paper.uncentered,
-                     "paper centered": paper.centered})
-    return pd.DataFrame(rows)
-
-
-def seed_distance_rows(distances: pd.DataFrame) -> pd.DataFrame:
-    """The distance to the seed figure as a table: per method and panel, λ₁ and d₁ to the seed's
-    curve (`headlab.study.seed_distance`), mean ± sd over seeds, trained and at random init, beside
-    the seed's λ₁."""
-    rows = []
-    for (role, model, panel), group in distances.groupby(["role", "model", "panel"], sort=False):
-        state = {name: group[group["state"] == name] for name in STATES}
-        row = {"role": role, "ours": model, "paper (128M)": PAPER[role].label,
-               "panel": f"{panel} (L={group['layer'].iloc[0]}) ↔ paper L={group['paper_layer'].iloc[0]}",
-               "paper λ₁": group["seed_first_eigenvalue"].iloc[0]}
-        for symbol, column in (("λ₁", "first_eigenvalue"), ("d₁", "l1_to_seed")):
-            for name, label in zip(STATES, ("ours", "random init")):
-                if len(state[name]):
-                    row[f"{symbol} {label}"] = spread(state[name][column].to_numpy()).format(2)
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 def cache_table(cache: pd.DataFrame) -> pd.DataFrame:
@@ -81,37 +18,11 @@ def cache_table(cache: pd.DataFrame) -> pd.DataFrame:
                           "paper % of MHA": PAPER[row.role].kv_cache_pct} for row in cache.itertuples()])
 
 
-def loss_table(metrics: pd.DataFrame, flagship_mla_rope: str) -> pd.DataFrame:
-    """The paper's Tables 1 and 8 form: final validation loss mean ± sd over seeds, the paired
-    difference to MHA ± the 95% t half-width, beside the paper's cross-entropy and its difference.
-    Unless the loss is per byte already, bits per byte follow it."""
-    unit = metrics["loss_unit"].iloc[0]
-    rows = []
-    for role, model, mla_rope in variant_rows(metrics):
-        if mla_rope != flagship_mla_rope:
-            continue  # the loss does not depend on the analysis
-        losses = values(metrics, role, mla_rope, "val_loss")
-        paper = PAPER[role]
-        bits = {} if unit == loss_unit("byte") else {
-            "val bits/byte": spread(values(metrics, role, mla_rope, "val_bpb")).format(3)}
-        rows.append({"role": role, "ours": model, f"val loss ({unit})": spread(losses).format(3), **bits,
-                     "vs MHA (paired)": "—" if role == "mha" else
-                     difference_to_mha(metrics, role, mla_rope, "val_loss").format(3),
-                     "seeds": len(losses), "paper (128M)": paper.label, "paper CE": paper.loss,
-                     "paper vs MHA": paper.loss - PAPER["mha"].loss})
-    return pd.DataFrame(rows)
-
-
 def markdown_table(frame: pd.DataFrame, decimals: int) -> str:
     """A markdown table; floats to `decimals` places, differences ('vs' columns) signed."""
-    def cell(column: str, value) -> str:
-        if not isinstance(value, float):
-            return str(value)
-        return f"{value:{'+' if 'vs' in column else ''}.{decimals}f}"
-
     header = "| " + " | ".join(frame.columns) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    rows = ["| " + " | ".join(cell(c, v) for c, v in zip(frame.columns, row)) + " |"
+    rows = ["| " + " | ".join(cell_text(c, v, decimals) for c, v in zip(frame.columns, row)) + " |"
             for row in frame.itertuples(index=False)]
     return "\n".join([header, rule, *rows])
 

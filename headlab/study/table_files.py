@@ -21,6 +21,8 @@ import pandas as pd
 
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.model.config import PRESETS, ModelConfig
+from headlab.study.claims import BYTE_LOSS_UNIT
+from headlab.study.conclusions import DISPLAY, with_conclusions
 
 MANIFEST = "study.json"  # the study folder's manifest: its tables, with hashes
 STUDY = "a study folder"
@@ -31,7 +33,7 @@ SHIPPED = Path(__file__).resolve().parent / "demo_tables"  # the demo study's ta
 
 def loss_unit(tokenizer: str) -> str:
     """What a validation loss is per: a byte for the byte tokenizer (a token is a byte), else a token."""
-    return "nats/byte" if tokenizer == "byte" else "nats/token"
+    return BYTE_LOSS_UNIT if tokenizer == "byte" else "nats/token"
 
 
 @dataclass(frozen=True)
@@ -52,13 +54,14 @@ def write_study_tables(tables: StudyTables, folder: str | Path) -> Path:
 
 def read_study_tables(folder: str | Path) -> StudyTables:
     """The tables `write_study_tables` left in `folder`, each checked against study.json, and
-    the meta against the tables (`unsupported_meta`)."""
-    tables, meta = load_tables(folder, MANIFEST, STUDY)
+    the meta against the tables (`unsupported_meta`); with the study's conclusions
+    (`headlab.study.conclusions`), computed here for tables written before studies kept them."""
+    tables, meta = load_tables(folder, MANIFEST, STUDY, text_tables=DISPLAY)
     problem = unsupported_meta(tables, meta)
     if problem:
         raise ValueError(f"{Path(folder) / MANIFEST} says {problem} (edited by hand?): the report would state what "
                          "the study is not; write the study's tables again (headlab reproduce)")
-    return StudyTables(tables, meta)
+    return StudyTables(with_conclusions(tables, meta), meta)
 
 
 def unsupported_meta(tables: dict[str, pd.DataFrame], meta: dict) -> str | None:

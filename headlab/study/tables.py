@@ -23,6 +23,8 @@ Tables (CSV, one row per observation):
     factor_training   LRKV: the key residual-to-shared norm ratio per layer at every snapshot step
     lrkv_factors      LRKV: norm ratio and principal angles per layer, projection and head (final weights)
     rank_bound        MHA: what a rank-r residual could keep of W_h − W̄, and MHA rebuilt from it
+    metrics, claims, seed_distance, ... what the study concludes from the tables above, computed once
+                      (`headlab.study.conclusions`): the report renders them
 The meta (study.json) records the preset, the model's shape, the corpus and tokenizer, the
 training recipe (`train`: every TrainConfig field that moves a number) and each setting changed
 from the preset (`changed`), the analysis options, and how long training and analysis took.
@@ -42,19 +44,20 @@ import numpy as np
 import pandas as pd
 import torch
 
+from headlab.analysis.gram import frobenius_gram
 from headlab.analysis.heads import load_heads
 from headlab.analysis.lrkv import deviation_table, factor_table, rank_r_model
 from headlab.analysis.measures import measure_agreement, measure_views
 from headlab.analysis.qk_norm import norm_scale_effect
 from headlab.analysis.similarity import analyze, concat, stack_tables
 from headlab.analysis.snapshots import analyze_snapshots, snapshot_heads
-from headlab.analysis.spectrum import frobenius_gram
 from headlab.data.shards import Corpus, random_windows
 from headlab.model.gpt import initial_model
 from headlab.runs.divergence import run_divergence
 from headlab.runs.layout import resume_differences, run_identity
 from headlab.schema import ALL_CIRCUITS, CIRCUITS, FLAGSHIP_MLA_ROPE, MLA_ROPE
 from headlab.study.comparable import NOT_RECIPE, UnlearnedRuns, check_alike, no_learning
+from headlab.study.conclusions import conclusions
 from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
 from headlab.study.study import DivergedRuns, Study, StudyRun, settings_key
@@ -350,7 +353,7 @@ def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: fl
         "steps": steps, "runs": {r.folder.name: run_identity(r.folder) for r in runs},
         "minutes": None if started is None else (time.perf_counter() - started) / 60,
     }
-    return StudyTables(tables, meta)
+    return StudyTables({**tables, **conclusions(tables, meta)}, meta)
 
 
 def tabulate_study(runs: list[StudyRun], corpus: Corpus, preset: str, folder: str | Path,

@@ -15,16 +15,16 @@ import headlab.analysis.similarity
 import headlab.report.writer
 import headlab.study.stats
 import headlab.study.tables
+from doc_blocks import code_block, run_python
 from headlab.cli.main import main
 from headlab.model.gpt import GPT
-from headlab.report.paper_tables import rank_table
 from headlab.report.writer import DOCS_FIGURES, FIGURES, write_report
 from headlab.study.claims import claims, per_seed_metrics, rule_text
+from headlab.study.conclusions import CONCLUSIONS, rank_table, with_conclusions
 from headlab.study.paper import PAPER, SEED_SPECTRA
 from headlab.study.roles import comparison_roles
-from headlab.study.study import Study
 from headlab.study.table_files import SHIPPED, StudyTables, read_study_tables
-from headlab.study.tables import rope_ratio_table, tabulate_study
+from headlab.study.tables import rope_ratio_table
 
 pytestmark = pytest.mark.xdist_group("report_study")  # `study` trains runs: made once (conftest)
 
@@ -34,10 +34,14 @@ ROLES = comparison_roles("tiny")
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
+    """The README's way from runs to tables to report, run as written but for its budget: the tiny
+    preset for STEPS steps, 2 seeds, quiet, into a temporary folder."""
     out = tmp_path_factory.mktemp("report")
-    study = Study("tiny", STEPS, out)
-    runs = study.train(seeds=2, progress=False, log=lambda message: None)
-    return out, runs, write_report(tabulate_study(runs, study.load_corpus(), "tiny", out), out)
+    run = run_python(code_block("README.md", "from headlab.study import Study"), substitutes=[
+        ('Study("cpu-small", None, "runs/reproduce")', f'Study("tiny", {STEPS}, {str(out)!r})'),
+        ("study.train(seeds=3)", "study.train(seeds=2, progress=False, log=lambda message: None)"),
+        ('"cpu-small", study.folder', '"tiny", study.folder')])
+    return out, run["runs"], run["report"]
 
 
 def _report_row(text: str, section: str, name: str) -> list[str]:
@@ -473,6 +477,7 @@ def test_headline_md_quotes_the_baseline_and_the_distance_to_the_seed_figure():
                  for _, g in mha.groupby("seed")]
     row = next(line for line in text.splitlines() if line.startswith("| Standard MHA | Standard MHA | Early (L=0)"))
     assert row.split("|")[-3].strip() == _spread(distances)  # d₁ ours, before d₁ random init
-    old = StudyTables({k: v for k, v in shipped.tables.items() if not k.startswith("init_")}, shipped.meta)
+    kept = {k: v for k, v in shipped.tables.items() if not k.startswith("init_") and k not in CONCLUSIONS}
+    old = StudyTables(with_conclusions(kept, shipped.meta), shipped.meta)  # as tables before init spectra read
     older = "\n".join(headlab.report.writer.headline_lines(old))
     assert "No random-initialisation baseline in these tables" in older and "| random init" not in older
