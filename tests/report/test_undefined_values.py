@@ -17,9 +17,9 @@ from headlab.analysis.similarity import analyze
 from headlab.model.config import preset
 from headlab.model.gpt import GPT
 from headlab.report import plots
-from headlab.report.paper_tables import rank_table, seed_distance_rows
 from headlab.report.plots.heatmaps import CELL_VALUES, UNDEFINED_LABEL
 from headlab.study.claims import per_seed_metrics
+from headlab.study.conclusions import distance_table, rank_table
 from headlab.study.seed_distance import seed_distance
 from headlab.study.stats import paired_to_baseline, spread
 
@@ -69,7 +69,7 @@ def test_the_seed_distance_keeps_the_seed_whose_layer_has_a_circuit():
     tables = study_tables({1: (1,)})
     spectra = tables["spectra"]
     distances = seed_distance(spectra, spectra, {"Early": 0, "Late": 1}, "included")
-    rows = seed_distance_rows(distances)
+    rows = distance_table(distances)
     late = rows[(rows["role"] == "gqa") & rows["panel"].str.startswith("Late")].iloc[0]
     assert "nan" not in late["λ₁ ours"] and late["λ₁ ours"].endswith("(1 of 2; 1 undefined)")
     seed0 = distances[(distances["role"] == "gqa") & (distances["layer"] == 1) & (distances["seed"] == 0)]
