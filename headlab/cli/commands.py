@@ -15,6 +15,7 @@ from headlab.analysis.similarity import Analysis, analyze, concat
 from headlab.analysis.snapshots import analyze_snapshots, snapshot_heads
 from headlab.analysis.zero_forms import zero_form_note
 from headlab.cli.arguments import CONFIG_OVERRIDES, TRAIN_OVERRIDES
+from headlab.cli.paths import SHAKESPEARE_TEXT
 from headlab.data.corpus import load_corpus
 from headlab.data.encoding import available_cores
 from headlab.data.sources import shakespeare_held_out
@@ -212,7 +213,6 @@ def distinct_labels(labels: list[str], sources: list[str]) -> list[str]:
 
 # windows whose attention maps --attention-maps compares: the maps are B·H·T² numbers per layer
 MAP_WINDOWS = 8
-SHAKESPEARE_TEXT = "shakespeare"  # --text's name for `data.sources.shakespeare_held_out`
 
 def _read_text(text_file: Path) -> str:
     """The text of --text (the first `inputs.MAX_TOKENS` tokens of it are read); the name

@@ -10,10 +10,13 @@ import os
 import stat
 from pathlib import Path
 
+from headlab.analysis.gguf_sources import GGUF_FILE_SUFFIXES
 from headlab.analysis.hub import HUB_PREFIX
 
 # A SOURCE given as a file rather than a folder: a checkpoint's weights, read with the config.json beside them.
-SOURCE_FILE_SUFFIXES = (".safetensors",)
+SOURCE_FILE_SUFFIXES = (".safetensors", *GGUF_FILE_SUFFIXES)
+# --text's name for the held-out Shakespeare text (`headlab.data.sources.shakespeare_held_out`), where no such file is
+SHAKESPEARE_TEXT = "shakespeare"
 
 
 def _kind(path: Path) -> str | None:
@@ -86,7 +89,7 @@ def source_problem(source: str) -> str | None:
 
 def analyze_problems(args: argparse.Namespace) -> list[str]:
     problems = [source_problem(source) for source in args.sources]
-    if args.text is not None:
+    if args.text is not None and not (str(args.text) == SHAKESPEARE_TEXT and _kind(Path(args.text)) is None):
         problems.append(file_problem(args.text, "--text"))
     problems.append(output_problem(args.out, "--out"))
     return problems

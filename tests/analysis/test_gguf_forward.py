@@ -14,6 +14,7 @@ import pytest
 import torch
 from gguf_fixtures import GEMMA3, random_model, write_gguf
 
+from doc_blocks import code_block, run_python
 from headlab.analysis.attention_maps import attention_similarity
 from headlab.analysis.gguf_models import gguf_model
 from headlab.analysis.hf_models import hf_attention_maps
@@ -97,3 +98,18 @@ def test_gguf_tokenizer_and_the_command_line_views(tmp_path, capsys):
     tables = Analysis.load(tmp_path / "out")
     assert set(tables.similarity["circuit"]) == {"qk", "pattern"}
     assert set(tables.summary["measure"]) == {"frobenius", "data"}
+
+
+def test_the_pretrained_pages_python_block_runs_on_a_gguf_file(tmp_path):
+    """docs/pretrained.md's Python block, on a GGUF file with a tokenizer written here in place of
+    the downloaded Gemma 3 (which the tests do not fetch): the weights, data-aware and attention-map
+    views it names all come back, one row per layer and head pair."""
+    vocabulary, _ = byte_level_vocabulary()
+    path = write_gguf(tmp_path / "tok.gguf", random_model("llama"), "llama", vocabulary=vocabulary)
+    run = run_python(code_block("docs/pretrained.md", "from headlab.analysis.similarity import analyze"),
+                     {"__name__": "__doc_example__", "text": TEXT},
+                     substitutes=[('source = ".venv/checkpoints/gemma3"', f"source = {str(path)!r}")])
+    assert set(run["weights"].summary["measure"]) == {"frobenius"}
+    assert set(run["data"].summary["measure"]) == {"data"}
+    assert set(run["maps"]["circuit"]) == {"pattern"}
+

@@ -37,7 +37,9 @@ from headlab.cli.parser import parse_arguments
 PAGES_QUOTING_COMMANDS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "science").glob("*.md"),
                                  *(ROOT / "tools").glob("*.md"), *(ROOT / "benchmarks" / "results").glob("*.md")])
 # python blocks run by another test (block's page and first line -> that test, which calls code_block on it)
-RUN_ELSEWHERE = {("README.md", "from headlab.study import Study"): "tests/report/test_report.py"}
+RUN_ELSEWHERE = {("README.md", "from headlab.study import Study"): "tests/report/test_report.py",
+                 ("docs/pretrained.md", "from headlab.analysis.similarity import analyze"):
+                     "tests/analysis/test_gguf_forward.py"}
 # command -> why it does not run here, and what checks it instead
 NOT_RUN = {
     'pip install -U "huggingface_hub[cli]"': "installs from PyPI; the tests run offline",
