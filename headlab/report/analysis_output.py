@@ -75,32 +75,38 @@ def layer_table(summary: pd.DataFrame, spectra: pd.DataFrame | None = None,
     return "\n\n".join(blocks)
 
 
-def figure_name(circuit: str, depth: int | None) -> str:
-    """spectra_uncentered[_<circuit>][_<L>-layers]: the QK view's is the flagship's name."""
-    return "spectra_uncentered" + ("" if circuit == "qk" else f"_{circuit}") + (f"_{depth}-layers" if depth else "")
+def figure_name(circuit: str, measure: str, depth: int | None) -> str:
+    """spectra_uncentered[_<circuit>][_data][_<L>-layers]: the weights view of the QK circuit (the
+    paper's measure) has the flagship's name; the data-aware view adds `_data` (each other circuit
+    has one measure)."""
+    return ("spectra_uncentered" + ("" if circuit == "qk" else f"_{circuit}")
+            + ("_data" if measure == "data" else "") + (f"_{depth}-layers" if depth else ""))
 
 
 def write_spectra_figures(spectra: pd.DataFrame, folder: str | Path, init_spectra: pd.DataFrame | None = None
                           ) -> list[Path]:
-    """The three-panel figure of the uncentered spectra (PNG and SVG) of every circuit in `spectra`,
-    into the analysis folder `folder` (listed in its manifest), one figure per depth when the models'
-    depths differ; returns the PNG paths. `init_spectra` (the step-0 weights' spectra of the
-    models that have them) is drawn dashed; the seed figure's λ₁ is marked for the models with a
+    """The three-panel figure of the uncentered spectra (PNG and SVG) of every circuit and measure in
+    `spectra`, into the analysis folder `folder` (listed in its manifest), one figure per depth when
+    the models' depths differ; returns the PNG paths. `init_spectra` (the step-0 weights' spectra of
+    the models that have them) is drawn dashed; the seed figure's λ₁ is marked for the models with a
     role, on the weights view of the QK circuit only (what Fig. 11 shows)."""
     paths = []
     depths = spectra.groupby("model")["layer"].max() + 1
+    views = spectra[["circuit", "measure"]].drop_duplicates().itertuples(index=False)
     with writing(Path(folder), ANALYSIS_MANIFEST, ANALYSIS, "analysis figures") as manifest:
-        for circuit in dict.fromkeys(spectra["circuit"]):
+        for circuit, measure in views:
             for depth in sorted(depths.unique()):
                 models = depths.index[depths == depth]
-                data = spectra[(spectra["circuit"] == circuit) & spectra["model"].isin(models)]
+                data = spectra[(spectra["circuit"] == circuit) & (spectra["measure"] == measure)
+                               & spectra["model"].isin(models)]
+                if data.empty:
+                    continue
                 init = None if init_spectra is None else init_spectra[
                     (init_spectra["circuit"] == circuit) & init_spectra["model"].isin(models)
-                    & init_spectra["measure"].isin(data["measure"].unique())]
-                weights_qk = circuit == "qk" and set(data["measure"]) == {"frobenius"}
-                marked = weights_qk and "role" in data and data["role"].notna().any()
+                    & (init_spectra["measure"] == measure)]
+                marked = circuit == "qk" and measure == "frobenius" and "role" in data and data["role"].notna().any()
                 figure = spectra_figure(data, circuit=circuit, init=init if init is not None and len(init) else None,
                                         seed_figure=bool(marked))
-                paths.append(save_figure(figure, manifest, figure_name(circuit, depth if len(depths.unique()) > 1
-                                                                                else None)))
+                paths.append(save_figure(figure, manifest, figure_name(
+                    circuit, measure, depth if len(depths.unique()) > 1 else None)))
     return paths
