@@ -85,6 +85,12 @@ def common_scale(side: Factors) -> Factors:
     return dataclasses.replace(side, matrix=power_of_two_scaled(side.matrix), base=base)
 
 
+def data_aware_similarity(weights: LayerWeights, roots: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """cos⟨A_i, A_j⟩_Σ = tr(A_iᵀ Σ_q A_j Σ_k) / norms (`spectrum.data_gram`), the data-aware view of the QK
+    forms, with `roots` = (R_q, R_k), RᵀR = Σ (`InputMoments.roots`)."""
+    return cosine_similarity(*normalised_gram(*qk_factors(weights), *roots))
+
+
 def qk_factors(weights: LayerWeights) -> tuple[Factors, Factors]:
     """(W_Q,h, W_K,h) factors of every family: MLA's whole score form (decoupled RoPE part included)."""
     return weights.factors("qk", "included") if isinstance(weights, MLAWeights) else weights.factors("qk")

@@ -10,12 +10,15 @@ import pytest
 from conftest import tiny_model
 from headlab.analysis.candidates import (
     WEIGHT_CANDIDATES,
+    data_aware_similarity,
     gaussian_like,
     trace_normalised,
     weight_candidates,
 )
 from headlab.analysis.heads import load_heads
+from headlab.analysis.inputs import input_moments
 from headlab.analysis.layer_weights import GroupedWeights
+from headlab.analysis.similarity import analyze
 
 
 def cosine(vectors: np.ndarray) -> np.ndarray:
@@ -93,3 +96,16 @@ def test_gaussian_like_keeps_shapes_and_sharing_and_draws_anew(attention):
     assert all(np.all(v == 1) for n, v in vars(drawn).items() if n.endswith("gain") and v is not None)
     matrices = weight_candidates(drawn)
     assert all(np.isfinite(m).all() for m in matrices.values())
+
+
+def test_data_aware_similarity_is_the_analysis_data_view(tokens):
+    model = tiny_model("gqa")
+    moments = input_moments(model, tokens)
+    table = analyze(model, measure="data", inputs=moments).similarity
+    heads = load_heads(model)
+    for layer in range(heads.n_layers):
+        expected = table[table["layer"] == layer].pivot(index="head_i", columns="head_j", values="value").to_numpy()
+        np.testing.assert_allclose(data_aware_similarity(heads.layer(layer), moments.roots(layer)), expected,
+                                   atol=1e-12)
+    weights_view = weight_candidates(heads.layer(0))["weights"]
+    assert np.abs(data_aware_similarity(heads.layer(0), moments.roots(0)) - weights_view).max() > 1e-3
