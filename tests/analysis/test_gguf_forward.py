@@ -84,15 +84,16 @@ def byte_level_vocabulary() -> tuple[dict, "tokenizers.Tokenizer"]:
 def test_gguf_tokenizer_and_the_command_line_views(tmp_path, capsys):
     """The file's byte-level BPE encodes TEXT as the vocabulary it was written from (no BOS: a
     byte-level vocabulary without add_bos_token, as llama.cpp reads it), and `headlab analyze`
-    writes the weights, data-aware and attention-map views of the file."""
+    writes the weights and data-aware views (--measure both) and the attention maps of the file."""
     vocabulary, tokenizer = byte_level_vocabulary()
     path = write_gguf(tmp_path / "tok.gguf", random_model("llama"), "llama", vocabulary=vocabulary)
     windows = encode_text(path, TEXT)
     expected = tokenizer.encode(TEXT).ids
     assert windows.shape[1] == 128 and windows.flatten().tolist() == expected[: windows.numel()]
     (tmp_path / "text.txt").write_text(TEXT)
-    status = cli_main(["analyze", str(path), "--measure", "data", "--text", str(tmp_path / "text.txt"),
+    status = cli_main(["analyze", str(path), "--measure", "both", "--text", str(tmp_path / "text.txt"),
                        "--attention-maps", "--out", str(tmp_path / "out")])
     assert status == 0, capsys.readouterr().err
     tables = Analysis.load(tmp_path / "out")
-    assert set(tables.similarity["circuit"]) == {"qk", "pattern"} and set(tables.summary["measure"]) == {"data"}
+    assert set(tables.similarity["circuit"]) == {"qk", "pattern"}
+    assert set(tables.summary["measure"]) == {"frobenius", "data"}
