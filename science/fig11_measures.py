@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import textwrap
 from pathlib import Path
 
 import pandas as pd
 import torch
+from fig11_methods import first_eigenvalue_table, loss_line, orderings, rank_table, study_tables
 from fig11_runs import study_rows
 from fig11_scores import FIG11_MARGINS, TABLE3_MARGIN, fig11_scores, real_scores, reproduces, table3_scores
 
 from headlab.analysis.candidates import INPUT_CANDIDATES, WEIGHT_CANDIDATES
 from headlab.io import atomic_write_bytes, atomic_write_text
 from headlab.report.paper_tables import markdown_table
-from headlab.study.real_tables import read_real_tables
+from headlab.study.real_tables import MANIFEST, REAL_TABLES, read_real_tables
 
 TABLES = Path(__file__).resolve().parent / "tables"
 MEASURES = ("weights", "data-aware", "attention maps", "OV circuit", "W_Q only", "W_K only", "raw weights",
@@ -77,6 +79,8 @@ def our_rows() -> list[dict]:
 
 
 def real_rows() -> list[dict]:
+    if not (REAL_TABLES / MANIFEST).exists():
+        return []
     tables = read_real_tables()
     rows = []
     for state in ("trained", "gaussian"):
@@ -120,10 +124,25 @@ def page(args) -> None:
     rows = pd.DataFrame(our_rows() + real_rows())
     shown = rows.drop(columns="state")
     lines = ["# What can Fig. 11 be? (issue 43)", "", verdict(rows), "", "## The scores", "",
-             open_note(), "", markdown_table(shown, 2), "", "## Commands", "",
-             "    " + __doc__.split("\n\n")[1].strip().replace("\n", "\n    "), ""]
+             open_note(), "", markdown_table(shown, 2), "", *method_sections(), "## Commands", "",
+             *(f"    {line}" for line in textwrap.dedent(__doc__.split("\n\n")[1]).strip().splitlines()), ""]
     atomic_write_text(args.out, "\n".join(lines))
     print(f"page: {args.out}")
+
+
+def method_sections() -> list[str]:
+    """Per study, the paper's measure (weights view) method by method: λ₁ beside the seed's, the ordering,
+    the drop after index 1, the effective-rank gaps to MHA beside Table 3's."""
+    lines = []
+    for name, title in TRAININGS.items():
+        tables = study_tables(name, "weights")
+        if tables is None:
+            continue
+        studies = {title: tables}
+        lines += [f"## {title}: the weights view method by method", "",
+                  markdown_table(first_eigenvalue_table(studies), 2), "", *orderings(studies), "",
+                  markdown_table(rank_table(studies), 1), "", loss_line(studies), ""]
+    return lines
 
 
 def open_note() -> str:

