@@ -42,38 +42,40 @@ def real_panels(spectra: pd.DataFrame, models: pd.DataFrame, path: Path) -> None
 
 def real_depth(summary: pd.DataFrame, models: pd.DataFrame, path: Path) -> None:
     """λ₁ at six heads (left) and the uncentred effective rank (right) through depth, both views, with the
-    random Gaussian baseline and the family's Table 3 value."""
+    random Gaussian baseline, the family's seed curve's λ₁ and Table 3 value; colour by model, line by view."""
     role = dict(zip(models["model"], models["role"]))
     rows = summary[summary["kind"] == "uncentered"]
+    lines = {("weights", "trained"): ("-", 2.2), ("data-aware", "trained"): ("--", 2.0),
+             ("weights", "gaussian"): (":", 1.3)}
     with sns.axes_style("whitegrid"), sns.plotting_context("notebook", font_scale=1.15):
-        fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5.6))
+        fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.6))
         for model in models["model"]:
             colour = colour_of(role[model])
-            for view, style in (("weights", "-"), ("data-aware", "--")):
-                for state, width, ls in (("trained", 2.2, style), ("gaussian", 1.3, ":")):
-                    here = rows[(rows["model"] == model) & (rows["measure"] == view) & (rows["state"] == state)]
-                    if state == "gaussian" and view == "data-aware":
-                        continue
-                    means = here.groupby("layer")[["lambda1", "er_pct", "n_heads"]].mean()
-                    depth = means.index / means.index.max()
-                    six = [at_seed_heads(v, int(h)) for v, h in zip(means["lambda1"], means["n_heads"])]
-                    label = f"{model}: {view}" + (", random weights" if state == "gaussian" else "")
-                    left.plot(depth, six, color=colour, ls=ls, lw=width, label=label)
-                    if view == "weights":
-                        right.plot(depth, means["er_pct"], color=colour, ls=ls, lw=width, label=label)
+            for (view, state), (ls, width) in lines.items():
+                here = rows[(rows["model"] == model) & (rows["measure"] == view) & (rows["state"] == state)]
+                means = here.groupby("layer")[["lambda1", "er_pct", "n_heads"]].mean()
+                depth = means.index / means.index.max()
+                left.plot(depth, [at_seed_heads(v, int(h)) for v, h in zip(means["lambda1"], means["n_heads"])],
+                          color=colour, ls=ls, lw=width)
+                if view == "weights":
+                    right.plot(depth, means["er_pct"], color=colour, ls=ls, lw=width)
             seed = [resampled(SEED_SPECTRA[role[model]][panel].eigenvalues())[0] for panel in PANELS]
-            left.plot([PAPER_PANELS[p] / 11 for p in PANELS], seed, color=colour, ls="--", lw=1, marker="o", mfc="none",
-                      label=f"seed figure, {ROLE_LABELS[role[model]]} (sum 6; L = 0, 6, 11 of 12)")
-            right.axhline(PAPER[role[model]].uncentered, color=colour, lw=1, alpha=0.6)
-            right.text(1.01, PAPER[role[model]].uncentered, f"Table 3 {ROLE_LABELS[role[model]]}", color=colour,
-                       fontsize=9, va="center", transform=right.get_yaxis_transform())
+            left.plot([PAPER_PANELS[p] / 11 for p in PANELS], seed, color=colour, ls="none", marker="o", mfc="none",
+                      ms=9, mew=2)
+            right.plot([1.0], [PAPER[role[model]].uncentered], color=colour, marker="o", mfc="none", ms=9, mew=2,
+                       clip_on=False)
         left.axhline(1.0, color="0.5", lw=0.8)
         left.set(xlabel="relative depth (layer / last layer)", ylabel="λ₁ at six heads: 1 + 5(λ₁ − 1)/(H − 1)",
                  title="First eigenvalue through depth, on the seed's scale")
         right.set(xlabel="relative depth (layer / last layer)", ylabel="effective rank, % of H (uncentred)",
                   title="Weights view: effective rank through depth")
-        left.legend(fontsize=8.5, loc="upper left")
-        right.legend(fontsize=8.5, loc="lower left")
+        handles = [Line2D([], [], color=colour_of(role[m]), lw=3, label=m) for m in models["model"]]
+        handles += [Line2D([], [], color="0.3", ls="-", lw=2.2, label="weights view"),
+                    Line2D([], [], color="0.3", ls="--", lw=2, label="data-aware view"),
+                    Line2D([], [], color="0.3", ls=":", lw=1.3, label="weights view, random Gaussian weights"),
+                    Line2D([], [], color="0.3", ls="none", marker="o", mfc="none", ms=9, mew=2,
+                           label="the family's seed figure λ₁ (sum 6; L = 0, 6, 11 of 12) and Table 3 (right)")]
+        fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=10, bbox_to_anchor=(0.5, -0.1))
         fig.tight_layout()
         saved(fig, path)
 

@@ -32,7 +32,7 @@ def real_checkpoint_spectra(spectra: pd.DataFrame, models: pd.DataFrame) -> Figu
 
     spectra, models: the real tables' `spectra` and `models` (`headlab.study.real_tables.read_real_tables`)."""
     role = dict(zip(models["model"], models["role"]))
-    fig = NotebookFigure(figsize=(15, 9.2), layout="constrained")
+    fig = NotebookFigure(figsize=(13, 8.6), layout="constrained")
     axes = fig.subplots(len(VIEWS), len(PANELS), sharex=True)
     rows = spectra[spectra["kind"] == "uncentered"]
     for row, view in enumerate(VIEWS):
@@ -64,6 +64,6 @@ def real_checkpoint_spectra(spectra: pd.DataFrame, models: pd.DataFrame) -> Figu
               Line2D([], [], color=REFERENCE_COLOR, ls="--", marker="o", mfc="none",
                      label="seed figure (paper 128M, Fig. 11): the family's curve, scaled to sum 6")]
     fig.legend(handles=styles, loc="outside lower center", ncol=3, fontsize=11)
-    fig.suptitle("Uncentred eigenvalue spectra of head similarity, real checkpoints beside the seed figure (colour: "
+    fig.suptitle("Uncentred eigenvalue spectra of head similarity: real checkpoints beside the seed figure\n(colour: "
                  "attention family, blue MHA, brown GQA, red MQA)", fontsize=13, fontweight="bold")
     return fig
