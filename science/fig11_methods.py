@@ -45,6 +45,9 @@ def first_eigenvalue_table(studies: dict) -> pd.DataFrame:
                 row[f"{title}: λ₁ (seeds)"] = cell(here[here["state"] == "trained"]["l1"])
                 init = list(here[here["state"] == "init"]["l1"])
                 row[f"{title}: at init"] = spread(init).format(2) if init else "–"
+                curve = here[here["state"] == "trained"][SPECTRUM].mean()
+                row[f"{title}: sharp drop"] = "–" if curve.isna().all() else (
+                    "yes" if curve["l1"] - curve["l2"] > curve["l2"] - curve["l6"] else "no")
             rows.append(row)
     return pd.DataFrame(rows)
 
