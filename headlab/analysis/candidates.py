@@ -31,14 +31,9 @@ import dataclasses
 
 import numpy as np
 
+from headlab.analysis.gram import Factors, frobenius_gram, normalised_gram, power_of_two_scaled
 from headlab.analysis.layer_weights import GroupedWeights, LayerWeights, LRKVWeights, MLAWeights
-from headlab.analysis.spectrum import (
-    Factors,
-    cosine_similarity,
-    frobenius_gram,
-    normalised_gram,
-    power_of_two_scaled,
-)
+from headlab.analysis.spectrum import cosine_similarity
 
 WEIGHT_CANDIDATES = ("weights", "OV circuit", "W_Q only", "W_K only", "raw weights", "unnormalised")
 INPUT_CANDIDATES = ("data-aware", "attention maps")
