@@ -7,6 +7,7 @@
                                 the same shape, at most 2; defined for spectra of the same length only
 
     distances = seed_distance(spectra, init_spectra, {"Early": 0, "Middle": 2, "Late": 3})
+    order = method_order(distances)   # ρ = Spearman(our λ₁, the seed's λ₁) across methods, per panel
 """
 
 from __future__ import annotations
@@ -52,6 +53,37 @@ def seed_distance(spectra: pd.DataFrame, init_spectra: pd.DataFrame, panels: Map
                              "first_eigenvalue": float(eigenvalues[0]), "seed_first_eigenvalue": reference.first,
                              "l1_to_seed": normalised_l1(eigenvalues, reference.eigenvalues())})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+ORDER_COLUMNS = ["state", "panel", "n_methods", "n_seeds", "spearman", "seed_mean", "seed_sd", "seed_min",
+                 "seed_max"]
+
+
+def method_order(distances: pd.DataFrame) -> pd.DataFrame:
+    """Whether our methods' λ₁ are ordered as the seed figure's, per state and panel of a `seed_distance`
+    frame: `spearman` = ρ(mean of λ₁ over seeds, the seed's λ₁) across the methods present (+1 the same
+    order, −1 reversed; NaN under 3 methods), and ρ of each seed alone (`seed_mean`, `seed_sd` (ddof 1),
+    `seed_min`, `seed_max`: how much of the order is seed noise)."""
+    rows = []
+    for (state, panel), here in distances.groupby(["state", "panel"], sort=False):
+        means = here.groupby("role")[["first_eigenvalue", "seed_first_eigenvalue"]].mean()
+        per_seed = [order_of(one.set_index("role")) for _, one in here.groupby("seed")]
+        per_seed = np.array([rho for rho in per_seed if not np.isnan(rho)])
+        rows.append({"state": state, "panel": panel, "n_methods": len(means), "n_seeds": here["seed"].nunique(),
+                     "spearman": order_of(means),
+                     "seed_mean": per_seed.mean() if per_seed.size else float("nan"),
+                     "seed_sd": per_seed.std(ddof=1) if per_seed.size > 1 else float("nan"),
+                     "seed_min": per_seed.min() if per_seed.size else float("nan"),
+                     "seed_max": per_seed.max() if per_seed.size else float("nan")})
+    return pd.DataFrame(rows, columns=ORDER_COLUMNS)
+
+
+def order_of(firsts: pd.DataFrame) -> float:
+    """Spearman's ρ between the columns first_eigenvalue and seed_first_eigenvalue (ties at their average
+    rank; pandas' own, without scipy), NaN for fewer than 3 rows."""
+    if len(firsts) < 3:
+        return float("nan")
+    return float(firsts[["first_eigenvalue", "seed_first_eigenvalue"]].corr(method="spearman").iloc[0, 1])
 
 
 # ---- models with another head count than the seed's six ---------------------------------------
