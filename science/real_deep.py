@@ -31,15 +31,36 @@ def loaded() -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
 def timing_lines() -> list[str]:
     if not TIMING.exists():
         return ["Per-run times: not recorded yet."]
-    timing = pd.read_csv(TIMING)
+    timing = pd.read_csv(TIMING).set_index("study")
     lines = []
-    for _, t in timing.iterrows():
-        per_run = t["cpu_seconds"] / t["runs"]
-        lines.append(f"{RECIPES.get(t['study'], t['study'])}: {t['runs']} runs, {t['run_wall_median']:.0f} s wall "
-                     f"each at the median two at a time on the shared machine; {t['cpu_seconds']:,.0f} CPU-s in all "
-                     f"(`/usr/bin/time`, training and analysis), {per_run:.0f} CPU-s a run, so on two free cores "
-                     f"(two runs at a time, one thread each) about {t['cpu_seconds'] / 2 / 60:.0f} min.")
+    for study, t in timing.iterrows():
+        head = (f"{RECIPES.get(study, study)}: {int(t['runs'])} runs, {t['run_wall_median']:.0f} s wall each at the "
+                f"median ({t['run_wall_min']:.0f}–{t['run_wall_max']:.0f}) two at a time on the shared machine")
+        if pd.notna(t["cpu_seconds"]):
+            lines.append(f"{head}; {t['cpu_seconds']:,.0f} CPU-s in all (`/usr/bin/time`, training and analysis), "
+                         f"{t['cpu_seconds'] / t['runs']:.0f} CPU-s a run, so on two free cores (two runs at a time, "
+                         f"one thread each) about {t['cpu_seconds'] / 2 / 60:.0f} min.")
+            continue
+        lines.append(f"{head}; its `/usr/bin/time` summary was lost (the job stopped after its last run, before its "
+                     f"report), and the resume that analysed the runs and wrote the report took "
+                     f"{t['analysis_cpu_seconds']:,.0f} CPU-s." + sampled(study, timing))
     return lines
+
+
+def sampled(study: str, timing: pd.DataFrame) -> str:
+    """The study's CPU time estimated from a sample of its runs timed beside the same sample of a study
+    whose whole time is known: its CPU-s × (this sample's / that sample's)."""
+    known = timing[timing["cpu_seconds"].notna() & timing["sample_cpu_seconds"].notna()]
+    here = timing.loc[study]
+    if known.empty or pd.isna(here["sample_cpu_seconds"]):
+        return ""
+    other = known.iloc[0]
+    estimate = other["cpu_seconds"] * here["sample_cpu_seconds"] / other["sample_cpu_seconds"]
+    return (f" Timed afterwards, together on the same machine, the same runs of both recipes ({here['sample']}, "
+            f"trained and analysed by `headlab reproduce`): {RECIPES.get(study, study)} "
+            f"{here['sample_cpu_seconds']:,.0f} CPU-s, {RECIPES.get(other.name, other.name)} "
+            f"{other['sample_cpu_seconds']:,.0f}; so this study took about {estimate:,.0f} CPU-s, about "
+            f"{estimate / 2 / 60:.0f} min on two free cores.")
 
 
 def deep_section(args, out: Path) -> list[str]:
@@ -57,23 +78,40 @@ def deep_section(args, out: Path) -> list[str]:
             markdown_table(first_eigenvalue_table(studies), 2), "", *orderings(studies), "",
             "Effective ranks (layer mean, % of H, mean ± sd over seeds) and each method's gap to Standard MHA, "
             "paired by seed (± the 95% t half-width), beside Table 3's:", "",
-            markdown_table(rank_table(studies), 1), "", loss_line(studies), "", *timing_lines(), ""]
+            markdown_table(rank_table(studies), 1), "", loss_line(studies), "",
+            *(part for line in timing_lines() for part in (line, ""))]
 
 
-def record_timing(logs: list[str]) -> None:
-    """Parse `headlab reproduce`'s log (run lines '(1130 s)') and `/usr/bin/time -v`'s summary into TIMING."""
+def record_timing(logs: list[str], samples: list[str]) -> None:
+    """Parse `headlab reproduce`'s logs into TIMING: per study (STUDY=LOG[+RESUME_LOG]) the run lines
+    ('(1130 s)') and `/usr/bin/time -v`'s summary of the training job (missing: NaN) and of its resume;
+    per study (STUDY=LOG, 'runs' named in the log) a sample of its runs timed afterwards."""
     rows = []
+    sampled_runs = {name: parse(path) for name, path in (spec.split("=", 1) for spec in samples)}
     for spec in logs:
-        name, path = spec.split("=", 1)
-        text = Path(path).read_text(errors="replace")
-        walls = [float(s) for s in re.findall(r"seed \d+: validation loss [\d.]+ \S+ \((\d+) s\)", text)]
-        user = re.search(r"User time \(seconds\): ([\d.]+)", text)
-        system = re.search(r"System time \(seconds\): ([\d.]+)", text)
-        if not walls or user is None:
-            print(f"{name}: {path} has {len(walls)} finished runs and no /usr/bin/time summary yet")
+        name, paths = spec.split("=", 1)
+        training, *resumes = (parse(path) for path in paths.split("+"))
+        if not training["walls"]:
+            print(f"{name}: {paths} has no finished run yet")
             continue
-        rows.append({"study": name, "runs": len(walls), "run_wall_median": float(pd.Series(walls).median()),
-                     "run_wall_min": min(walls), "run_wall_max": max(walls),
-                     "cpu_seconds": float(user.group(1)) + float(system.group(1))})
+        sample = sampled_runs.get(name)
+        rows.append({"study": name, "runs": len(training["walls"]),
+                     "run_wall_median": float(pd.Series(training["walls"]).median()),
+                     "run_wall_min": min(training["walls"]), "run_wall_max": max(training["walls"]),
+                     "cpu_seconds": training["cpu"], "analysis_cpu_seconds": sum(r["cpu"] for r in resumes),
+                     "sample": sample["names"] if sample else "", "sample_cpu_seconds": sample["cpu"] if sample
+                     else float("nan")})
     if rows:
         atomic_write_text(TIMING, pd.DataFrame(rows).to_csv(index=False))
+
+
+def parse(path: str) -> dict:
+    """A `headlab reproduce` log under `/usr/bin/time -v`: its finished runs' names and wall seconds, and
+    user + system CPU-s (NaN without the summary)."""
+    text = Path(path).read_text(errors="replace")
+    runs = re.findall(r"^\s*(.+?)\s+seed (\d+): validation loss [\d.]+ \S+ \((\d+) s\)", text, re.M)
+    user = re.search(r"User time \(seconds\): ([\d.]+)", text)
+    system = re.search(r"System time \(seconds\): ([\d.]+)", text)
+    cpu = float(user.group(1)) + float(system.group(1)) if user and system else float("nan")
+    return {"walls": [float(r[2]) for r in runs], "cpu": cpu,
+            "names": ", ".join(f"{r[0]} seed {r[1]}" for r in runs)}
