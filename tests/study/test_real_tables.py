@@ -12,7 +12,17 @@ import pytest
 import tomllib
 
 from headlab.analysis.candidates import INPUT_CANDIDATES, WEIGHT_CANDIDATES
-from headlab.study.real_tables import PANELS, REAL_TABLES, VIEWS, panel_first_eigenvalues, read_real_tables
+from headlab.study.paper import PAPER
+from headlab.study.real_tables import (
+    PANELS,
+    REAL_TABLES,
+    VIEWS,
+    largest_requantisation_moves,
+    panel_first_eigenvalues,
+    ranks_beside_table3,
+    read_real_tables,
+    requantisation,
+)
 from headlab.study.seed_distance import at_seed_heads
 
 LAYERS = {"SmolLM2-135M-Instruct": (30, 9), "Gemma 3 270M": (18, 4), "all-MiniLM-L6-v2": (6, 12)}
@@ -77,3 +87,39 @@ def test_the_figure_draws_each_model_three_ways_in_every_panel(tables):
     assert len(axes) == len(VIEWS) * len(PANELS)
     for ax in axes:
         assert len(ax.get_lines()) == 3 * len(LAYERS) + 1  # trained, random, seed per model; the line at 1
+
+
+def test_the_effective_ranks_beside_table3_are_the_layer_means_of_the_summary(tables):
+    ranks = ranks_beside_table3(tables).set_index("model")
+    summary = tables["summary"]
+    role = dict(zip(tables["models"]["model"], tables["models"]["role"]))
+    assert list(ranks.index) == list(tables["models"]["model"])
+    for model, (n_layers, n_heads) in LAYERS.items():
+        here = summary[(summary["model"] == model) & (summary["measure"] == "weights")]
+        per_layer = here[(here["state"] == "trained") & (here["kind"] == "centered")].set_index("layer")["er_pct"]
+        assert len(per_layer) == n_layers
+        assert ranks.loc[model, "weights, centred"] == pytest.approx(per_layer.mean())
+        assert ranks.loc[model, "centred ceiling"] == pytest.approx(100 * (n_heads - 1) / n_heads)
+        assert ranks.loc[model, "weights, centred"] <= ranks.loc[model, "centred ceiling"] + 1e-9
+        assert ranks.loc[model, "random weights"] > 99  # i.i.d. Gaussian forms of d >> H: all but orthogonal
+        assert ranks.loc[model, "Table 3 uncentred"] == PAPER[role[model]].uncentered
+        assert ranks.loc[model, "Table 3 row"] == PAPER[role[model]].label
+
+
+def test_requantising_is_read_at_the_panels_and_its_largest_move_over_every_layer(tables):
+    moves = requantisation(tables)
+    largest = largest_requantisation_moves(tables)
+    summary = tables["summary"]
+    assert set(moves["view"]) == set(VIEWS) and set(largest["format"]) == {"Q8_0", "Q4_0"}
+    for row in moves.itertuples():
+        stored = summary[(summary["model"] == row.model) & (summary["layer"] == row.layer)
+                         & (summary["measure"] == row.view) & (summary["state"] == "trained")
+                         & (summary["kind"] == "uncentered")]["lambda1"].item()
+        assert row.stored == pytest.approx(stored, abs=1e-6)  # the same λ₁ as the summary's
+        for fmt in ("Q8_0", "Q4_0"):
+            worst = largest[(largest["model"] == row.model) & (largest["view"] == row.view)
+                            & (largest["format"] == fmt)]["largest |Δλ₁|"].item()
+            assert abs(getattr(row, fmt) - row.stored) <= worst + 1e-12
+    assert set(moves.groupby(["model", "view"])["panel"].apply(tuple)) == {PANELS}
+    q8, q4 = (largest[largest["format"] == f].set_index(["model", "view"])["largest |Δλ₁|"] for f in ("Q8_0", "Q4_0"))
+    assert (q8 <= q4).all()  # 8 bits move λ₁ less than 4 bits, for every model and view
