@@ -207,3 +207,35 @@ first[["view", "model", "panel", "layer", "H", "λ₁", "λ₁ at six heads", "r
 
 # %%
 plots.real_checkpoint_spectra(real["spectra"], real["models"])
+
+# %% [markdown]
+# ### Effective ranks beside Table 3
+# Layer means as % of H, each model beside the Table 3 row of its attention family (SmolLM2's GQA row
+# was estimated by the paper's authors), with random Gaussian weights of the same shapes as the
+# baseline (a centred spectrum's ceiling is 100 (H − 1)/H). Unlike λ₁, these land on Table 3's
+# scale in the weights view; the data-aware view, which does show the seed's shape, is far below it.
+
+# %%
+from headlab.study.real_tables import largest_requantisation_moves, ranks_beside_table3, requantisation
+
+ranks_beside_table3(real).round(1)
+
+# %% [markdown]
+# ### Does quantisation move λ₁?
+# SmolLM2 and Gemma 3 ship as 4-bit GGUF files (their W_Q, W_K dequantised before the analysis);
+# MiniLM in float32. Quantising each layer's stored W_Q, W_K once more (Q8_0, Q4_0, as a GGUF row
+# is) and measuring again bounds what a quantisation step does to λ₁: the largest move over every
+# layer, per view, against the gap between these models and the seed figure in the table above.
+
+# %%
+largest_requantisation_moves(real).round(3)
+
+# %%
+requantisation(real).round(3)
+
+# %% [markdown]
+# The page `science/real_checkpoints.md` draws λ₁ and the effective rank through depth, checks the
+# numbers against an independent float64 recomputation, and sets our own six methods at the paper's
+# layout (cpu-deep: 12 layers, panels L = 0 / 6 / 11, 3 seeds) beside the seed figure under the
+# paper's Muon recipe and with AdamW on W_Q, W_K; `science/fig11_measures.md` scores every candidate
+# measure of Fig. 11 on all of them.
