@@ -140,6 +140,8 @@ def what_it_shows(first: pd.DataFrame, summary: pd.DataFrame, models: pd.DataFra
             f"{weights['random, at six heads'].min():.2f}–{weights['random, at six heads'].max():.2f}; the seed "
             "figure, "
             f"scaled to sum 6, {min(seed):.2f}–{max(seed):.2f} over its 18 curves); the data-aware view "
-            f"{data['λ₁ at six heads'].min():.2f}–{data['λ₁ at six heads'].max():.2f}. In the weights view λ₁/λ₂ is "
+            f"{data['λ₁ at six heads'].min():.2f}–{data['λ₁ at six heads'].max():.2f} (random weights under the same "
+            f"inputs {data['random, at six heads'].min():.2f}–{data['random, at six heads'].max():.2f}). "
+            f"In the weights view λ₁/λ₂ is "
             f"{ratio.median():.2f} at the median layer ({ratio.max():.2f} at most), against "
             f"{min(seed_ratio):.1f}–{max(seed_ratio):.1f} at L = 0 in the seed figure."]
