@@ -83,5 +83,6 @@ if __name__ == "__main__":
     print(", ".join(f"{kind} {counts[kind]}" for kind in FAILURES))
     if args.page:
         argv = " ".join(shlex.quote(a) for a in sys.argv[1:])
-        write_page(args.page, results, f"PYTHONPATH=. python tools/hostile_inputs.py {argv}", time.monotonic() - started)
+        command = f"PYTHONPATH=. python tools/hostile_inputs.py {argv}"
+        write_page(args.page, results, command, time.monotonic() - started)
     sys.exit(1 if sum(counts[kind] for kind in FAILURES) else 0)
