@@ -86,15 +86,20 @@ def run_cli(argv, seconds: int = HANG_S) -> tuple[int | str, str]:
         return "traceback", f"{type(error).__name__}: {error}"[:200]
 
 
+def state(path) -> dict | None:
+    """What is at `path` (`hostile.harness.snapshot`), None where nothing is."""
+    return snapshot(Path(path)) if os.path.lexists(path) else None
+
+
 def on_tree(root: Path, argv, expect: str, *words: str, watched=(), holds=lambda: True, what="",
             seconds: int = HANG_S) -> tuple[str, str]:
     """`headlab argv` judged by the tree-diff checker over `root` and by `watched` staying as they
     were, then by `expect` ('refused', 'ok', 'either')."""
-    before, watching = treediff.Tree.read(root), [snapshot(Path(w)) for w in watched]
+    before, watching = treediff.Tree.read(root), [state(w) for w in watched]
     status, err = run_cli(argv, seconds)
     if status in ("hang", "traceback"):
         return status, err
-    changed = [str(w) for w, earlier in zip(watched, watching) if snapshot(Path(w)) != earlier]
+    changed = [str(w) for w, earlier in zip(watched, watching) if state(w) != earlier]
     if changed:
         return "lost", f"changed {', '.join(changed)}"[:200]
     broken = treediff.check(before, treediff.Tree.read(root), status, err)

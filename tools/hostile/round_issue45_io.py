@@ -323,9 +323,8 @@ RECORDS = [
     ("2", "report, retired entry (wrong hash) naming the user's notes.md", partial(
         report, forged=forged("study/study.json", "retired", "notes.md", "wrong"))),
     ("2", "analyze, intended summary.csv (wrong hash) + a user's summary.csv", partial(
-        report, command="analyze", expect="refused", words=("summary.csv",), forged=forged(
-            "analysis/analysis.json", "intended", "summary.csv", "wrong",
-            before=lambda copy: (copy / "analysis" / "summary.csv").write_text("layer\n0\n")))),
+        report, command="analyze", expect="refused", words=("summary.csv",), user=users("analysis/summary.csv"),
+        forged=forged("analysis/analysis.json", "intended", "summary.csv", "wrong"))),
     ("2", "docs, headline.md both listed and retired (right hash)", partial(
         report, command="docs", forged=forged("docs/docs.json", "retired", "headline.md", "right"))),
     ("3", "report, study.json retired (right hash) naming runs/<run>/metrics.jsonl", partial(
