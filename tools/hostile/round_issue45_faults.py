@@ -60,9 +60,7 @@ def hard_linked_weights(folder):
     weights = sorted((copy / "run").glob("checkpoint-*/model.safetensors"))[-1]
     mine = copy / "mine.safetensors"
     os.link(weights, mine)  # the user's name for the same bytes: must stay as it is
-    return on_tree(copy, ["train", "--preset", "tiny", "--attention", "gqa", "--corpus", "synthetic", "--steps", "10",
-                          "--batch-size", "4", "--eval-every", "4", "--checkpoint-every", "2", "--resume",
-                          "--no-progress", "--out", copy / "run"], "ok", watched=[mine])
+    return on_tree(copy, train_argv(copy / "run", steps=10), "ok", watched=[mine])
 
 
 def docs_out_fifo(folder):

@@ -287,9 +287,8 @@ def nested_analysis_in_run(folder):
     if outcome[0] != "silent":
         return either(outcome)
     forge(run / "manifest.json", "retired", "analysis/summary.csv", "right")
-    return on_tree(copy, ["train", "--preset", "tiny", "--attention", "gqa", "--corpus", "synthetic", "--steps", "8",
-                          "--batch-size", "4", "--eval-every", "4", "--checkpoint-every", "2", "--resume",
-                          "--no-progress", "--out", run], "either", watched=[run / "analysis" / "summary.csv"])
+    from hostile.round_issue45_faults import train_argv
+    return on_tree(copy, train_argv(run), "either", watched=[run / "analysis" / "summary.csv"])
 
 
 def nested_docs_in_study(folder):
