@@ -2,25 +2,37 @@
 (quick: `--help`, `--version` and a usage error answer from it alone), then, for a command to
 run, the modules that run it (torch and pandas: seconds). Both load under one guard, so a Ctrl-C
 before the command starts ends like every other interruption: one line and status 130, not a
-traceback.
+traceback; so does memory that runs out while they load (`ulimit -v`): one line, status 2.
 
 The guard records the signal instead of raising: a KeyboardInterrupt raised inside an import can
 land in one of importlib's internal callbacks, where Python prints "Exception ignored" and goes on,
 so the interruption would be lost and the command would run anyway."""
 
 import importlib
+import os
 import signal
 import sys
 
-EXIT_INTERRUPTED = 130
+from headlab.cli.resources import encodable_output, memory_message, out_of_memory
+
+EXIT_INPUT, EXIT_INTERRUPTED = 2, 130
 
 
 def run() -> int:
+    encodable_output()
     interrupted = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     try:
         args = importlib.import_module("headlab.cli.parser").parse_arguments()  # --help ends here, without torch
         cli = importlib.import_module("headlab.cli.main")
+    except (ImportError, OSError, MemoryError) as error:
+        if not out_of_memory(error):
+            raise  # a broken installation: its traceback says which package
+        print(f"headlab: error: {memory_message(error, 'loading its libraries (torch, scipy)')}", file=sys.stderr)
+        sys.stderr.flush()
+        # Out of memory half-way through loading native libraries, their threads and finalizers can
+        # spin for ever at exit (seen under ulimit -v): nothing was done, so leave at once.
+        os._exit(EXIT_INPUT)
     finally:
         signal.signal(signal.SIGINT, previous)
     if interrupted:

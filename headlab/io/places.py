@@ -17,12 +17,11 @@ blobs/."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
 
-from headlab.io.files import below, open_regular
+from headlab.io.files import below, open_regular, parse_json
 
 SNAPSHOTS, REFS = "snapshots", "refs"
 
@@ -77,10 +76,7 @@ class ReadPlace:
 
     def read_json(self, name: str):
         """The JSON value of file `name` (one line naming the file if it is not JSON in UTF-8)."""
-        try:
-            return json.loads(self.read_bytes(name).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(f"{self.folder / name} is not valid JSON: {error}") from None
+        return parse_json(self.read_bytes(name), self.folder / name)
 
     def check(self) -> "ReadPlace":
         """Resolve every entry of the folder (those a reader such as `transformers` opens by name):

@@ -8,7 +8,6 @@ cache as incomplete and the file. Built offline here, from a tiny GPT-2 saved in
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import faults
 from headlab.analysis.heads import load_heads
 from headlab.cli.main import main as cli_main
 
@@ -42,19 +42,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def lay_out_as_the_hub(files: Path, cache: Path, name: str = REPO) -> Path:
-    """`files` copied into `cache` as the Hub lays them out: each file's bytes in blobs/<sha256>,
-    snapshots/<commit>/<file> a relative link to it, refs/main naming the commit."""
-    repo = cache / name
-    snapshot = repo / "snapshots" / COMMIT
-    (repo / "blobs").mkdir(parents=True)
-    snapshot.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(COMMIT)
-    for file in sorted(files.iterdir()):
-        digest = hashlib.sha256(file.read_bytes()).hexdigest()
-        shutil.copyfile(file, repo / "blobs" / digest)
-        (snapshot / file.name).symlink_to(Path("..", "..", "blobs", digest))
-    return repo
+    return faults.hub_layout(files, cache, name, COMMIT)
 
 
 @pytest.fixture
