@@ -13,26 +13,27 @@ import os
 import signal
 import sys
 
-from headlab.cli.resources import encodable_output, memory_message, out_of_memory
-
 EXIT_INPUT, EXIT_INTERRUPTED = 2, 130
 
 
 def run() -> int:
-    encodable_output()
     interrupted = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     try:
-        args = importlib.import_module("headlab.cli.parser").parse_arguments()  # --help ends here, without torch
-        cli = importlib.import_module("headlab.cli.main")
-    except (ImportError, OSError, MemoryError) as error:
-        if not out_of_memory(error):
-            raise  # a broken installation: its traceback says which package
-        print(f"headlab: error: {memory_message(error, 'loading its libraries (torch, scipy)')}", file=sys.stderr)
-        sys.stderr.flush()
-        # Out of memory half-way through loading native libraries, their threads and finalizers can
-        # spin for ever at exit (seen under ulimit -v): nothing was done, so leave at once.
-        os._exit(EXIT_INPUT)
+        resources = importlib.import_module("headlab.cli.resources")  # light: memory and terminal failures
+        resources.encodable_output()
+        try:
+            args = importlib.import_module("headlab.cli.parser").parse_arguments()  # --help ends here, without torch
+            cli = importlib.import_module("headlab.cli.main")
+        except (ImportError, OSError, MemoryError) as error:
+            if not resources.out_of_memory(error):
+                raise  # a broken installation: its traceback says which package
+            message = resources.memory_message(error, "loading its libraries (torch, scipy)")
+            print(f"headlab: error: {message}", file=sys.stderr)
+            sys.stderr.flush()
+            # Out of memory half-way through loading native libraries, their threads and finalizers
+            # can spin for ever at exit (seen under ulimit -v): nothing was done, so leave at once.
+            os._exit(EXIT_INPUT)
     finally:
         signal.signal(signal.SIGINT, previous)
     if interrupted:

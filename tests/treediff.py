@@ -8,7 +8,8 @@ judge the difference by the invariants of `headlab.io`.
 - The exit status is 0, 2 or 130, and an error is one line `headlab: error: ...` on stderr.
 - headlab replaces or deletes a file only while its bytes are what a manifest recorded for that
   name (in `files`, `retired` or `intended`), or a temporary whose inode a manifest recorded when
-  headlab made it (`staging`): a name alone (a `discard` or content-less `intended` entry, a file
+  headlab made it (`staging`), or what a manifest's save killed midway leaves (named by the
+  bytes of the manifest it was replacing): a name alone (a `discard` or content-less `intended` entry, a file
   named like a temporary) licenses nothing. A manifest owns nothing inside a sub-folder that holds
   a manifest of its own: its entries naming a path there are no licence (a study's record of a
   run's file).
@@ -129,6 +130,7 @@ class Tree:
         logs = {name: (root / name).read_bytes() for name, digest in entries.items()
                 if Path(name).name in APPEND_ONLY and not digest.startswith("->") and digest != "folder"}
         inodes = {name: os.lstat(root / name).st_ino for name in entries if is_temporary(name)}
+        staged.update({name: inodes[name] for name in inodes if killed_save(root, name)})
         prefixes = {name: prefix_matches(root / name, sizes[name], sha) for name, sha in listed.items()
                     if entries.get(name) not in (sha, None, "folder") and not entries[name].startswith("->")}
         return cls(root, entries, listed, complete, pending, retired, made, intended, logs, staged, inodes, prefixes)
@@ -150,6 +152,28 @@ class Tree:
         """Whether the bytes at `name` are ones a manifest recorded for that name."""
         digest = self.entries.get(name)
         return digest is not None and digest in (self.listed.get(name), self.retired.get(name), self.intended.get(name))
+
+
+def killed_save(root: Path, name: str) -> bool:
+    """Whether temporary `name` is what a write killed before its record was saved leaves: named
+    by the first 8 hex digits of the SHA-256 of the bytes of the manifest (of the nearest folder
+    holding one) on disk, followed by the name of its file below that folder (none: the manifest's
+    own save; no manifest: of nothing)."""
+    match = TEMPORARY.match(Path(name).name)
+    if match is None:
+        return False
+    target = Path(name).parent / match.group(1)
+    for folder in target.parents:
+        manifests = [folder / m for m in MANIFESTS if (root / folder / m).is_file()]
+        if manifests or target.name in MANIFESTS and folder == target.parent:
+            for manifest in manifests or [target]:
+                current = (root / manifest).read_bytes() if (root / manifest).is_file() else b""
+                own = target.relative_to(folder).as_posix()
+                suffix = b"" if target == manifest else b"\0" + own.encode()
+                if Path(name).name == f".{target.name}.{hashlib.sha256(current + suffix).hexdigest()[:8]}.tmp":
+                    return True
+            return False
+    return False
 
 
 def prefix_matches(path: Path, size, sha: str) -> bool:
@@ -198,7 +222,10 @@ def check(before: Tree, after: Tree, status: int, err: str) -> list[str]:
         else:
             broken.append(f"{name}, whose bytes no manifest recorded, changed or vanished")
     for name in after.entries.keys() - before.entries.keys():
-        empty_folder = after.entries[name] == "folder" and not any(n.startswith(name + "/") for n in after.entries)
+        if is_temporary(name):
+            continue  # what a write killed midway leaves: not content
+        empty_folder = after.entries[name] == "folder" and not any(n.startswith(name + "/") and not is_temporary(n)
+                                                                   for n in after.entries)
         if not after.owned(name) and not empty_folder:  # a writer killed after making its folder leaves it empty
             broken.append(f"{name} appeared outside every headlab folder")
     return broken

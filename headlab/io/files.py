@@ -26,9 +26,9 @@ CHUNK = 1 << 24
 BUFFER = 1 << 20
 
 
-def temporary_path(path: Path) -> Path:
-    """A fresh hidden name beside `path` that `Manifest.remove_leftovers` recognises."""
-    return path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
+def temporary_path(path: Path, token: str | None = None) -> Path:
+    """A hidden name beside `path`: `.<name>.<token>.tmp`, the token 8 random hex digits unless given."""
+    return path.with_name(f".{path.name}.{token or secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
 
 
 def fsync_path(path: Path) -> None:
@@ -83,10 +83,10 @@ class HashingFile:
         return {"bytes": self.size, "sha256": self.digest.hexdigest()}
 
 
-def open_temporary(path: Path) -> tuple[Path, HashingFile]:
+def open_temporary(path: Path, token: str | None = None) -> tuple[Path, HashingFile]:
     """A new temporary beside `path` (never one already there, never through a link), open for
     `fill`. `path` itself is not touched until `commit_file`."""
-    tmp = temporary_path(Path(path))
+    tmp = temporary_path(Path(path), token)
     try:
         return tmp, HashingFile(tmp)
     except OSError as error:  # named by the file being written, not by its temporary
@@ -110,10 +110,10 @@ def fill(file: HashingFile, write: Callable[[HashingFile], None]) -> dict:
     return file.entry
 
 
-def stage_file(path: Path, write: Callable[[HashingFile], None]) -> tuple[Path, dict]:
+def stage_file(path: Path, write: Callable[[HashingFile], None], token: str | None = None) -> tuple[Path, dict]:
     """Write the content of `path` through `write(file)` into a new temporary beside it; returns
     the temporary and the manifest entry. A failure removes the temporary (this process made it)."""
-    tmp, file = open_temporary(path)
+    tmp, file = open_temporary(path, token)
     try:
         return tmp, fill(file, write)
     except BaseException:
@@ -135,9 +135,10 @@ def commit_file(tmp: Path, path: Path) -> None:
     fsync_path(Path(path).parent)
 
 
-def write_file(path: Path, write: Callable[[HashingFile], None]) -> dict:
-    """Write `path` atomically through `write(file)`; returns its manifest entry."""
-    tmp, entry = stage_file(path, write)
+def write_file(path: Path, write: Callable[[HashingFile], None], token: str | None = None) -> dict:
+    """Write `path` atomically through `write(file)` (its temporary named by `token`, if given);
+    returns its manifest entry."""
+    tmp, entry = stage_file(path, write, token)
     commit_file(tmp, path)
     return entry
 

@@ -21,7 +21,6 @@ from typing import Callable
 from headlab.io.files import (
     TEMPORARY,
     HashingFile,
-    atomic_write_text,
     below,
     commit_file,
     file_digest,
@@ -34,6 +33,8 @@ from headlab.io.files import (
     parse_json,
     read_regular,
     remove_verified,
+    temporary_path,
+    write_file,
 )
 from headlab.io.locks import LOCK, FolderLock, being_written
 
@@ -157,7 +158,43 @@ class Manifest:
                    "retired": self.retired, "folders": self.folders, "intended": self.intended, "meta": self.meta}
         if self.staging:  # absent while nothing is being written: what a release before it wrote
             payload["staging"] = self.staging
-        atomic_write_text(self.path, json.dumps(payload, indent=1))
+        data = json.dumps(payload, indent=1).encode()
+        try:  # a temporary named by the bytes it replaces, so a save killed midway leaves one headlab knows
+            write_file(self.path, lambda file: file.write(data), self._save_token())
+        except FileExistsError:  # a killed save's, not yet removed: this one takes a name of its own
+            write_file(self.path, lambda file: file.write(data))
+
+    def _save_token(self, name: str | None = None) -> str:
+        """The token of the temporary of file `name` (None: of the manifest itself) made while the
+        manifest's bytes on disk are what they are now: the first 8 hex digits of the SHA-256 of
+        those bytes (of nothing if there are none), followed by `name`. A manifest cannot record its
+        own temporary, nor one made before its record of it is saved: its bytes then stand for
+        the record, so what a kill leaves then is known to the next writer."""
+        try:
+            current = read_regular(self.path)
+        except (OSError, ValueError):
+            current = b""
+        return hashlib.sha256(current + (b"" if name is None else b"\0" + name.encode())).hexdigest()[:8]
+
+    def _killed_temporaries(self) -> list[Path]:
+        """The temporaries a write killed before its record was saved left in the folders this
+        manifest writes: named by the token of the manifest's bytes on disk and of their file."""
+        folders = {self.folder} | {self.folder / f for f in [*self.folders, *self.discard]}
+        folders |= {(self.folder / name).parent for name in [*self.files, *self.retired, *self.intended]}
+        found = []
+        for folder in sorted(folders):
+            if folder.is_symlink() or not folder.is_dir() or (folder != self.folder and self._nested_owner(
+                    (folder / "x").relative_to(self.folder).as_posix()) is not None):
+                continue
+            for path in folder.iterdir():
+                match = TEMPORARY.match(path.name)
+                if match is None or path.is_symlink() or not path.is_file():
+                    continue
+                name = (folder / match.group(1)).relative_to(self.folder).as_posix()
+                token = self._save_token(None if name == self.name else name)
+                if path.name == temporary_path(folder / match.group(1), token).name:
+                    found.append(path)
+        return found
 
     def file(self, name: str) -> Path:
         """The path of `name`, refused unless it lies strictly below the folder, through no link,
@@ -227,7 +264,10 @@ class Manifest:
         staged, handed, entries = {}, set(), {}
         try:
             for name, path in paths.items():
-                tmp, file = open_temporary(path)
+                try:  # named by the manifest's bytes on disk: a kill before the record below leaves one headlab knows
+                    tmp, file = open_temporary(path, self._save_token(name))
+                except FileExistsError:
+                    tmp, file = open_temporary(path)
                 staged[name] = (tmp, file)
                 self.staging[self._name(tmp)] = os.fstat(file.fd).st_ino
             self.save()  # before their bytes: a kill leaves temporaries the next writer knows by their inode
@@ -314,6 +354,10 @@ class Manifest:
         own), and folders it made and discarded once empty. Nothing else is touched."""
         forgotten = self._forget_nested()
         removed, failed, kept = [], [], {}
+        for path in self._killed_temporaries():
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path.name)
         for temporary, inode in self.staging.items():
             path = below(self.folder, temporary)
             try:
