@@ -132,7 +132,7 @@ def hub_cases(root: Path, judge):
         snap / "README.md", outside / "secret.txt"), "outside")
     yield escapes("index weight_map naming ../../blobs/<sha>", lambda repo, snap: relink(
         snap / "model.safetensors.index.json", _index(root, snap, lambda f: f"../../blobs/{_blob_of(snap, f)}")),
-        "strictly below")
+        "read from a file")
     yield escapes("index weight_map naming /etc/passwd", lambda repo, snap: relink(
         snap / "model.safetensors.index.json", _index(root, snap, lambda f: "/etc/passwd")), "strictly below")
 
@@ -158,7 +158,7 @@ def hub_cases(root: Path, judge):
         (repo / "blobs" / "b").symlink_to("a")
         (snap / "config.json").symlink_to("../../blobs/a")
     name, _ = model(loop)
-    yield "config.json a link loop inside the cache", judge.refusal(analyze(name), "config.json")
+    yield "config.json a link loop inside the cache", judge.refusal(analyze(name), "loop")
     name, _ = model(lambda repo, snap: Path(os.path.realpath(shard(snap))).write_bytes(b"\0" * 9))
     yield "a shard's blob truncated", judge.refusal(analyze(name), "safetensors")
     yield "hf:../escape (a name that is not a Hub name)", judge.refusal(analyze("hf:../escape"), "hf:../escape")

@@ -7,7 +7,7 @@ Classes: 1/5 a Hub cache read through its links, never out of it (tools/hostile_
 2 write-ahead records are no licences (a user's file where a killed write was going, files named
 like temporaries, forged records); 3 a study's manifest owns nothing of its runs; 8 every failure
 one line (memory, a terminal without UTF-8, immutable and folder-shaped targets, damaged records,
-a checkpoint that cannot be deleted). The machinery is benchmarks/hostile_inputs.py's (the
+a checkpoint that cannot be deleted). The machinery is tools/hostile_inputs.py's (the
 in-process CLI with its deadline) and the tests' (tests/faults.py's faults, tests/treediff.py's
 checker, which judges every command on a folder headlab wrote). Outcomes:
 
@@ -40,7 +40,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import faults  # noqa: E402  (tests/faults.py: the faults the tests inflict)
 import treediff  # noqa: E402
-from benchmarks.hostile_inputs import STUDY39, Hang, cli, deadline  # noqa: E402
+from tools.hostile_inputs import STUDY39, Hang, cli, deadline  # noqa: E402
 from tools.hostile_round7_hub import hub_cases  # noqa: E402
 
 OUTCOMES = ("OK", "clear", "vague", "silent wrong", "data lost", "traceback", "security", "hang")
@@ -290,17 +290,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="the results page to write (markdown)")
     parser.add_argument("--keep", type=Path, help="scratch folder to keep (default: a temporary one)")
+    parser.add_argument("--only", nargs="+", choices=["hub", "write-ahead", "nested", "machine"],
+                        help="only these classes (default: all)")
     args = parser.parse_args()
     judge, results = Judge(), []
     with tempfile.TemporaryDirectory() as scratch:
         root = args.keep or Path(scratch)
         root.mkdir(parents=True, exist_ok=True)
         os.environ["HEADLAB_CACHE"] = str(root / "cache")
-        templates(root)
-        for cls, cases in (("1, 5 hub", hub_cases(root / "hub-cases", judge)),
-                           ("2 write-ahead", write_ahead_cases(root, judge)), ("3 nested", nested_cases(root, judge)),
-                           ("8 one line", machine_cases(root, judge))):
-            for name, (outcome, detail) in cases:
+        classes = {"hub": ("1, 5 hub", hub_cases), "write-ahead": ("2 write-ahead", write_ahead_cases),
+                   "nested": ("3 nested", nested_cases), "machine": ("8 one line", machine_cases)}
+        chosen = args.only or list(classes)
+        if set(chosen) - {"hub"}:
+            templates(root)
+        for key in chosen:
+            cls, cases = classes[key]
+            for name, (outcome, detail) in cases(root / "hub-cases" if key == "hub" else root, judge):
                 results.append((cls, name, outcome, detail))
                 print(f"{outcome:<13} [{cls}] {name:<64} {detail[:100]}", flush=True)
     counts = Counter(outcome for _, _, outcome, _ in results)

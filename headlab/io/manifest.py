@@ -296,6 +296,17 @@ class Manifest:
     def _name(self, path: Path) -> str:
         return Path(path).relative_to(self.folder).as_posix()
 
+    def replace_log(self, name: str, data: bytes) -> None:
+        """Replace log `name` (a file headlab appends to, such as a run's metrics, whose manifest
+        entry hashes only the part up to the state it lists) by `data` atomically: a run cutting
+        what it appended after its last checkpoint. Its temporary is named as `write_all` names
+        one, so a kill midway leaves nothing the next writer does not know."""
+        path = self.file(name)
+        try:
+            write_file(path, lambda file: file.write(data), self._save_token(name))
+        except FileExistsError:
+            write_file(path, lambda file: file.write(data))
+
     def retire(self, name: str) -> None:
         """Move a listed file out of the folder's state: deleted at the next `remove_leftovers`."""
         self.retired[name] = self.files.pop(name)

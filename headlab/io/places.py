@@ -17,6 +17,7 @@ blobs/."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -40,7 +41,7 @@ class ReadPlace:
         self.root = _real(root if root is not None else folder)
         self.what = what or f"the checkpoint folder {self.folder}"
         if not _real(self.folder).is_relative_to(self.root):
-            raise ValueError(f"{self.folder} resolves to {_real(self.folder)}, outside {self.what} ({self.root}): "
+            raise ValueError(f"{self.what}: {self.folder} leads outside it, to {_real(self.folder)} ({self.root}): "
                              "refusing to read it")
 
     def exists(self, name: str) -> bool:
@@ -55,8 +56,8 @@ class ReadPlace:
     def _resolved(self, path: Path, name: str) -> Path:
         real = _real(path)
         if not real.is_relative_to(self.root):
-            raise ValueError(f"{path} leads to {real}, outside {self.what} ({self.root}): headlab follows the links "
-                             "of a place it reads only to files inside it; refusing it")
+            raise ValueError(f"{self.what}: {name} leads outside it, to {real}: headlab follows the links of a place "
+                             f"it reads only to files inside it ({self.root}); refusing it")
         try:
             mode = os.stat(real).st_mode
         except FileNotFoundError:
@@ -64,9 +65,14 @@ class ReadPlace:
                 raise ValueError(f"{self.what} is incomplete: {name} is a link to {real}, which is missing (an "
                                  "interrupted download?): download it again") from None
             raise ValueError(f"{path} is missing from {self.what}") from None
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise ValueError(f"{self.what}: {name} is a chain of links that never ends (a loop, {path}); "
+                                 "refusing it") from None
+            raise
         if not stat.S_ISREG(mode):
-            raise ValueError(f"{path} is not a regular file (a FIFO, device or folder): {self.what} cannot be read "
-                             "through it")
+            raise ValueError(f"{self.what}: {name} is not a regular file (a FIFO, device or folder: {path}); it "
+                             "cannot be read through it")
         return real
 
     def read_bytes(self, name: str) -> bytes:
@@ -98,7 +104,7 @@ def hub_repository(repo: Path) -> ReadPlace:
     to be a file inside it naming one plain commit: checked before the Hub's client reads a ref,
     since it joins what a ref holds to a path without a look."""
     repo = Path(repo)
-    place = ReadPlace(repo, what=f"the Hugging Face cache of {repo.name} ({repo})")
+    place = ReadPlace(repo, what=f"the Hugging Face cache of {repo.name}")
     refs = repo / REFS
     if refs.is_dir() and not refs.is_symlink():
         for entry in sorted(refs.rglob("*")):
@@ -106,8 +112,8 @@ def hub_repository(repo: Path) -> ReadPlace:
                 name = entry.relative_to(repo).as_posix()
                 commit = place.read_bytes(name).decode("utf-8", errors="replace").strip()
                 if not commit or any(c in commit for c in "/\\\0") or commit in (".", ".."):
-                    raise ValueError(f"{entry} does not hold a commit name (it holds {commit[:80]!r}): "
-                                     f"{place.what} is damaged; refusing it")
+                    raise ValueError(f"{place.what}: {name} does not hold a commit name (it holds {commit[:80]!r}); "
+                                     f"the cache is damaged ({entry}): refusing it")
     elif os.path.lexists(refs):
         place.path(REFS)  # a link or a file where the refs folder goes: refused unless it stays inside
     return place
@@ -119,11 +125,13 @@ def hub_snapshot(repo: Path, snapshot: Path) -> ReadPlace:
     name> and resolves to a folder inside `repo`."""
     place = hub_repository(repo)
     snapshot = Path(snapshot)
-    if snapshot.parent != place.folder / SNAPSHOTS or snapshot.name in ("", ".", ".."):
-        raise ValueError(f"{snapshot} is not a snapshot folder of {place.what} (snapshots/<commit>): refusing it")
+    if _real(snapshot.parent) != _real(place.folder / SNAPSHOTS) or snapshot.name in ("", ".", ".."):
+        raise ValueError(f"{place.what}: {snapshot} is not one of its snapshot folders (snapshots/<commit>): "
+                         "refusing it")
     real = _real(snapshot)
     if not real.is_relative_to(place.root) or not real.is_dir():
-        raise ValueError(f"{snapshot} leads to {real}, not a folder inside {place.what}: refusing it")
+        raise ValueError(f"{place.what}: the snapshot {snapshot.name} leads outside it, to {real} ({place.root}): "
+                         "refusing it")
     return ReadPlace(snapshot, place.folder, place.what).check()
 
 

@@ -10,7 +10,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from headlab.io import append_line, atomic_write_bytes, mismatch, parse_json, read_regular
+from headlab.io import append_line, mismatch, parse_json, read_regular
 from headlab.runs.layout import METRICS, run_manifest
 
 
@@ -41,7 +41,7 @@ class MetricsLog:
     def reset(self) -> None:
         self.records, self.digest, self.size = [], hashlib.sha256(), 0
         if self.path is not None and self.write:
-            atomic_write_bytes(self.path, b"")
+            run_manifest(self.path.parent).replace_log(self.path.name, b"")
 
     def truncate_after(self, step: int) -> None:
         """Keep the records up to `step`, the current checkpoint's: the part of the file its
@@ -49,7 +49,7 @@ class MetricsLog:
         if self.path is not None:
             data, verified = _metrics_bytes(self.path)
             if self.write:
-                atomic_write_bytes(self.path, data[:verified])
+                run_manifest(self.path.parent).replace_log(self.path.name, data[:verified])
             self.records = [r for r in _parse_metrics(self.path, data[:verified]) if r["step"] <= step]
             self.digest, self.size = hashlib.sha256(data[:verified]), verified
 

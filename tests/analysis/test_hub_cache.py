@@ -73,6 +73,15 @@ def test_a_sharded_checkpoint_is_read_through_the_links_of_the_hub_cache(hub, ch
     assert load_heads(snapshot).n_layers == 2  # the snapshot folder named by path: its repository is the place
 
 
+def test_a_hub_cache_reached_through_a_link_is_read(hub, tmp_path, monkeypatch):
+    """HF_HUB_CACHE naming a link to the cache (a cache moved to a larger disk): the Hub's client
+    answers with the resolved path, which is still the model's folder."""
+    linked = tmp_path / "linked-hub"
+    linked.symlink_to(hub.parent, target_is_directory=True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(linked))
+    assert load_heads(f"hf:{NAME}").n_layers == 2
+
+
 def test_a_ref_naming_a_folder_outside_the_cache_is_refused(hub, capsys, checkpoint, tmp_path):
     shutil.copytree(checkpoint, tmp_path / "outside-snap")  # a readable checkpoint, where the ref leads
     (hub / "refs" / "main").write_text("../../../outside-snap")
