@@ -211,7 +211,7 @@ def parse_json(data: bytes | str, where) -> object:
     try:
         return json.loads(data, parse_float=_finite)
     except (ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ValueError(f"{where} is not valid JSON ({str(error)[:200]})") from None
+        raise ValueError(f"{where} is not valid JSON: {str(error)[:200]}") from None
 
 
 def mismatch(path: Path, manifest: Path) -> ValueError:

@@ -111,12 +111,16 @@ class Manifest:
         """The manifest of `folder`, which must be `kind` ('a headlab run', 'an analysis folder', ...)."""
         path = Path(folder) / name
         try:
-            payload = parse_json(read_regular(path), path)
+            data = read_regular(path)
         except FileNotFoundError:
             raise ValueError(f"{folder} is not {kind} written by headlab (no {name}): write it again, or check "
                              "the path") from None
-        except ValueError as error:  # not JSON, or not a file (a link, a FIFO); a refused read stays an OSError
+        except ValueError as error:  # not a file (a link, a FIFO); a refused read stays an OSError, named so
             raise ValueError(f"{path} is not a readable manifest ({error}): write the folder again") from None
+        try:
+            payload = parse_json(data, path)
+        except ValueError as error:
+            raise ValueError(f"{error}; write the folder again") from None
         if not (isinstance(payload, dict) and payload.get("format") == FORMAT and payload.get("kind") == kind
                 and isinstance(payload.get("files"), dict) and isinstance(payload.get("discard"), list)
                 and isinstance(payload.get("meta"), dict) and isinstance(payload.get("retired", {}), dict)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import ROOT, tiny_model, write_run
+import headlab
+from conftest import tiny_model, write_run
 from headlab import load_corpus, preset, train, train_preset
 from headlab.analysis.tables import save_tables
 from headlab.cli import commands
@@ -40,7 +41,7 @@ def test_memory_running_out_while_torch_loads_is_one_line(tmp_path):
         resource.setrlimit(resource.RLIMIT_AS, (400 << 20, resource.RLIM_INFINITY))  # enough for Python, not torch
     argv = [sys.executable, "-m", "headlab", "analyze", tmp_path / "nothing", "--out", tmp_path / "out"]
     result = subprocess.run(argv, capture_output=True, text=True, preexec_fn=small_address_space, timeout=300,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(Path(headlab.__file__).parents[1])})
     err = result.stderr.strip()
     assert result.returncode == 2 and len(err.splitlines()) == 1, (result.returncode, err[-800:])
     assert err.startswith("headlab: error: memory ran out while loading") and "ulimit" in err
