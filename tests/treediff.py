@@ -170,7 +170,10 @@ def killed_save(root: Path, name: str) -> bool:
                 current = (root / manifest).read_bytes() if (root / manifest).is_file() else b""
                 own = target.relative_to(folder).as_posix()
                 suffix = b"" if target == manifest else b"\0" + own.encode()
-                if Path(name).name == f".{target.name}.{hashlib.sha256(current + suffix).hexdigest()[:8]}.tmp":
+                tokens = {hashlib.sha256(current + suffix).hexdigest()[:8]}
+                if target == manifest:  # a new folder's claim, killed before its manifest was there
+                    tokens.add(hashlib.sha256(b"").hexdigest()[:8])
+                if Path(name).name in {f".{target.name}.{token}.tmp" for token in tokens}:
                     return True
             return False
     return False

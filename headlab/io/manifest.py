@@ -68,6 +68,12 @@ def _is_entry(entry) -> bool:
     return type(size) is int and size >= 0 and isinstance(entry.get("sha256"), str)
 
 
+def _remove_regular(path: Path) -> None:
+    """Delete `path` if it is a regular file (a temporary headlab recognises as its own)."""
+    if os.path.lexists(path) and stat.S_ISREG(os.lstat(path).st_mode):
+        path.unlink()
+
+
 def _is_inode(value) -> bool:
     return type(value) is int and value >= 0
 
@@ -163,10 +169,12 @@ class Manifest:
         if self.staging:  # absent while nothing is being written: what a release before it wrote
             payload["staging"] = self.staging
         data = json.dumps(payload, indent=1).encode()
-        try:  # a temporary named by the bytes it replaces, so a save killed midway leaves one headlab knows
-            write_file(self.path, lambda file: file.write(data), self._save_token())
-        except FileExistsError:  # a killed save's, not yet removed: this one takes a name of its own
-            write_file(self.path, lambda file: file.write(data))
+        token = self._save_token()  # a temporary named by the bytes it replaces: a save killed midway leaves one
+        try:                        # headlab knows
+            write_file(self.path, lambda file: file.write(data), token)
+        except FileExistsError:  # a save from these same bytes killed midway left it: this one replaces it
+            _remove_regular(temporary_path(self.path, token))
+            write_file(self.path, lambda file: file.write(data), token)
 
     def _save_token(self, name: str | None = None) -> str:
         """The token of the temporary of file `name` (None: of the manifest itself) made while the
@@ -195,8 +203,10 @@ class Manifest:
                 if match is None or path.is_symlink() or not path.is_file():
                     continue
                 name = (folder / match.group(1)).relative_to(self.folder).as_posix()
-                token = self._save_token(None if name == self.name else name)
-                if path.name == temporary_path(folder / match.group(1), token).name:
+                tokens = {self._save_token(None if name == self.name else name)}
+                if name == self.name:  # the claim of a new folder, killed before its manifest was there
+                    tokens.add(hashlib.sha256(b"").hexdigest()[:8])
+                if path.name in {temporary_path(folder / match.group(1), token).name for token in tokens}:
                     found.append(path)
         return found
 
@@ -268,10 +278,12 @@ class Manifest:
         staged, handed, entries = {}, set(), {}
         try:
             for name, path in paths.items():
-                try:  # named by the manifest's bytes on disk: a kill before the record below leaves one headlab knows
-                    tmp, file = open_temporary(path, self._save_token(name))
-                except FileExistsError:
-                    tmp, file = open_temporary(path)
+                token = self._save_token(name)  # the manifest's bytes on disk name it: a kill before the
+                try:                            # record below leaves one headlab knows
+                    tmp, file = open_temporary(path, token)
+                except FileExistsError:  # one such write killed before: replaced
+                    _remove_regular(temporary_path(path, token))
+                    tmp, file = open_temporary(path, token)
                 staged[name] = (tmp, file)
                 self.staging[self._name(tmp)] = os.fstat(file.fd).st_ino
             self.save()  # before their bytes: a kill leaves temporaries the next writer knows by their inode
@@ -305,11 +317,12 @@ class Manifest:
         entry hashes only the part up to the state it lists) by `data` atomically: a run cutting
         what it appended after its last checkpoint. Its temporary is named as `write_all` names
         one, so a kill midway leaves nothing the next writer does not know."""
-        path = self.file(name)
+        path, token = self.file(name), self._save_token(name)
         try:
-            write_file(path, lambda file: file.write(data), self._save_token(name))
-        except FileExistsError:
-            write_file(path, lambda file: file.write(data))
+            write_file(path, lambda file: file.write(data), token)
+        except FileExistsError:  # one such write killed before: replaced
+            _remove_regular(temporary_path(path, token))
+            write_file(path, lambda file: file.write(data), token)
 
     def retire(self, name: str) -> None:
         """Move a listed file out of the folder's state: deleted at the next `remove_leftovers`."""
