@@ -1,8 +1,9 @@
 """`python -m headlab` and the `headlab` command. The command line loads in two steps: its parser
 (quick: `--help`, `--version` and a usage error answer from it alone), then, for a command to
-run, the modules that run it (torch and pandas: seconds). Both load under one guard, so a Ctrl-C
-before the command starts ends like every other interruption: one line and status 130, not a
-traceback; so does memory that runs out while they load (`ulimit -v`): one line, status 2.
+run, the modules that run it (torch and pandas: seconds). A path the command names that cannot be
+right (missing, the wrong kind, unreadable) is reported between the two, before torch loads. Both
+load under one guard, so a Ctrl-C before the command starts ends like every other interruption: one
+line and status 130, not a traceback; so does memory that runs out while they load (`ulimit -v`): one line, status 2.
 
 The guard records the signal instead of raising: a KeyboardInterrupt raised inside an import can
 land in one of importlib's internal callbacks, where Python prints "Exception ignored" and goes on,
@@ -13,7 +14,7 @@ import os
 import signal
 import sys
 
-EXIT_INPUT, EXIT_INTERRUPTED = 2, 130
+EXIT_INPUT, EXIT_INTERRUPTED = 2, 130  # as headlab.cli.main has them, which this module cannot load early
 
 
 def run() -> int:
@@ -23,8 +24,10 @@ def run() -> int:
         resources = importlib.import_module("headlab.cli.resources")  # light: memory and terminal failures
         resources.encodable_output()
         try:
-            args = importlib.import_module("headlab.cli.parser").parse_arguments()  # --help ends here, without torch
-            cli = importlib.import_module("headlab.cli.main")
+            parser = importlib.import_module("headlab.cli.parser")
+            args = parser.parse_arguments()  # --help ends here, without torch
+            problem = parser.path_problem(args)  # so does a mistyped path
+            cli = None if problem else importlib.import_module("headlab.cli.main")
         except (ImportError, OSError, MemoryError) as error:
             if not resources.out_of_memory(error):
                 raise  # a broken installation: its traceback says which package
@@ -39,6 +42,9 @@ def run() -> int:
     if interrupted:
         print("headlab: error: interrupted while starting; nothing was done", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if problem:
+        print(f"headlab: error: {parser.printable(problem)}", file=sys.stderr)
+        return EXIT_INPUT
     return cli.run(args)
 
 

@@ -18,10 +18,10 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
         "TEMPORARY_SUFFIX", "TEMPORARY", "CHUNK", "BUFFER", "temporary_path", "fsync_path", "HashingFile",
         "open_temporary", "fill", "stage_file",
         "commit_file", "write_file", "atomic_write_bytes", "atomic_write_text", "open_regular", "append_line",
-        "read_regular", "file_digest", "parse_json", "mismatch", "below", "inside", "make_folder", "make_folders",
-        "remove_verified", "open_new", "silence_stdout"),
+        "read_regular", "file_digest", "descriptor_digest", "held_path", "parse_json", "mismatch", "below", "inside",
+        "make_folder", "make_folders", "remove_verified", "open_new", "silence_stdout"),
     "headlab.io.scratch": ("ScratchFolder",),
     "headlab.io.locks": ("LOCK", "FolderLocked", "FolderLock", "being_written"),
     "headlab.io.manifest": ("FORMAT", "MANIFEST_NAMES", "refuse_foreign", "Manifest", "writing"),
-    "headlab.io.places": ("ReadPlace", "checkpoint_place", "hub_repository", "hub_snapshot"),
+    "headlab.io.places": ("ReadPlace", "checkpoint_place", "checkpoint_file", "hub_repository", "hub_snapshot"),
 })

@@ -135,11 +135,28 @@ def hub_snapshot(repo: Path, snapshot: Path) -> ReadPlace:
     return ReadPlace(snapshot, place.folder, place.what).check()
 
 
+def _in_hub_cache(folder: Path) -> bool:
+    """Whether absolute `folder` is named as a Hub cache snapshot (models--ORG--NAME/snapshots/<commit>)."""
+    return folder.parent.name == SNAPSHOTS and folder.parent.parent.name.startswith("models--")
+
+
 def checkpoint_place(folder: Path) -> ReadPlace:
     """Checkpoint folder `folder`, named by path, as a checked place: rooted at itself, or at its
     repository when it is a snapshot folder of a Hub cache (models--ORG--NAME/snapshots/<commit>,
     whose files are links into the repository's blobs/)."""
     folder = Path(folder).absolute()
-    if folder.parent.name == SNAPSHOTS and folder.parent.parent.name.startswith("models--"):
+    if _in_hub_cache(folder):
         return hub_snapshot(folder.parent.parent, folder)
     return ReadPlace(folder).check()
+
+
+def checkpoint_file(path: Path) -> Path:
+    """The real path of checkpoint file `path`, named by the user by itself (a GGUF file, a
+    wheel): in a Hub cache's snapshot folder, that place's file, found through links that stay in
+    its repository; elsewhere the file named is the place, so a link of the user's own is followed
+    to its end, as opening it by name would, and must end at a regular file."""
+    path = Path(path).absolute()
+    if _in_hub_cache(path.parent):
+        return hub_snapshot(path.parent.parent.parent, path.parent).path(path.name)
+    real = _real(path)
+    return ReadPlace(real.parent, what=f"the checkpoint {path}").path(real.name)

@@ -39,7 +39,7 @@ def one_line(capsys, argv) -> str:
 def test_memory_running_out_while_torch_loads_is_one_line(tmp_path):
     def small_address_space():
         resource.setrlimit(resource.RLIMIT_AS, (400 << 20, resource.RLIM_INFINITY))  # enough for Python, not torch
-    argv = [sys.executable, "-m", "headlab", "analyze", tmp_path / "nothing", "--out", tmp_path / "out"]
+    argv = [sys.executable, "-m", "headlab", "analyze", tmp_path, "--out", tmp_path / "out"]  # a path that exists
     result = subprocess.run(argv, capture_output=True, text=True, preexec_fn=small_address_space, timeout=300,
                             env={**os.environ, "PYTHONPATH": str(Path(headlab.__file__).parents[1])})
     err = result.stderr.strip()
