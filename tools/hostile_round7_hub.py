@@ -175,3 +175,91 @@ def _index(root: Path, snapshot: Path, shard_name) -> Path:
     path = snapshot.parent.parent / "blobs" / f"edited-index-{abs(hash(str(index))) % 10 ** 8}"
     path.write_text(json.dumps(index))
     return path
+
+
+def gguf_cases(root: Path, judge):
+    """Yields (name, outcome) for GGUF checkpoints under the same rules (after GGUF sources landed):
+    in a Hub cache, its .gguf a link into blobs/; a user's folder of .gguf files with links."""
+    import sys
+
+    import huggingface_hub
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "analysis"))
+    from gguf_fixtures import random_model, write_gguf
+
+    cache, outside = root / "gguf-hub", root / "gguf-outside"
+    (root / "gguf").mkdir(parents=True)
+    outside.mkdir()
+    write_gguf(root / "gguf" / "tiny.gguf", random_model("llama"), "llama")
+    shutil.copyfile(root / "gguf" / "tiny.gguf", outside / "tiny.gguf")
+    (outside / "secret.txt").write_text(judge.secret)
+    huggingface_hub.constants.HF_HUB_CACHE, huggingface_hub.constants.HF_HUB_OFFLINE = str(cache), True
+    os.environ.update(HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
+    counter = iter(range(1000))
+
+    def model(bend=None) -> tuple[str, Path]:
+        name = f"gguf{next(counter)}"
+        repo = faults.hub_layout(root / "gguf", cache, f"models--org--{name}", COMMIT)
+        if bend is not None:
+            bend(repo / "snapshots" / COMMIT / "tiny.gguf")
+        return f"hf:org/{name}", repo / "snapshots" / COMMIT / "tiny.gguf"
+
+    def analyze(source):
+        return judge.cli("analyze", source, "--out", root / "gguf-out" / str(next(counter)))
+
+    def users_folder(target) -> Path:
+        folder = root / f"mine{next(counter)}"
+        folder.mkdir()
+        faults.link(folder / "tiny.gguf", Path(target))
+        return folder
+
+    name, _ = model()
+    yield "hf: a GGUF model, its .gguf a link into blobs/", judge.success(analyze(name))
+    _, file = model()
+    yield "a Hub snapshot's .gguf named by path", judge.success(analyze(file))
+    yield "a folder of .gguf links that stay inside it", judge.success(analyze(_inside_folder(root, counter)))
+    for what, target in (("a copy outside the cache", outside / "tiny.gguf"), ("/dev/zero", "/dev/zero"),
+                         ("a secret outside", outside / "secret.txt")):
+        name, _ = model(lambda gguf, target=target: faults.link(gguf, Path(target)))
+        yield f"hf: GGUF, its .gguf a link to {what}", judge.refusal(analyze(name), "outside", escape=True)
+    _, file = model(lambda gguf: faults.link(gguf, outside / "tiny.gguf"))
+    yield "a Hub snapshot's .gguf named by path, linked outside the cache", judge.refusal(
+        analyze(file), "outside", escape=True)
+    yield "a user's folder whose .gguf links outside it", judge.refusal(
+        analyze(users_folder(outside / "tiny.gguf")), "outside", escape=True)
+    yield "a user's folder whose wheel links outside it", judge.refusal(
+        analyze(_wheel_folder(root, counter, outside)), "outside", escape=True)
+    name, _ = model(lambda gguf: Path(os.path.realpath(gguf)).unlink())
+    yield "hf: GGUF, its blob missing (an interrupted download)", judge.refusal(analyze(name), "incomplete")
+
+    def fifo(gguf):
+        blob = Path(os.path.realpath(gguf))
+        blob.unlink()
+        os.mkfifo(blob)
+    name, _ = model(fifo)
+    yield "hf: GGUF, its blob a FIFO", judge.refusal(analyze(name), "not a regular file")
+    name, _ = model(lambda gguf: (faults.link(gguf, gguf.parent / "loop.gguf"), faults.link(
+        gguf.parent / "loop.gguf", gguf)))
+    yield "hf: GGUF, its .gguf a link loop", judge.refusal(analyze(name), "loop")
+
+
+def _inside_folder(root: Path, counter) -> Path:
+    """A user's folder whose .gguf is a relative link to a file in its own sub-folder."""
+    folder = root / f"mine{next(counter)}"
+    (folder / "store").mkdir(parents=True)
+    shutil.copyfile(root / "gguf" / "tiny.gguf", folder / "store" / "weights.bin")
+    (folder / "tiny.gguf").symlink_to("store/weights.bin")
+    return folder
+
+
+def _wheel_folder(root: Path, counter, outside: Path) -> Path:
+    """A user's folder of wheels, one a link to a wheel outside it."""
+    import zipfile
+
+    wheel = outside / "tiny-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.write(root / "gguf" / "tiny.gguf", "tiny/tiny.gguf")
+    folder = root / f"wheels{next(counter)}"
+    folder.mkdir()
+    (folder / wheel.name).symlink_to(wheel)
+    return folder

@@ -7,7 +7,7 @@ Classes: 1/5 a Hub cache read through its links, never out of it (tools/hostile_
 2 write-ahead records are no licences (a user's file where a killed write was going, files named
 like temporaries, forged records); 3 a study's manifest owns nothing of its runs; 8 every failure
 one line (memory, a terminal without UTF-8, immutable and folder-shaped targets, damaged records,
-a checkpoint that cannot be deleted). The machinery is tools/hostile_inputs.py's (the
+a checkpoint that cannot be deleted). The machinery is tools/hostile/harness.py's (the
 in-process CLI with its deadline) and the tests' (tests/faults.py's faults, tests/treediff.py's
 checker, which judges every command on a folder headlab wrote). Outcomes:
 
@@ -38,12 +38,14 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tools")]  # tools/: the hostile package
+
+from hostile.harness import Hang, cli, deadline  # noqa: E402
+from hostile.round_issue39 import STUDY39  # noqa: E402
 
 import faults  # noqa: E402  (tests/faults.py: the faults the tests inflict)
 import treediff  # noqa: E402
-from tools.hostile_inputs import STUDY39, Hang, cli, deadline  # noqa: E402
-from tools.hostile_round7_hub import hub_cases  # noqa: E402
+from tools.hostile_round7_hub import gguf_cases, hub_cases  # noqa: E402
 
 OUTCOMES = ("OK", "clear", "vague", "silent wrong", "data lost", "traceback", "security", "hang")
 BAD = ("silent wrong", "data lost", "traceback", "security", "hang")
@@ -304,7 +306,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="the results page to write (markdown)")
     parser.add_argument("--keep", type=Path, help="scratch folder to keep (default: a temporary one)")
-    parser.add_argument("--only", nargs="+", choices=["hub", "write-ahead", "nested", "machine"],
+    parser.add_argument("--only", nargs="+", choices=["hub", "gguf", "write-ahead", "nested", "machine"],
                         help="only these classes (default: all)")
     args = parser.parse_args()
     judge, results = Judge(), []
@@ -312,14 +314,15 @@ def main() -> int:
         root = args.keep or Path(scratch)
         root.mkdir(parents=True, exist_ok=True)
         os.environ["HEADLAB_CACHE"] = str(root / "cache")
-        classes = {"hub": ("1, 5 hub", hub_cases), "write-ahead": ("2 write-ahead", write_ahead_cases),
+        classes = {"hub": ("1, 5 hub", hub_cases), "gguf": ("1, 5 gguf", gguf_cases),
+                   "write-ahead": ("2 write-ahead", write_ahead_cases),
                    "nested": ("3 nested", nested_cases), "machine": ("8 one line", machine_cases)}
         chosen = args.only or list(classes)
-        if set(chosen) - {"hub"}:
+        if set(chosen) - {"hub", "gguf"}:
             templates(root)
         for key in chosen:
             cls, cases = classes[key]
-            for name, (outcome, detail) in cases(root / "hub-cases" if key == "hub" else root, judge):
+            for name, (outcome, detail) in cases(root / f"{key}-cases" if key in ("hub", "gguf") else root, judge):
                 results.append((cls, name, outcome, detail))
                 print(f"{outcome:<13} [{cls}] {name:<64} {detail[:100]}", flush=True)
     counts = Counter(outcome for _, _, outcome, _ in results)
