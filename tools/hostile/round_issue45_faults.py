@@ -56,11 +56,13 @@ def hard_linked_report(folder):
 
 
 def hard_linked_weights(folder):
-    copy = tree(folder)
-    weights = sorted((copy / "run").glob("checkpoint-*/model.safetensors"))[-1]
-    mine = copy / "mine.safetensors"
-    os.link(weights, mine)  # the user's name for the same bytes: must stay as it is
-    return on_tree(copy, train_argv(copy / "run", steps=10), "ok", watched=[mine])
+    """A run killed after its step-4 checkpoint, whose weights the user hard-links under a name of
+    their own; the resume supersedes (deletes) that checkpoint: the user's name keeps its bytes."""
+    run, mine = folder / "run", folder / "mine.safetensors"
+    if not killed_then(lambda: run_cli(train_argv(run)), run, writes_of_train(folder) // 2):
+        return "silent", "not killed"
+    os.link(sorted(run.glob("checkpoint-*/model.safetensors"))[-1], mine)
+    return on_tree(folder, train_argv(run), "ok", watched=[mine])
 
 
 def docs_out_fifo(folder):
@@ -128,11 +130,15 @@ def reference_run(folder: Path):
     return run
 
 
+def writes_of_train(folder: Path) -> int:
+    if "train" not in WRITES_SEEN:
+        WRITES_SEEN["train"] = count_writes(lambda: run_cli(train_argv(folder / "count")), folder / "count")
+    return WRITES_SEEN["train"]
+
+
 def killed_train(share: float):
     def inflict(folder):
-        if "train" not in WRITES_SEEN:
-            WRITES_SEEN["train"] = count_writes(lambda: run_cli(train_argv(folder / "count")), folder / "count")
-        total, run = WRITES_SEEN["train"], folder / "run"
+        total, run = writes_of_train(folder), folder / "run"
         nth = max(1, round(share * total))
         if not killed_then(lambda: run_cli(train_argv(run)), run, nth):
             return "silent", f"not killed at write {nth} of {total}"
@@ -181,7 +187,7 @@ MACHINE = [
     ("8", "report where the study's summary.csv is a FIFO", fifo_at("study/summary.csv", "report", "summary.csv")),
     ("8", "analyze a run whose config.json is a Unix socket", socket_config),
     ("8", "report where report.md is a hard link to a user's file", hard_linked_report),
-    ("8", "train --resume where the last checkpoint's weights are hard-linked by the user", hard_linked_weights),
+    ("8", "train --resume superseding a checkpoint whose weights the user hard-linked", hard_linked_weights),
     ("8", "docs --out a FIFO", docs_out_fifo),
     ("8", "analyze a run named through a link to its folder", analyze_linked_run),
     *[("8", f"kill -9 at {share:.0%} of docs's writes, then docs", killed_command("docs", share))

@@ -262,9 +262,9 @@ def users(relative: str, kind: str = "file"):
         if kind == "link":
             path.symlink_to(mine)
             return [path, mine]
-        if kind == "hardlink":
-            path.unlink()
-            os.link(mine, path)
+        if kind == "hardlink":  # the user's second name for the very file headlab wrote
+            mine.unlink()
+            os.link(path, mine)
             return [mine]
         path.write_text("the user's file, named like a temporary")
         return [path]
