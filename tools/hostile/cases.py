@@ -13,7 +13,6 @@ ran and `holds()`), or either (`expect='either'`: a valid input headlab may refu
 from __future__ import annotations
 
 import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -156,10 +155,3 @@ def killed_then(work: Callable[[], object], root: Path, nth: int) -> bool:
     """Kill -9 `work()` right after its `nth` write below `root`; True if it was killed."""
     return faults.kill_after_write(work, root, nth) == faults.KILLED
 
-
-def terminate(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass

@@ -7,14 +7,12 @@ is wrong; a valid one must do what it says."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import re
 import struct
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 from hostile.cases import Case, either, refusal, run_cases, success
@@ -160,17 +158,11 @@ def lying_gguf(key: str, value, *words):
     return lambda folder: refusal(analyze(gguf_file(folder, **{key: value}), folder), *words)
 
 
-def wheel(path: Path, files: dict[str, bytes], stated: dict[str, bytes] | None = None) -> Path:
-    """A wheel holding `files`, its RECORD stating their SHA-256 (or `stated`'s content's)."""
-    package = path.name.split("-")[0]
-    rows = []
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in files.items():
-            archive.writestr(name, data)
-            sha = hashlib.sha256((stated or {}).get(name, data)).digest()
-            rows.append(f"{name},sha256={base64.urlsafe_b64encode(sha).rstrip(b'=').decode()},{len(data)}")
-        archive.writestr(f"{package}-1.0.dist-info/RECORD", "\n".join(rows + [f"{package}-1.0.dist-info/RECORD,,"]))
-    return path
+def wheel(path: Path, files: dict[str, bytes]) -> Path:
+    """A wheel holding `files`, its RECORD stating their SHA-256 (tests/analysis/test_gguf_packages.py's)."""
+    sys.path.insert(0, str(ROOT / "tests" / "analysis"))
+    from test_gguf_packages import wheel as packaged
+    return packaged(path, files)
 
 
 def split_wheels(folder: Path, first: int = 0, sums_name: str = "model.gguf") -> Path:
