@@ -100,11 +100,17 @@ class ReadPlace:
 
 
 def hub_repository(repo: Path) -> ReadPlace:
-    """Hub repository folder `repo` (models--ORG--NAME) as a place, once each of its refs is found
+    """Hub repository folder `repo` (models--ORG--NAME) as a place, once it is found to resolve
+    inside the cache that holds it (a name in the cache, like its refs and links) and each of its refs is found
     to be a file inside it naming one plain commit: checked before the Hub's client reads a ref,
     since it joins what a ref holds to a path without a look."""
     repo = Path(repo)
-    place = ReadPlace(repo, what=f"the Hugging Face cache of {repo.name}")
+    what = f"the Hugging Face cache of {repo.name}"
+    cache = _real(repo.parent)  # the cache may be reached through a link of the user's; its names may not lead out
+    if not _real(repo).is_relative_to(cache):
+        raise ValueError(f"{what}: {repo} leads outside the cache, to {_real(repo)}: headlab reads a model's folder "
+                         f"only inside the cache ({cache}); link the whole cache instead, or set HF_HUB_CACHE")
+    place = ReadPlace(repo, what=what)
     refs = repo / REFS
     if refs.is_dir() and not refs.is_symlink():
         for entry in sorted(refs.rglob("*")):

@@ -91,7 +91,7 @@ def test_a_ref_naming_a_folder_outside_the_cache_is_refused(hub, capsys, checkpo
 
 
 @pytest.mark.parametrize("escape", ["config to /etc/passwd", "chain through blobs", "snapshot folder", "ref link",
-                                    "shard to another model"])
+                                    "shard to another model", "repository folder"])
 def test_a_link_leading_out_of_the_cache_is_refused_before_it_is_read(hub, capsys, checkpoint, tmp_path, escape):
     outside = tmp_path / "outside"
     shutil.copytree(checkpoint, outside)
@@ -110,6 +110,10 @@ def test_a_link_leading_out_of_the_cache_is_refused_before_it_is_read(hub, capsy
         (hub / "refs" / "main").unlink()
         (tmp_path / "ref").write_text(COMMIT)
         (hub / "refs" / "main").symlink_to(tmp_path / "ref")
+    elif escape == "repository folder":  # models--ORG--NAME itself a link to a whole repository elsewhere
+        (tmp_path / "elsewhere").mkdir()
+        shutil.move(hub, tmp_path / "elsewhere" / REPO)
+        hub.symlink_to(tmp_path / "elsewhere" / REPO, target_is_directory=True)
     else:  # another model's folder in the same cache is not this model's place
         other = lay_out_as_the_hub(checkpoint, hub.parent, "models--org--other")
         shard = sorted(snapshot.glob("model-*.safetensors"))[0]
