@@ -18,6 +18,7 @@ CIRCUIT_TITLES = {"qk": "QK circuit", "ov": "OV circuit", "pattern": "attention 
 MEASURE_TITLES = {"frobenius": "Weights (Frobenius)", "data": "Data-aware weights (Σ of inputs)",
                   "jensen_shannon": "Behaviour (attention maps, 1 − JS)"}
 SPECTRA_TITLE = "Eigenvalue spectra of head similarity matrices"
+TITLE_LINE = 95  # characters: a longer title puts what is drawn (recipe, view, seeds) on a second line
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">", "p")
 HEATMAP_CMAP = "RdBu_r"
 REFERENCE_COLOR = "0.35"

@@ -33,7 +33,7 @@ def loss_curves_figure(training: pd.DataFrame, palette: Mapping[str, str] | None
     method_lines(ax, data, "tokens", "val_loss", methods, n_seeds)
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))
     ax.set(xlabel="Training tokens", ylabel=f"Validation loss ({table_loss_unit(data, 'training')})")
-    fig.suptitle(figure_title("Validation loss during training", n_seeds), fontweight="bold")
+    fig.suptitle(figure_title("Validation loss during training", n_seeds, data=data), fontweight="bold")
     figure_legend(fig, methods, n_seeds=n_seeds)
     return fig
 

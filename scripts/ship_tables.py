@@ -1,20 +1,25 @@
-"""Ship a finished study's tables (not its runs) inside the package, as headlab/study/demo_tables/
-(`headlab.study.table_files.SHIPPED`), so notebooks installed without the repository (Colab) show
-that study's results without training (`headlab.study.tables.shipped_tables`).
+"""Ship a finished study's tables (not its runs) inside the package, as headlab/study/shipped/<preset>/
+(`headlab.study.table_files.shipped_folder`), so notebooks installed without the repository (Colab)
+show that study's results without training (`headlab.study.tables.shipped_tables`).
 
-    python scripts/ship_demo_tables.py runs/reproduce     # make ship-demo: after make demo
+    python scripts/ship_tables.py runs/reproduce          # make ship-demo: after make demo (cpu-small)
+    python scripts/ship_tables.py runs/qk                 # headlab reproduce --preset cpu-small-adamw-qk --out runs/qk
+    python scripts/ship_tables.py --analysis DIR --name NAME   # an analysis of one model (a pretrained checkpoint)
 
 The tables are read back verified against the study's study.json and written with their own
 study.json, whose meta gains `shipped`: the settings key of the runs as their config.json files
 record them (checked against this checkout's, since tables of other settings would never be
 used), the commits and headlab version that trained them, and a one-line note the notebooks print.
 
-    python scripts/ship_demo_tables.py --add-init        # shipped tables older than init_spectra, init_summary
-    python scripts/ship_demo_tables.py --rekey           # after TrainConfig gained fields that keep their defaults
+    python scripts/ship_tables.py --add-init cpu-small    # shipped tables older than init_spectra, init_summary
+    python scripts/ship_tables.py --rekey cpu-small       # after TrainConfig gained fields that keep their defaults
 
 adds the random-initialisation baseline to shipped tables written before a study made it, without their
 runs: each run's step-0 weights are its config's draw with its seed (`headlab.study.tables.initial_weights`),
-checked against the step-0 rows of the shipped snapshot_summary (the runs' own step-0 snapshots)."""
+checked against the step-0 rows of the shipped snapshot_summary (the runs' own step-0 snapshots).
+
+An analysis folder (`headlab analyze --out DIR`, `Analysis.save`: the tables of one model, such as a
+pretrained checkpoint, no seeds) ships verified as it is, under the name given."""
 
 import argparse
 import json
@@ -25,18 +30,20 @@ from pathlib import Path
 
 import numpy as np
 
+from headlab.analysis.similarity import Analysis
 from headlab.io import read_regular
 from headlab.runs.layout import EXECUTION_FIELDS
 from headlab.study.study import Study, StudyRun, settings_digest, settings_key
-from headlab.study.table_files import SHIPPED, StudyTables, read_study_tables, write_study_tables
+from headlab.study.table_files import SHIPPED_ROOT, StudyTables, read_study_tables, shipped_folder, write_study_tables
 from headlab.study.tables import init_tables
 from headlab.training.config import TrainConfig
 
 LIMIT_BYTES = 3 << 20  # the package stays small: a wheel with the tables, not a data set
 
 
-def ship(study_folder: Path, destination: Path) -> StudyTables:
-    """Write the tables of `study_folder` into `destination` (the package's: `SHIPPED`); returns them as read back."""
+def ship(study_folder: Path, destination: Path | None = None) -> StudyTables:
+    """Write the tables of `study_folder` into `destination` (default: the package's folder of the
+    study's preset, SHIPPED_ROOT/<preset>); returns them as read back."""
     tables = read_study_tables(study_folder)
     meta = tables.meta
     study = Study(meta["preset"], meta["steps"], study_folder)
@@ -55,8 +62,22 @@ def ship(study_folder: Path, destination: Path) -> StudyTables:
     note = (f"{study.preset}, {len(meta['seeds'])} seeds x {len(study.variants)} variants, {meta['steps']:,} steps, "
             f"trained at commit {', '.join(c[:12] for c in commits)}, shipped {date.today().isoformat()}")
     shipped = {"settings_key": recorded, "commits": commits, "headlab_versions": versions, "note": note}
+    destination = destination or SHIPPED_ROOT / study.preset
     write_study_tables(StudyTables(tables.tables, {**meta, "shipped": shipped}), destination)
     return read_study_tables(destination)
+
+
+def ship_analysis(folder: Path, name: str, root: Path = SHIPPED_ROOT) -> Analysis:
+    """Write the analysis in `folder` (verified on reading) into root/<name>; returns it as read back."""
+    if not name or Path(name).name != name or name.startswith("."):
+        raise ValueError(f"--name {name!r} is invalid: a folder name (letters, digits, '-', '.')")
+    analysis = Analysis.load(folder)
+    size = sum(len(getattr(analysis, table).to_csv(index=False).encode()) for table in ("similarity", "spectra",
+                                                                                      "summary"))
+    if size > LIMIT_BYTES:
+        raise ValueError(f"the tables take {size / 2**20:.1f} MB, more than the {LIMIT_BYTES >> 20} MB a package ships")
+    analysis.save(root / name)
+    return Analysis.load(root / name)
 
 
 def add_init(destination: Path) -> StudyTables:
@@ -75,7 +96,7 @@ def add_init(destination: Path) -> StudyTables:
     if len(paired) != len(init["init_summary"]) or not np.allclose(
             paired["effective_rank"], paired["effective_rank_snapshot"], rtol=0, atol=1e-8):
         raise ValueError(f"the configs' draws are not the step-0 snapshots of the runs behind {destination}: "
-                         "ship a study trained at this checkout instead (make demo, make ship-demo)")
+                         "ship a study trained at this checkout instead (headlab reproduce, then ship_tables.py STUDY)")
     write_study_tables(StudyTables({**tables.tables, **init}, meta), destination)
     return read_study_tables(destination)
 
@@ -97,7 +118,7 @@ def rekey(destination: Path) -> StudyTables:
     changed |= {name: ("absent", today[name]) for name in added if today[name] != defaults[name]}
     if changed or int(meta["steps"]) != study.train_config(0).steps:
         raise ValueError(f"the shipped tables were trained with other settings ({changed or 'steps'}): train and "
-                         "ship the study again (make demo, make ship-demo)")
+                         "ship the study again (headlab reproduce, then scripts/ship_tables.py STUDY)")
     shipped = {**meta["shipped"], "settings_key": settings_key(study.preset, study.steps)}
     write_study_tables(StudyTables(tables.tables, {**meta, "shipped": shipped}), destination)
     return read_study_tables(destination)
@@ -106,19 +127,28 @@ def rekey(destination: Path) -> StudyTables:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("study", type=Path, nargs="?", help="a finished study folder (headlab reproduce --out)")
-    parser.add_argument("--rekey", action="store_true",
-                        help="record today's settings key in the shipped tables after the key's rule changed, when "
-                             "their recipe is today's (checked), instead (no study)")
-    parser.add_argument("--add-init", action="store_true",
-                        help="add the random-initialisation baseline to the shipped tables instead (no study)")
+    parser.add_argument("--rekey", metavar="NAME",
+                        help="record today's settings key in the shipped tables NAME after the key's rule changed, "
+                             "when their recipe is today's (checked), instead (no study)")
+    parser.add_argument("--add-init", metavar="NAME",
+                        help="add the random-initialisation baseline to the shipped tables NAME instead (no study)")
+    parser.add_argument("--analysis", type=Path, metavar="DIR", help="ship an analysis folder as --name instead")
+    parser.add_argument("--name", help="the name an analysis ships under (with --analysis)")
     args = parser.parse_args()
-    if args.add_init + args.rekey + (args.study is not None) != 1:
-        parser.error("give one of: a study folder, --add-init, --rekey")
+    if (args.add_init is not None) + (args.rekey is not None) + (args.study is not None) + (args.analysis is not None) \
+            != 1 or (args.analysis is None) != (args.name is None):
+        parser.error("give one of: a study folder, --add-init NAME, --rekey NAME, --analysis DIR --name NAME")
     try:
-        shipped = add_init(SHIPPED) if args.add_init else rekey(SHIPPED) if args.rekey else ship(args.study, SHIPPED)
+        if args.analysis:
+            ship_analysis(args.analysis, args.name)
+            print(f"shipped the analysis in {args.analysis} as {SHIPPED_ROOT / args.name}")
+            sys.exit(0)
+        shipped = (add_init(shipped_folder(args.add_init)) if args.add_init else
+                   rekey(shipped_folder(args.rekey)) if args.rekey else ship(args.study))
     except (ValueError, OSError) as error:
-        print(f"ship_demo_tables: error: {error}", file=sys.stderr)
+        print(f"ship_tables: error: {error}", file=sys.stderr)
         sys.exit(2)
-    size = sum(p.stat().st_size for p in SHIPPED.iterdir())
-    print(f"shipped {len(shipped.tables)} tables ({size / 2**20:.2f} MB) to {SHIPPED}: "
+    folder = SHIPPED_ROOT / shipped.meta["preset"]
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    print(f"shipped {len(shipped.tables)} tables ({size / 2**20:.2f} MB) to {folder}: "
           f"{shipped.meta['shipped']['note']}")
