@@ -67,7 +67,7 @@ def spectra_figure(spectra: pd.DataFrame, kind: str = "uncentered", layers: Sequ
         extra.append(init_handle(seed_count(baseline, "init spectra", ["model", "layer", "index"])))
     if seed_figure:
         extra.append(Line2D([], [], color=REFERENCE_COLOR, linestyle="none", **SEED_MARK,
-                            label="paper 128M, Fig. 11: λ₁"))
+                            label="paper 128M, Fig. 11: λ₁ (read off)"))
     fig = layer_panel_figure(data, "spectra", layers, "index", "eigenvalue", "Eigenvalue Index", "Eigenvalue",
                              f"{SPECTRA_TITLE} ({KIND_TITLES[kind]})", circuit, palette, extra=extra)
     methods = methods_of(data, palette)
