@@ -19,9 +19,16 @@ runs: each run's step-0 weights are its config's draw with its seed (`headlab.st
 checked against the step-0 rows of the shipped snapshot_summary (the runs' own step-0 snapshots).
 
 An analysis folder (`headlab analyze --out DIR`, `Analysis.save`: the tables of one model, such as a
-pretrained checkpoint, no seeds) ships verified as it is, under the name given."""
+pretrained checkpoint, no seeds) ships verified as it is, under the name given.
+
+    python scripts/ship_tables.py --through-training benchmarks/results/regime_study.md
+
+ships the regime study's two views through training (MHA, L = 0, weights and data-aware λ₁ at six
+steps of each recipe, means over seeds) as `regime-through-training`: the table of the page, which
+`regime_study.py page` prints from its probed runs (their per-run CSVs stay under its ROOT)."""
 
 import argparse
+import itertools
 import json
 import sys
 from dataclasses import asdict, fields
@@ -29,12 +36,22 @@ from datetime import date
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from headlab.analysis.similarity import Analysis
+from headlab.analysis.tables import save_tables
 from headlab.io import read_regular
+from headlab.model.config import preset
 from headlab.runs.layout import EXECUTION_FIELDS
 from headlab.study.study import Study, StudyRun, settings_digest, settings_key
-from headlab.study.table_files import SHIPPED_ROOT, StudyTables, read_study_tables, shipped_folder, write_study_tables
+from headlab.study.table_files import (
+    SHIPPED_ROOT,
+    StudyTables,
+    read_shipped,
+    read_study_tables,
+    shipped_folder,
+    write_study_tables,
+)
 from headlab.study.tables import init_tables
 from headlab.training.config import TrainConfig
 
@@ -78,6 +95,41 @@ def ship_analysis(folder: Path, name: str, root: Path = SHIPPED_ROOT) -> Analysi
         raise ValueError(f"the tables take {size / 2**20:.1f} MB, more than the {LIMIT_BYTES >> 20} MB a package ships")
     analysis.save(root / name)
     return Analysis.load(root / name)
+
+
+THROUGH_TRAINING = "regime-through-training"  # the shipped name of the regime study's probe table
+THROUGH_HEADING = "Both views through training (MHA, L = 0)"  # the line above it on the page
+# the page's settings, as the recipes' names (`headlab.study.table_files.recipe_name`)
+THROUGH_RECIPES = {"Muon (default)": "Muon split", "AdamW on W_Q, W_K": "AdamW on W_Q, W_K"}
+
+
+def ship_through_training(page: Path, root: Path = SHIPPED_ROOT) -> StudyTables:
+    """The table below `THROUGH_HEADING` on the regime study's page, as `through_training` (recipe,
+    role, layer, n_heads, seeds, step, weights_lambda1, data_aware_lambda1, gap; the page's two decimals) in
+    root/`THROUGH_TRAINING`, with the page's commands in its meta; returns it as read back."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    start = next((n for n, line in enumerate(lines) if line.startswith(THROUGH_HEADING)), None)
+    if start is None:
+        raise ValueError(f"{page} has no line starting {THROUGH_HEADING!r}: is it the regime study's page?")
+    table = [line for line in itertools.takewhile(lambda line: line.startswith("|") or not line.strip() or
+                                                  line.startswith("    "), lines[start + 1:]) if line.startswith("|")]
+    header, rows = [c.strip() for c in table[0].strip("|").split("|")], table[2:]
+    frame = pd.DataFrame([[c.strip() for c in row.strip("|").split("|")] for row in rows], columns=header)
+    if header != ["setting", "seeds", "step", "weights λ₁", "data-aware λ₁", "gap"] or \
+            not set(frame["setting"]) <= set(THROUGH_RECIPES):
+        raise ValueError(f"the table below {THROUGH_HEADING!r} in {page} is not the one this script reads ({header})")
+    shipped = pd.DataFrame({"recipe": frame["setting"].map(THROUGH_RECIPES), "role": "mha", "layer": 0,
+                            "n_heads": preset("cpu-small").n_head,
+                            "seeds": frame["seeds"].astype(int), "step": frame["step"].astype(int),
+                            "weights_lambda1": frame["weights λ₁"].astype(float),
+                            "data_aware_lambda1": frame["data-aware λ₁"].astype(float),
+                            "gap": frame["gap"].astype(float)})
+    commands = [line.strip() for line in lines[start + 1:start + 6] if line.startswith("    ")]
+    meta = {"source": f"{page.name}: {THROUGH_HEADING}", "commands": commands, "preset": "cpu-small",
+            "note": "means over seeds at the page's precision (two decimals); the probed runs' per-step CSVs are not "
+                    f"shipped. Shipped {date.today().isoformat()}"}
+    save_tables(root / THROUGH_TRAINING, {"through_training": shipped}, "tables.json", "a folder of tables", meta)
+    return read_shipped(THROUGH_TRAINING, root)
 
 
 def add_init(destination: Path) -> StudyTables:
@@ -134,11 +186,18 @@ if __name__ == "__main__":
                         help="add the random-initialisation baseline to the shipped tables NAME instead (no study)")
     parser.add_argument("--analysis", type=Path, metavar="DIR", help="ship an analysis folder as --name instead")
     parser.add_argument("--name", help="the name an analysis ships under (with --analysis)")
+    parser.add_argument("--through-training", type=Path, metavar="PAGE",
+                        help="ship the regime study's page's table of both views through training instead")
     args = parser.parse_args()
-    if (args.add_init is not None) + (args.rekey is not None) + (args.study is not None) + (args.analysis is not None) \
-            != 1 or (args.analysis is None) != (args.name is None):
-        parser.error("give one of: a study folder, --add-init NAME, --rekey NAME, --analysis DIR --name NAME")
+    chosen = (args.add_init, args.rekey, args.study, args.analysis, args.through_training)
+    if sum(option is not None for option in chosen) != 1 or (args.analysis is None) != (args.name is None):
+        parser.error("give one of: a study folder, --add-init NAME, --rekey NAME, --analysis DIR --name NAME, "
+                     "--through-training PAGE")
     try:
+        if args.through_training:
+            table = ship_through_training(args.through_training)["through_training"]
+            print(f"shipped {len(table)} rows as {SHIPPED_ROOT / THROUGH_TRAINING}")
+            sys.exit(0)
         if args.analysis:
             ship_analysis(args.analysis, args.name)
             print(f"shipped the analysis in {args.analysis} as {SHIPPED_ROOT / args.name}")

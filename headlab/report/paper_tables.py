@@ -8,7 +8,7 @@ import pandas as pd
 
 from headlab.schema import KINDS
 from headlab.study.claims import difference_to_mha, values, variant_name, variant_rows
-from headlab.study.paper import PAPER
+from headlab.study.paper import PAPER, PAPER_PANELS, SEED_SPECTRA
 from headlab.study.seed_distance import STATES
 from headlab.study.stats import spread
 from headlab.study.table_files import loss_unit
@@ -44,6 +44,19 @@ def rank_table(summary: pd.DataFrame, metrics: pd.DataFrame, init_summary: pd.Da
         paper = PAPER[role]
         rows.append({**row, "paper (128M)": paper.label, "paper uncentered": paper.uncentered,
                      "paper centered": paper.centered})
+    return pd.DataFrame(rows)
+
+
+def seed_figure_spectra() -> pd.DataFrame:
+    """The seed figure (the paper's Fig. 11 at 128M, `SEED_SPECTRA`, read off by eye) as a spectra
+    table, so `plots.spectra_figure` draws it as it draws ours: model (the paper's label), role,
+    layer (0, 6, 11), circuit "qk", measure "frobenius", kind "uncentered", index, eigenvalue, and
+    recipe "paper 128M (Fig. 11, read off)"."""
+    rows = [{"model": PAPER[role].label, "role": role, "layer": PAPER_PANELS[panel], "circuit": "qk",
+             "measure": "frobenius", "kind": "uncentered", "index": index, "eigenvalue": value,
+             "recipe": "paper 128M (Fig. 11, read off)"}
+            for role, curves in SEED_SPECTRA.items() for panel, curve in curves.items()
+            for index, value in enumerate(curve.eigenvalues(), start=1)]
     return pd.DataFrame(rows)
 
 

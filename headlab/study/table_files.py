@@ -12,8 +12,10 @@ study under `SHIPPED_ROOT`, named by its preset (`shipped_folder`): `make demo`'
 also `SHIPPED`) and the same study with AdamW on W_Q, W_K (`cpu-small-adamw-qk`), each with the
 commit and settings that produced it in its meta (`shipped`; scripts/ship_tables.py copies them
 there), so a notebook installed without the repository (Colab) shows them untrained. A folder
-there holds a study's tables (study.json) or, for a pretrained checkpoint, an analysis's
-(analysis.json, `headlab.analysis.similarity.Analysis.load`); `shipped_names` lists both kinds.
+there holds a study's tables (study.json), for a pretrained checkpoint an analysis's (analysis.json,
+`headlab.analysis.similarity.Analysis.load`), or a science page's small table (tables.json: the
+regime study's two views through training, `regime-through-training`); `shipped_names` lists them
+all, `read_shipped` reads any.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ SWEEP_MANIFEST, SWEEP = "sweep.json", "a sweep folder"
 SHIPPED_ROOT = Path(__file__).resolve().parent / "shipped"  # tables shipped inside the package, a folder each
 DEMO_PRESET = "cpu-small"  # make demo's study
 SHIPPED = SHIPPED_ROOT / DEMO_PRESET  # make demo's tables, inside the package
-# What a shipped folder may hold: a study's tables, or an analysis of one model (a pretrained checkpoint).
-SHIPPED_MANIFESTS = (MANIFEST, "analysis.json")
+# What a shipped folder may hold, by its manifest: a study's tables, an analysis of one model (a pretrained
+# checkpoint: `Analysis.save`), or tables of another kind (a science page's, e.g. the regime study's probe).
+SHIPPED_MANIFESTS = {MANIFEST: STUDY, "analysis.json": "an analysis folder", "tables.json": "a folder of tables"}
 
 
 def shipped_folder(name: str, root: Path | None = None) -> Path:
@@ -53,6 +56,16 @@ def shipped_names(root: Path | None = None) -> list[str]:
     root = root or SHIPPED_ROOT
     return sorted(p.name for p in root.iterdir() if any((p / m).is_file() for m in SHIPPED_MANIFESTS)) \
         if root.is_dir() else []
+
+
+def read_shipped(name: str, root: Path | None = None) -> StudyTables:
+    """The tables shipped as `name` (`shipped_names`) and their meta, each table verified against its
+    manifest; a study's also against its meta (`read_study_tables`)."""
+    folder = shipped_folder(name, root)
+    manifest = next(m for m in SHIPPED_MANIFESTS if (folder / m).is_file())
+    if manifest == MANIFEST:
+        return read_study_tables(folder)
+    return StudyTables(*load_tables(folder, manifest, SHIPPED_MANIFESTS[manifest]))
 
 
 def recipe_name(meta: dict) -> str:
