@@ -65,6 +65,7 @@ def test_the_spectra_axis_runs_from_0_to_h_so_a_flat_spectrum_looks_flat(tables)
     small = flat[flat["index"] <= 4].assign(role=None)  # four heads: the seed's 5.0 must stay in view
     fig = plots.spectra_figure(small.assign(role=small["model"].map(ROLE_OF)), seed_figure=True)
     assert fig.axes[0].get_ylim()[0] == 0 and fig.axes[0].get_ylim()[1] >= 5.0
+    assert len({ax.get_ylim() for ax in fig.axes}) == 1  # one scale: the late panel's λ₁ reads as the early one's
 
 
 def test_measures_draw_the_baseline_and_the_paper_in_the_weights_panel_only(tables):

@@ -43,8 +43,8 @@ def spectra_figure(spectra: pd.DataFrame, kind: str = "uncentered", layers: Sequ
     """The flagship figure: eigenvalue against eigenvalue index, one panel per layer ("Early
     Layer (L=0)", "Middle Layer (L=…)", "Late Layer (L=…)" by default), a line per method,
     y-axis from 0 to H, the number of heads (uncentered, λ₁ = H when every head is alike), or
-    higher when something drawn is (a seed mark above a smaller model's H), so a flat spectrum
-    looks flat. The title names the recipe and the view (`panels.figure_title`).
+    higher when something drawn is (a seed mark above a smaller model's H), the same in every
+    panel, so a flat spectrum looks flat. The title names the recipe and the view (`panels.figure_title`).
 
     spectra: model, layer, circuit, kind, index (from 1), eigenvalue [, seed].
     kind: "uncentered" (the flagship, as in the seed figure: the eigenvalues of the cosine
@@ -78,10 +78,12 @@ def spectra_figure(spectra: pd.DataFrame, kind: str = "uncentered", layers: Sequ
             init_lines(ax, baseline[baseline["layer"] == layer], methods)
         if seed_figure and layer in panels:
             seed_marks(ax, data[data["layer"] == layer], methods, panels[layer])
-        ax.set_ylim(0, max(n_heads, ax.get_ylim()[1]))
         if kind == "centered":
             ax.text(0.98, 0.97, "last eigenvalue = 0\nby construction (centering)", transform=ax.transAxes,
                     ha="right", va="top", fontsize=8, color=REFERENCE_COLOR)
+    top = max([n_heads, *(ax.get_ylim()[1] for ax in fig.axes)])  # one scale for every panel
+    for ax in fig.axes:
+        ax.set_ylim(0, top)
     return fig
 
 
