@@ -45,7 +45,7 @@ docs: $(STAMP)
 # Property tests draw the same examples on every run and machine (tests/conftest.py);
 # `make test-explore` runs the suite with new draws each time. Pin a draw that fails as an @example.
 test: $(STAMP) browser
-	$(VENV)/bin/ruff check headlab tests benchmarks scripts notebooks/*.py
+	$(VENV)/bin/ruff check headlab tests benchmarks science tools scripts notebooks/*.py
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 --nbmake tests $(wildcard notebooks/*.ipynb)
 
 test-explore:

@@ -4,7 +4,7 @@ A step here is exactly the trainer's: random windows, forward, backward, gradien
 the AdamW step, at the preset's training batch, with the trainer's CPU allocator setting
 (`keep_freed_cpu_memory`). MFU is headlab's one definition,
 `headlab.training.flops.model_flops_utilization` (6·N plus the causal attention term per token,
-as `--plan` and benchmarks/gpu_check.py count it), against this CPU's fp32 matmul peak measured in
+as `--plan` and tools/gpu_check.py count it), against this CPU's fp32 matmul peak measured in
 the same run: large square matmuls are timed in every round beside the training steps, a round's
 peak is its best size, and MFU is the median over rounds of each round's ratio, so that a shared
 machine's speed changes reach numerator and denominator alike.

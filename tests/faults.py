@@ -2,7 +2,7 @@
 truncations, hand edits of a manifest, a file-size limit, a full disk, kill -9 (at a moment, or
 right after any chosen write). Shared by the
 tree-diff test (tests/disk/test_treediff.py) and the hostile-input benchmark
-(benchmarks/hostile_inputs.py), so both inflict the same faults the same way.
+(tools/hostile_inputs.py), so both inflict the same faults the same way.
 
 The edits are the user's, made with plain file operations on purpose: they are what headlab
 must survive, not something headlab does."""

@@ -75,7 +75,7 @@ class ModelConfig:
     normalises what absorption allows: each head's no-RoPE query, its RoPE query and the shared
     RoPE key (the latent has its own RMSNorm either way). DeepSeek's layout is qk_norm=False,
     and `preset()` keeps it for MLA: on cpu-small the partial norm trains worse (see
-    benchmarks/results/mla_ablation.md).
+    science/mla_ablation.md).
 
     `arch` picks the norms and the initialisation around the attention (`headlab.model.gpt`):
 
@@ -253,7 +253,7 @@ PRESETS: dict[str, ModelConfig] = {
     # trains three seeds of the six variants in its budget; losses stay under 2.0 nats/byte.
     "cpu-small": ModelConfig(seq_len=64),
     # cpu-small trained with AdamW on W_Q, W_K (TrainConfig.muon_qk False): the regime in which the weights view
-    # has a dominant first eigenvalue, as the paper's Fig. 11 does (benchmarks/results/regime_study.md)
+    # has a dominant first eigenvalue, as the paper's Fig. 11 does (science/regime_study.md)
     "cpu-small-adamw-qk": ModelConfig(seq_len=64),
     # The paper's depth and head count on a CPU: 12 layers of 6 heads (d_h = 16, d_model 96), so the
     # flagship figure has the paper's panels L = 0, 6, 11; 3 seeds x 6 variants in about 30 minutes.

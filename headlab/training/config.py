@@ -150,11 +150,11 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
                         checkpoint_every=20, log_every=5, compile="off"),
     # The CPU presets train the paper's way (Muon + AdamW split): under AdamW on everything the
     # validation loss is ~0.13 nats/byte worse and head diversity moves more with the optimizer than
-    # with the architecture (benchmarks/results/scale_study.md, the recipe study). AdamW stays one
+    # with the architecture (science/scale_study.md, the recipe study). AdamW stays one
     # `optimizer="adamw"` away. The demo's 900 steps are long enough for its orderings to settle.
     "cpu-small": TrainConfig(steps=900, optimizer="muon"),
     # Muon everywhere but W_Q, W_K (AdamW there): the same loss, and QK forms that Muon has not flattened
-    # (Standard MHA's first eigenvalue at L = 0: 2.6 against 1.2; benchmarks/results/regime_study.md)
+    # (Standard MHA's first eigenvalue at L = 0: 2.6 against 1.2; science/regime_study.md)
     "cpu-small-adamw-qk": TrainConfig(steps=900, optimizer="muon", muon_qk=False),
     "cpu-deep": TrainConfig(steps=1000, optimizer="muon"),
     **{name: TrainConfig(steps=50_000, batch_size=32, optimizer="muon", warmup_steps=2000, weight_decay=0.1,

@@ -54,7 +54,7 @@ def attention_flops_per_token(config: ModelConfig) -> float:
 def model_flops_utilization(config: ModelConfig, tokens_per_second: float, peak_flops: float) -> float:
     """MFU: the model FLOP/s achieved, tokens/s · `training_flops` per token, over the device's
     peak FLOP/s. The one definition `--plan`, benchmarks/train_throughput.py and
-    benchmarks/gpu_check.py share (a plan at an assumed MFU inverts it)."""
+    tools/gpu_check.py share (a plan at an assumed MFU inverts it)."""
     return tokens_per_second * training_flops(config, 1)["total"] / peak_flops
 
 

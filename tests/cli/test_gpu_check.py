@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py: --smoke runs every stage a CPU can run (torchrun with gloo, FSDP, exact
+"""tools/gpu_check.py: --smoke runs every stage a CPU can run (torchrun with gloo, FSDP, exact
 resume, SDPA backends, the six variants' tables, tokenization) into one summary; the verdicts of the
 GPU-only stages are checked here on the values they judge; any FAIL makes the exit status 1."""
 
@@ -18,7 +18,7 @@ from headlab.model.config import preset
 from headlab.model.gpt import GPT
 from headlab.runs.checkpoints import has_checkpoint
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "gpu_check.py"
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def test_a_node_with_base_dependencies_only_gets_the_table_with_reasons(tmp_path
     and prints its summary: every GPU row and the tokenization row SKIP, each saying why; exit 0."""
     for module in ("pyarrow", "pyarrow.parquet", "zstandard"):
         monkeypatch.setitem(sys.modules, module, None)  # `import pyarrow` now raises ModuleNotFoundError
-    monkeypatch.delitem(sys.modules, "tokenization", raising=False)
+    monkeypatch.delitem(sys.modules, "benchmarks.tokenization", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     module = load_gpu_check(tmp_path, monkeypatch)
     assert module.main(["--runs-dir", str(tmp_path / "runs"), "--json", str(tmp_path / "r.json")]) == 0

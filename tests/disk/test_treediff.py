@@ -4,7 +4,7 @@ file-size limit, kill -9) on the tiny preset, each command judged by the tree-di
 (`treediff.check`): nothing headlab did not write changes, nothing good is lost unless a verified
 version replaces it, every error is one line with status 2 (or 130), no report states a preset
 the study was not trained with, and a command killed midway resumes to the weights it would
-have reached. The faults come from tests/faults.py, which benchmarks/hostile_inputs.py shares.
+have reached. The faults come from tests/faults.py, which tools/hostile_inputs.py shares.
 Derandomized (a fixed sequence of examples) unless HEADLAB_EXPLORE=1 asks to explore (the profiles
 of tests/conftest.py)."""
 

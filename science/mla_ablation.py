@@ -6,7 +6,7 @@ then prints a markdown table: validation loss mean ± sd over seeds per config, 
 per-seed difference to a reference config (default MHA; config − reference at the same seed)
 with its 95 % t-interval. A difference whose interval contains 0 is within seed noise.
 
-    python benchmarks/mla_ablation.py --seeds 0 1 2 [--configs mha mla-qk-norm] [--out DIR] [--jobs 2]
+    python science/mla_ablation.py --seeds 0 1 2 [--configs mha mla-qk-norm] [--out DIR] [--jobs 2]
 
 Every MLA config keeps the paper's cache fraction: d_c = 32 = 8.3 % of MHA's 2·H·d_h values.
 """

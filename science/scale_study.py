@@ -1,8 +1,8 @@
-"""The scale study of benchmarks/results/scale_study.md: finished `headlab reproduce` study folders
+"""The scale study of science/scale_study.md: finished `headlab reproduce` study folders
 of one preset at several training lengths, tabulated, reported (each with its settled / still
 moving marks) and compared across lengths as a sweep.
 
-    python benchmarks/scale_study.py runs/scale/cpu-small-s450 runs/scale/cpu-small-s1800 ... --out runs/scale/sweep
+    python science/scale_study.py runs/scale/cpu-small-s450 runs/scale/cpu-small-s1800 ... --out runs/scale/sweep
 
 Each folder is read as it is (its runs are loaded, never retrained), so studies trained by an
 earlier headlab can be analysed with this one; the grid point of a folder is its training length

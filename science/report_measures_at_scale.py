@@ -12,20 +12,20 @@
 
 On a GPU every array of these stays on the device; here they run on the CPU.
 
-    python benchmarks/report_measures_at_scale.py [--quick]   # --quick: T = 512
+    python science/report_measures_at_scale.py [--quick]   # --quick: T = 512
 """
 
 from __future__ import annotations
 
-try:
-    from benchmarks import common
-except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    import common
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for benchmarks.common
 import numpy as np
 import torch
 from scipy.spatial.distance import jensenshannon
 
+from benchmarks import common
 from headlab import preset
 from headlab.analysis.attention_maps import (
     attention_pattern,

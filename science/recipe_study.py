@@ -1,7 +1,7 @@
-"""The recipe question of benchmarks/results/scale_study.md: one comparison trained under several
+"""The recipe question of science/scale_study.md: one comparison trained under several
 training recipes (same preset, seeds, data order and initial weights), side by side.
 
-    python benchmarks/recipe_study.py adamw=runs/recipe-small/x1-optimizeradamw \
+    python science/recipe_study.py adamw=runs/recipe-small/x1-optimizeradamw \
         muon=runs/recipe-small/x1-optimizermuon --preset cpu-small --out runs/recipe-small/recipe.md
 
 Each NAME=FOLDER is a finished study folder (a `headlab reproduce` or `headlab sweep` point): its

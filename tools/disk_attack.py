@@ -7,7 +7,7 @@ or benchmark wrote, tried as a careful or a tired user would, each outcome class
     traceback   an exception escaped, or the CLI exited 1
     hang        no answer within hostile_inputs.HANG_S seconds
 
-    PYTHONPATH=. python benchmarks/disk_attack.py [--out /tmp/attack]   (as root: it mounts read-only binds)
+    PYTHONPATH=. python tools/disk_attack.py [--out /tmp/attack]   (as root: it mounts read-only binds)
 
 The faults are tests/faults.py's; the CLI is run in this process (hostile_inputs.cli) or, for
 kills, limits and concurrency, in forked children."""
@@ -30,7 +30,7 @@ from pathlib import Path
 
 try:
     import hostile_inputs
-except ImportError:  # run from the repository root: benchmarks/ itself is not on sys.path
+except ImportError:  # run from the repository root: tools/ itself is not on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import hostile_inputs
 import torch

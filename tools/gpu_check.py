@@ -1,7 +1,7 @@
 """The GPU check: what breaks on a GPU node, checked on what the node has, in one summary table.
 
-    benchmarks/gpu_check.sh                 # the node's GPUs: about 8 to 10 minutes on an H100/H200 (estimated)
-    python benchmarks/gpu_check.py --smoke  # CPU, tiny preset, a few steps: checks the script
+    tools/gpu_check.sh                 # the node's GPUs: about 8 to 10 minutes on an H100/H200 (estimated)
+    python tools/gpu_check.py --smoke  # CPU, tiny preset, a few steps: checks the script
 
 Stages (each gives rows of the summary table: check, PASS / FAIL / SKIP, detail):
 
@@ -46,14 +46,11 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-try:
-    from benchmarks import common
-except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    import common
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for benchmarks.common
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks import common
 from headlab.analysis import attention_maps, inputs, qk_norm
 from headlab.analysis import similarity as analysis
 from headlab.data.corpus import load_corpus
@@ -586,7 +583,7 @@ def tokenization_checks(megabytes: float, results: dict) -> list[Check]:
     benchmarks/tokenization.py finds here (byte, a trained BPE, GPT-2 when its files are here)."""
     print(f"\n### Tokenization ({megabytes:.0f} MB of generated .jsonl text)\n", flush=True)
     try:  # imported here, not at the top: it needs pyarrow and zstandard, which a node may lack
-        tokenization = importlib.import_module(f"{__package__}.tokenization" if __package__ else "tokenization")
+        tokenization = importlib.import_module("benchmarks.tokenization")
     except ModuleNotFoundError as error:
         if error.name not in OPTIONAL_EXTRAS:
             raise

@@ -1,8 +1,8 @@
 """Issue 36's regime study: which differences between the paper's training and ours give the weights
 view (the uncentred head-similarity spectrum of the QK forms A_h) a dominant first eigenvalue.
 
-    python benchmarks/regime_study.py train --out ROOT/length --lengths 4 --only mha --seeds 3
-    python benchmarks/regime_study.py page --root ROOT --out benchmarks/results/regime_study.md
+    python science/regime_study.py train --out ROOT/length --lengths 4 --only mha --seeds 3
+    python science/regime_study.py page --root ROOT --out science/regime_study.md
 
 `train` trains one axis's grid points as `headlab sweep` does (each point an ordinary study folder
 <out>/<point key>, finished runs reused), but takes `--only mha` alone: on a shared CPU a trend axis
@@ -85,7 +85,7 @@ class Axis:
 
 
 SWEEP = "nice -n 19 python -m headlab sweep --preset cpu-small --only mha mqa --jobs 2 --seeds 3"
-TRAIN = "nice -n 19 python benchmarks/regime_study.py train --only mha --jobs 2"
+TRAIN = "nice -n 19 python science/regime_study.py train --only mha --jobs 2"
 AXES = [
     Axis("optimizer", None, {"optimizer/x1-optimizeradamw": "AdamW everywhere", DEFAULT_POINT: "Muon split"},
          (f"{SWEEP} --out ROOT/optimizer --set optimizer=adamw,muon",)),
@@ -463,7 +463,7 @@ def page(finals: pd.DataFrame, throughs: pd.DataFrame, figure: Path, out: Path, 
              "run with PYTHONPATH on the copy; none changes a default). The default point and the optimizer axis:", "",
              f"    {SWEEP} --out ROOT/optimizer --set optimizer=adamw,muon", "",
              "This page (it trains nothing, reads every finished run):", "",
-             f"    python benchmarks/regime_study.py page --root ROOT --out {out}", "",
+             f"    python science/regime_study.py page --root ROOT --out {out}", "",
              "λ₁: the first eigenvalue of the uncentred cosine similarity of the heads' QK forms A_h = W^Q_h W^K_hᵀ "
              "(the paper's Eq. 11; H = 6, so λ₁ runs from 1, no shared direction, to 6, one form for all heads). "
              "Each cell is mean ± sd over seeds. 'at init' is the run's step-0 snapshot (its initial draw). ER: "
@@ -526,7 +526,7 @@ def deep_panels(finals: pd.DataFrame) -> list[str]:
                          "seed figure λ₁": f"{seed_values[list(panels(12)).index(name)]:.1f}",
                          "val bpb": cell(here["val_bpb"].to_numpy())})
     return [*lines, "The default recipe (Muon on W_Q, W_K too) at this depth is drawn in "
-            "benchmarks/results/figures/cpu_deep_muon_spectra_uncentered.png (benchmarks/results/scale_study.md).",
+            "science/figures/cpu_deep_muon_spectra_uncentered.png (science/scale_study.md).",
             "", markdown_table(pd.DataFrame(rows), 2), ""]
 
 
@@ -628,7 +628,7 @@ def mechanism(finals: pd.DataFrame, throughs: pd.DataFrame, root: Path) -> list[
 
 
 PROBED = {"through_default/x1-optimizermuon": "Muon (default)", "through_muon_qk/x1-muon_qkFalse": "AdamW on W_Q, W_K"}
-PROBE = "nice -n 19 python benchmarks/regime_study.py through --only mha --seeds 3"
+PROBE = "nice -n 19 python science/regime_study.py through --only mha --seeds 3"
 PROBE_COMMANDS = (f"{PROBE} --out ROOT/through_default --set optimizer=muon",
                   f"{PROBE} --out ROOT/through_muon_qk --set muon_qk=false")
 
@@ -725,7 +725,7 @@ def main() -> None:
     probe.add_argument("--seeds", type=int, default=3)
     write = commands.add_parser("page", help="write the page from the finished runs")
     write.add_argument("--root", type=Path, required=True, help="the folder the sweeps were written to")
-    write.add_argument("--out", type=Path, default=Path("benchmarks/results/regime_study.md"))
+    write.add_argument("--out", type=Path, default=Path("science/regime_study.md"))
     args = parser.parse_args()
     if args.command in ("train", "through"):
         make_folder(args.out)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The GPU check (see benchmarks/gpu_check.py) on what this node has: torchrun with NCCL (DDP, and
+# The GPU check (see tools/gpu_check.py) on what this node has: torchrun with NCCL (DDP, and
 # FSDP on >= 2 GPUs), checkpoint and exact resume, paper-128m's six variants in bf16 with
 # torch.compile (SDPA backends, peak memory against the plan, recompiles, tokens/s and MFU,
 # decoding, head analysis) and tokenization throughput (SKIP without the corpora extra); one
 # summary table, exit status 1 on any FAIL (a missed performance target is a WARN; without a GPU
 # every GPU row is a SKIP and the status 0). About 8-10 minutes on an H100/H200 (estimated: the
 # six variants took 6-8).
-#   benchmarks/gpu_check.sh [--steps N] [--batch-size B] [--optimizer adamw] [--json results.json]
-#   benchmarks/gpu_check.sh --smoke      # CPU, tiny preset, under a minute
+#   tools/gpu_check.sh [--steps N] [--batch-size B] [--optimizer adamw] [--json results.json]
+#   tools/gpu_check.sh --smoke      # CPU, tiny preset, under a minute
 # The Python: $PYTHON if set, else the first of python3, python, .venv/bin/python whose torch sees
 # a CUDA device (the Makefile's .venv pins a CPU torch), else .venv/bin/python or python3 (and
 # without --smoke every GPU row of the table then SKIPs, saying there is no CUDA device). A torch
@@ -54,4 +54,4 @@ if missing:
              f"pip install {' '.join(missing)} (or pip install -e . in the checkout)")
 PY
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" benchmarks/gpu_check.py "$@"
+exec "$PYTHON" tools/gpu_check.py "$@"

@@ -1,6 +1,6 @@
 """Hostile inputs and faults against headlab's CLI and API, each outcome classified.
 
-    PYTHONPATH=. python benchmarks/hostile_inputs.py [--out /tmp/hostile]
+    PYTHONPATH=. python tools/hostile_inputs.py [--out /tmp/hostile]
 
 The faults (links, swaps, truncations, manifest edits, a full disk, kill -9) are tests/faults.py's,
 the same the tree-diff test (tests/disk/test_treediff.py) inflicts. Issue 28's classes (confinement,
