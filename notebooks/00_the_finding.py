@@ -176,9 +176,9 @@ correlation.unstack("panel").round(2)
 # Under either recipe the data-aware λ₁ climbs steeply in the first hundred steps and ends near the
 # paper's λ₁: the inputs carry a direction that every head's scores share. Under Muon the weights
 # view stays near its random start; with AdamW on W_Q and W_K it rises with the data-aware one, and
-# the gap between the two views closes by almost half. The regime study (benchmarks/results/regime_study.md) measured this in
-# runs retrained with a probe that reads the whole model at each snapshot; the table is shipped
-# with headlab (means over 3 seeds, at the page's precision).
+# the gap between the two views closes by almost half. The regime study (science/regime_study.md)
+# measured this in runs retrained with a probe that reads the whole model at each snapshot; the
+# table is shipped with headlab (means over 3 seeds, at the page's precision).
 
 # %%
 through = read_shipped(THROUGH_TRAINING)
@@ -197,4 +197,4 @@ plots.views_through_training_figure(through["through_training"])
 #   cpu-small-adamw-qk --out runs/qk`;
 # * notebook 03 shows any study folder (`RUNS = "../runs/qk"`) with every figure beside the paper
 #   and the random-init baseline, and switches between the two recipes in its explorer;
-# * the regime study's page, benchmarks/results/regime_study.md, has every measurement and command.
+# * the regime study's page, science/regime_study.md, has every measurement and command.

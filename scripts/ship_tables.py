@@ -21,7 +21,7 @@ checked against the step-0 rows of the shipped snapshot_summary (the runs' own s
 An analysis folder (`headlab analyze --out DIR`, `Analysis.save`: the tables of one model, such as a
 pretrained checkpoint, no seeds) ships verified as it is, under the name given.
 
-    python scripts/ship_tables.py --through-training benchmarks/results/regime_study.md
+    python scripts/ship_tables.py --through-training science/regime_study.md
 
 ships the regime study's two views through training (MHA, L = 0, weights and data-aware λ₁ at six
 steps of each recipe, means over seeds) as `regime-through-training`: the table of the page, which
