@@ -71,7 +71,10 @@ class NotebookStudy(Study):
         except ValueError as error:
             raise StudyNotShown(f"cannot show {shown_path(folder)}: {error}") from None
         if meta is None or (preset is not None and meta.get("preset") != preset and not runs):
-            return cls(wanted, steps, folder, outputs=outputs, named=runs is not None)
+            try:
+                return cls(wanted, steps, folder, outputs=outputs, named=runs is not None)
+            except ValueError as error:  # an unknown preset: the error names the known ones
+                raise StudyNotShown(str(error)) from None
         if preset is not None and meta.get("preset") != preset:
             raise StudyNotShown(f"{shown_path(folder)} holds a {meta.get('preset')} study, not {preset}: set PRESET = "
                                 "None to show it, or RUNS = None for the tables of " + preset)

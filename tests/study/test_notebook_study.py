@@ -93,6 +93,8 @@ def test_a_folder_of_finished_tables_is_shown_as_the_study_it_holds_never_as_the
     assert said == [f"{folder} holds the tables of a cpu-small study without its runs: shown as written"]
     with pytest.raises(notebook.StudyNotShown, match="holds a cpu-small study, not tiny: set PRESET = None"):
         notebook.NotebookStudy.choose(False, runs=folder, preset="tiny")
+    with pytest.raises(notebook.StudyNotShown, match="'cpu-smal'"):
+        notebook.NotebookStudy.choose(False, preset="cpu-smal")  # a typo: one line naming the presets
     with pytest.raises(ValueError, match=r"holds 3 seed\(s\) of a cpu-small study, not 1 of cpu-small: nothing to"):
         study_tables(chosen, 1, log=said.append, train=False, stand_in=False)
 
