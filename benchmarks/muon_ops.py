@@ -7,10 +7,11 @@ variant's Muon matrices are the blocks' 2-D weights (`make_optimizers` with opti
 every one has a gradient. On a GPU each operation is at least one kernel launch: the count
 is what the per-matrix Python loop costs beyond the arithmetic, which both do alike.
 
-Under DDP every rank used to orthogonalise every matrix; headlab's Muon now splits each shape's
-matrices across the ranks and all-gathers the results once (`orthogonalize_shared`). Counted per
-rank of `--ranks` (a fake process group: nothing is sent), with the Newton–Schulz matrix-product
-FLOPs per rank (torch's FlopCounterMode), unsplit against split.
+Under DDP every rank used to orthogonalise every matrix; the sharded step (headlab.training.sharding)
+deals each shape's matrices out across the ranks, and each rank orthogonalises its own (the
+ranks then exchange the updated weights). Counted for the busiest rank of `--ranks` (the one
+with the most Newton–Schulz FLOPs), with the matrix-product FLOPs per rank (torch's
+FlopCounterMode), every matrix against that rank's share.
 
     python benchmarks/muon_ops.py [--preset paper-128m] [--ranks 8]
 """
@@ -26,13 +27,12 @@ except ImportError:  # run as a script: benchmarks/ itself is on sys.path
     import common
 
 import torch
-import torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from headlab.model.gpt import GPT
 from headlab.study.roles import comparison_variants
+from headlab.training.flops import newton_schulz_by_rank
 from headlab.training.optimizers import Muon, is_muon_matrix
 
 
@@ -48,46 +48,46 @@ class CountedOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def ops_per_step(config, optimizer_class, **options) -> tuple[int, int, int, int]:
+def ops_per_step(config, optimizer_class, ranks: int = 1) -> tuple[int, int, int, int]:
     """(matrices, shapes, operations and matrix-product FLOPs of one step after the first) of
-    `optimizer_class(..., **options)` on the Muon matrices of `config`, on the meta device."""
+    `optimizer_class(..., **options)` on the Muon matrices of `config` that the busiest of
+    `ranks` ranks steps (all of them for one rank), on the meta device."""
     with torch.device("meta"):
         model = GPT(config)
         matrices = [p for n, p in model.named_parameters() if is_muon_matrix(n, p)]
-        for p in matrices:
+    work, owner = newton_schulz_by_rank(matrices, ranks)
+    busiest = max(range(ranks), key=lambda rank: work[rank])
+    mine = [p for p in matrices if owner[id(p)] == busiest]
+    with torch.device("meta"):
+        for p in mine:
             p.grad = torch.zeros_like(p)
-    optimizer = optimizer_class(matrices, lr=0.02, weight_decay=0.1, **options)
+    optimizer = optimizer_class(mine, lr=0.02, weight_decay=0.1)
     optimizer.step()  # momentum buffers exist from here on
     with CountedOps() as counted, FlopCounterMode(display=False) as flops:
         optimizer.step()
-    return len(matrices), len({p.shape for p in matrices}), sum(counted.ops.values()), flops.get_total_flops()
+    return len(mine), len({p.shape for p in mine}), sum(counted.ops.values()), flops.get_total_flops()
 
 
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="paper-128m")
-    p.add_argument("--ranks", type=int, default=8, help="DDP ranks the split is counted for")
+    p.add_argument("--ranks", type=int, default=8, help="DDP ranks the sharded step is counted for")
     args = p.parse_args(argv)
-    # a process group of --ranks in which this process is rank 0 and collectives send nothing
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=args.ranks)
     rows, split_rows = [], []
-    try:
-        for config in comparison_variants(args.preset):
-            matrices, shapes, before, _ = ops_per_step(config, torch.optim.Muon)
-            _, _, after, flops = ops_per_step(config, Muon)
-            _, _, split, split_flops = ops_per_step(config, Muon, split_across=dist.group.WORLD)
-            rows.append([config.label, matrices, shapes, before, after, f"{before / after:.1f}x"])
-            split_rows.append([config.label, after, split, f"{flops / 1e9:.1f}", f"{split_flops / 1e9:.1f}",
-                               f"{flops / split_flops:.1f}x"])
-    finally:
-        dist.destroy_process_group()
+    for config in comparison_variants(args.preset):
+        matrices, shapes, before, _ = ops_per_step(config, torch.optim.Muon)
+        _, _, after, flops = ops_per_step(config, Muon)
+        mine, _, split, split_flops = ops_per_step(config, Muon, args.ranks)
+        rows.append([config.label, matrices, shapes, before, after, f"{before / after:.1f}x"])
+        split_rows.append([config.label, mine, after, split, f"{flops / 1e9:.1f}", f"{split_flops / 1e9:.1f}",
+                           f"{flops / split_flops:.1f}x"])
     table = common.format_table(["variant", "Muon matrices", "shapes", "torch.optim.Muon ops/step",
                                  "headlab Muon ops/step", "fewer"], rows)
-    split_table = common.format_table(["variant", "ops/step per rank, each rank all", "split",
-                                       "GFLOP/step per rank, each rank all", "split", "less"], split_rows)
+    split_table = common.format_table(["variant", "matrices of the busiest rank", "ops/step, every matrix",
+                                       "its share", "GFLOP/step, every matrix", "its share", "less"], split_rows)
     text = (f"Muon operations per step, {args.preset} (ATen ops dispatched, meta device)\n\n{table}\n\n"
-            f"Per rank under DDP with {args.ranks} ranks: each rank orthogonalising every matrix, against each "
-            f"its share and one all-gather\n\n{split_table}")
+            f"The busiest of {args.ranks} DDP ranks under the sharded step: every matrix, against its share\n\n"
+            f"{split_table}")
     print(text)
     return text
 

@@ -1,6 +1,8 @@
 """`python -m headlab` and the `headlab` command. The command line loads in two steps: its parser
 (quick: `--help`, `--version` and a usage error answer from it alone), then, for a command to
-run, the modules that run it (torch and pandas: seconds). Both load under one guard, so a Ctrl-C
+run, the modules that run it (torch and pandas: seconds). A path the command names that cannot be
+right (missing, the wrong kind, unreadable) is reported between the two, before torch loads. Both
+load under one guard, so a Ctrl-C
 before the command starts ends like every other interruption: one line and status 130, not a
 traceback.
 
@@ -12,20 +14,25 @@ import importlib
 import signal
 import sys
 
-EXIT_INTERRUPTED = 130
+EXIT_INPUT, EXIT_INTERRUPTED = 2, 130  # as headlab.cli.main has them, which this module cannot load early
 
 
 def run() -> int:
     interrupted = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     try:
-        args = importlib.import_module("headlab.cli.parser").parse_arguments()  # --help ends here, without torch
-        cli = importlib.import_module("headlab.cli.main")
+        parser = importlib.import_module("headlab.cli.parser")
+        args = parser.parse_arguments()  # --help ends here, without torch
+        problem = parser.path_problem(args)  # so does a mistyped path
+        cli = None if problem else importlib.import_module("headlab.cli.main")
     finally:
         signal.signal(signal.SIGINT, previous)
     if interrupted:
         print("headlab: error: interrupted while starting; nothing was done", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if problem:
+        print(f"headlab: error: {parser.printable(problem)}", file=sys.stderr)
+        return EXIT_INPUT
     return cli.run(args)
 
 

@@ -19,6 +19,7 @@ CIRCUITS = ("qk", "ov")
 ALL_CIRCUITS = "both"  # `analyze(circuit=...)`: every one of CIRCUITS
 PATTERN = "pattern"  # the circuit of attention-map similarity
 MEASURES = ("frobenius", "data")  # inner products of head forms: plain, or weighted by input moments
+ALL_MEASURES = "both"  # `headlab analyze --measure`: every one of MEASURES
 BEHAVIOUR = "jensen_shannon"  # the measure of attention-map similarity
 MLA_ROPE = ("included", "excluded")
 NOT_APPLICABLE = "n/a"  # the mla_rope of attention-map similarity: maps involve no such choice

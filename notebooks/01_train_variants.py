@@ -93,7 +93,8 @@ import torch
 import headlab
 from headlab.model.gpt import describe
 from headlab.report import plots
-from headlab.report.paper_tables import loss_table, recipe_text
+from headlab.report.paper_tables import recipe_text
+from headlab.study.conclusions import loss_table
 from headlab.study.claims import final_losses, per_seed_metrics
 from headlab.study.notebook import NotebookStudy
 from headlab.schema import FLAGSHIP_MLA_ROPE

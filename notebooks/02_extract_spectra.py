@@ -108,7 +108,8 @@ from headlab.analysis.hf_layouts import minilm_checkpoint
 from headlab.study.notebook import NotebookStudy
 from headlab.schema import FLAGSHIP_MLA_ROPE
 from headlab.study.tables import study_tables
-from headlab.analysis.spectrum import cosine_similarity, frobenius_gram, similarity_spectrum
+from headlab.analysis.gram import frobenius_gram
+from headlab.analysis.spectrum import cosine_similarity, similarity_spectrum
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead

@@ -90,7 +90,8 @@ import torch
 
 from headlab.report import plots
 from headlab.report.widgets import explore
-from headlab.report.paper_tables import rank_table, recipe_text
+from headlab.report.paper_tables import recipe_text
+from headlab.study.conclusions import rank_table
 from headlab.study.claims import measure_claims, per_seed_metrics, per_seed_ranks, per_step_metrics, training_claims
 from headlab.study.notebook import NotebookStudy
 from headlab.schema import FLAGSHIP_MLA_ROPE

@@ -25,7 +25,7 @@ from scale_study import study_runs
 from headlab.data.corpus import load_corpus
 from headlab.io import atomic_write_text
 from headlab.report.paper_tables import markdown_table
-from headlab.report.writer import factor_rows, rank_bound_rows, write_report
+from headlab.report.writer import write_report
 from headlab.study.claims import METRICS, difference_to_mha, per_seed_metrics, values, variant_name, variant_rows
 from headlab.study.stats import paired_difference, spread
 from headlab.study.tables import tabulate_study
@@ -59,8 +59,8 @@ def recipe_page(studies: dict[str, tuple[pd.DataFrame, object]]) -> str:
             if role != "mha":
                 differences.append(row)
             effects.append(effect)
-    factor_tables = [factor_rows(studies[recipe][1]).assign(recipe=recipe) for recipe in names]
-    bound_tables = [rank_bound_rows(studies[recipe][1]).assign(recipe=recipe) for recipe in names]
+    factor_tables = [studies[recipe][1]["factor_table"].assign(recipe=recipe) for recipe in names]
+    bound_tables = [studies[recipe][1]["rank_bound_table"].assign(recipe=recipe) for recipe in names]
     factor_table = pd.concat(factor_tables, ignore_index=True)
     bound_table = pd.concat(bound_tables, ignore_index=True)
     return "\n".join([

@@ -41,7 +41,7 @@ import pandas as pd
 from headlab.analysis.similarity import Analysis
 from headlab.analysis.tables import save_tables
 from headlab.io import read_regular
-from headlab.model.config import preset
+from headlab.model.config import ModelConfig, preset
 from headlab.runs.layout import EXECUTION_FIELDS
 from headlab.study.study import Study, StudyRun, settings_digest, settings_key
 from headlab.study.table_files import (
@@ -66,7 +66,9 @@ def ship(study_folder: Path, destination: Path | None = None) -> StudyTables:
     study = Study(meta["preset"], meta["steps"], study_folder)
     configs = [json.loads(read_regular(study.run_folder(config, seed) / "config.json"))
                for seed in meta["seeds"] for config in study.variants]
-    recorded = settings_digest([[c["model"], c["train"]] for c in configs[:len(study.variants)]])
+    # read as configs: config.json names a field added since the previous release only away from its default
+    recorded = settings_digest([[ModelConfig.from_dict(c["model"]).to_dict(), asdict(TrainConfig.from_dict(c["train"]))]
+                                for c in configs[:len(study.variants)]])
     if recorded != settings_key(study.preset, study.steps):
         raise ValueError(f"the runs in {study_folder} were trained with other settings than this checkout's "
                          f"{study.preset} ({recorded} != {settings_key(study.preset, study.steps)}): notebooks would "

@@ -239,8 +239,9 @@ def test_no_report_module_loads_training_or_torch(module):
     assert "torch" not in loaded
 
 
-def test_the_spectrum_math_loads_no_torch():
-    assert "torch" not in loaded_modules("headlab.analysis.spectrum", preload="numeric")
+@pytest.mark.parametrize("module", ["headlab.analysis.gram", "headlab.analysis.spectrum"])
+def test_the_spectrum_math_loads_no_torch(module):
+    assert "torch" not in loaded_modules(module, preload="numeric")
 
 
 def test_headlab_io_loads_no_torch_importing_module():
@@ -275,3 +276,10 @@ def test_dir_of_a_package_lists_what_it_exports_before_loading_it(package):
     """Tab completion (dir) finds `headlab.GPT` and the rest while they are still unloaded."""
     module = __import__(package, fromlist=["__all__"])
     assert set(module.__all__) <= set(dir(module))
+
+
+def test_no_module_of_the_package_is_over_500_lines():
+    """One short file per concept: a module that grows past 500 lines holds two concepts; split it."""
+    long = {str(path.relative_to(PACKAGE.parent)): n for path in PACKAGE.rglob("*.py")
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > 500}
+    assert long == {}

@@ -34,106 +34,46 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import logging
-import os
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for benchmarks.common
-import torch
-from torch.profiler import ProfilerActivity, profile
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # node_checks, gpu_variants (run as a module too)
+import node_checks  # noqa: E402  (puts the repository root on sys.path, for benchmarks.common)
+import torch  # noqa: E402
+from gpu_variants import (  # noqa: E402, F401  (the checks' tests read them here)
+    MODES,
+    Mode,
+    memory_check,
+    recompile_checks,
+    sdpa_backends,
+    sdpa_check,
+    variant_checks,
+)
+from node_checks import (  # noqa: E402, F401
+    FAIL,
+    PASS,
+    SKIP,
+    Check,
+    RecompileLog,
+    failure,
+    run_child,
+    stage,
+    summary,
+    target,
+    verdict,
+)
 
-from benchmarks import common
-from headlab.analysis import attention_maps, inputs, qk_norm
-from headlab.analysis import similarity as analysis
-from headlab.data.corpus import load_corpus
-from headlab.model import decoding
-from headlab.runs.checkpoints import checkpoint_step, has_checkpoint
-from headlab.study.roles import comparison_variants
-from headlab.training.config import train_preset
-from headlab.training.flops import model_flops_utilization
-from headlab.training.hardware import gpu_peak, measure_peak_flops
-from headlab.training.memory import memory_per_device, micro_batch_size
-from headlab.training.plan import format_bytes
-from headlab.training.runs import Run, load_run
-from headlab.training.trainer import train
+from benchmarks import common  # noqa: E402
+from headlab.runs.checkpoints import checkpoint_step, has_checkpoint  # noqa: E402
+from headlab.training.runs import Run, load_run  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-PASS, FAIL, SKIP, WARN = "PASS", "FAIL", "SKIP", "WARN"
+ROOT = node_checks.ROOT
 OPTIONAL_EXTRAS = {"pyarrow": "corpora", "zstandard": "corpora"}  # module -> the headlab extra that installs it
-MHA_MFU_TARGET = 0.40
-VARIANT_THROUGHPUT_TARGET = 0.90  # of MHA's tokens/s
 ELAPSED_TARGET_S = 600
-
-
-@dataclass(frozen=True)
-class Mode:
-    preset: str
-    steps: int
-    batch_size: int  # sequences per step
-    log_every: int  # steps per throughput window
-    matmul_size: int  # of the square bf16 matmul that measures the peak
-    peak_seconds: float
-    new_tokens: int  # generated after a (context - new_tokens)-token prompt
-    timing_s: float  # per cached-step latency measurement
-    report_windows: int  # full-context windows of the report's forward-pass measurements (the report: 8)
-    tokenize_megabytes: float  # of generated text for the tokenization throughput
-
-
-MODES = {"gpu": Mode("paper-128m", 200, 16, 20, 8192, 2.0, 64, 0.2, 2, 16),
-         "smoke": Mode("tiny", 6, 4, 2, 128, 0.05, 4, 0.01, 2, 2)}
-
-
-# ---- the summary ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Check:
-    """One row of the summary: what was checked, PASS, FAIL or SKIP, and what was seen (or why not)."""
-
-    check: str
-    result: str
-    detail: str
-
-
-def verdict(check: str, ok: bool, detail: str) -> Check:
-    """PASS when `ok`, else FAIL."""
-    return Check(check, PASS if ok else FAIL, detail)
-
-
-def target(check: str, ok: bool, detail: str, enforced: bool) -> Check:
-    """A performance target: PASS, or WARN when missed, where it is judged (on a GPU): a slow node
-    still trains correctly, so it does not FAIL the check; else SKIP, still saying what was
-    measured (a CPU's numbers say nothing about a GPU's)."""
-    if not enforced:
-        return Check(check, SKIP, detail + "; not judged in --smoke")
-    return Check(check, PASS if ok else WARN, detail)
-
-
-def stage(name: str, function, *args) -> list[Check]:
-    """`function(*args)`'s rows (a Check or a list of them); if it raises, one FAIL row naming the
-    error (traceback on stderr), so that one broken stage neither hides the others nor ends the
-    check without its summary."""
-    try:
-        rows = function(*args)
-        return rows if isinstance(rows, list) else [rows]
-    except Exception as error:
-        traceback.print_exc()
-        message = (str(error).strip().splitlines() or [""])[0][:200]
-        return [Check(name, FAIL, f"raised {type(error).__name__}: {message}")]
-
-
-def summary(checks: list[Check]) -> str:
-    """The summary table, and how many checks passed, failed and were skipped."""
-    table = common.format_table(["check", "result", "detail"], [[c.check, c.result, c.detail] for c in checks])
-    counts = ", ".join(f"{sum(c.result == result for c in checks)} {result}" for result in (PASS, FAIL, WARN, SKIP))
-    return f"\n## Summary\n\n{table}\n\n{len(checks)} checks: {counts}"
 
 
 # ---- torchrun, checkpoints and exact resume ------------------------------------------------------
@@ -191,21 +131,11 @@ class Launch:
         return "NCCL" if self.device == "cuda" else "gloo"
 
 
-def run_child(command: list[str], kill_at: int = 0) -> subprocess.CompletedProcess:
-    """Run `command` with this checkout's headlab first on PYTHONPATH, one OpenMP thread, cuBLAS's
-    deterministic workspace and GPU_CHECK_KILL_AT; after CHILD_TIMEOUT_S its whole process group
-    (torchrun's workers too) is killed."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "OMP_NUM_THREADS": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "GPU_CHECK_KILL_AT": str(kill_at)}
-    child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
-    try:
-        stdout, stderr = child.communicate(timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        stdout, stderr = child.communicate()
-        stderr += f"\ntimed out after {CHILD_TIMEOUT_S} s"
-    return subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
+def run_tiny(command: list[str], kill_at: int = 0) -> subprocess.CompletedProcess:
+    """`run_child` with cuBLAS's deterministic workspace and GPU_CHECK_KILL_AT; after
+    CHILD_TIMEOUT_S its whole process group (torchrun's workers too) is killed."""
+    env = node_checks.child_env(CUBLAS_WORKSPACE_CONFIG=":4096:8", GPU_CHECK_KILL_AT=str(kill_at))
+    return run_child(command, CHILD_TIMEOUT_S, env)
 
 
 def train_tiny(launch: Launch, name: str, *extra: str, torchrun: bool = False,
@@ -217,19 +147,13 @@ def train_tiny(launch: Launch, name: str, *extra: str, torchrun: bool = False,
     program = (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={launch.processes}", "-m", "headlab"]
                if torchrun else [str(launch.folder / "resumable_train.py")])
     started = time.perf_counter()
-    done = run_child([sys.executable, *program, *TINY_RUN, "--device", launch.device, "--batch-size",
+    done = run_tiny([sys.executable, *program, *TINY_RUN, "--device", launch.device, "--batch-size",
                       str(launch.batch_size), *extra, "--out", str(out)], kill_at)
     killed = f" (killed at training forward {kill_at})" if kill_at else ""
     print(f"  {name}: exit {done.returncode}{killed} in {time.perf_counter() - started:.0f} s", flush=True)
     if done.returncode and not kill_at:
         print("\n".join(done.stderr.splitlines()[-20:]), flush=True)
     return done, out
-
-
-def failure(done: subprocess.CompletedProcess) -> str:
-    """A failed process in one line: its exit status and the last line it wrote to stderr."""
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    return f"exit {done.returncode}: {lines[-1][:160] if lines else 'no error output'}"
 
 
 def max_difference(a: Run, b: Run) -> float:
@@ -298,282 +222,6 @@ def distributed_checks(launch: Launch) -> list[Check]:
 
 
 # ---- the six variants -------------------------------------------------------------------------
-
-class RecompileLog(logging.Handler):
-    """While entered, torch's `recompiles` log is on (torch._logging.set_logs, which also prints it)
-    and each message it logs is kept in `messages`: one per function compiled again because the
-    guards of its earlier compilation failed (the message names the guard). A new model's first
-    compilation after torch.compiler.reset() logs none. On exit every torch log is back to its
-    default (a TORCH_LOGS setting is not restored)."""
-
-    def __init__(self):
-        super().__init__()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "recompiles" in record.name:
-            self.messages.append(record.getMessage())
-
-    def __enter__(self) -> "RecompileLog":
-        torch._logging.set_logs(recompiles=True)
-        logging.getLogger("torch._dynamo").addHandler(self)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        logging.getLogger("torch._dynamo").removeHandler(self)
-        torch._logging.set_logs()
-
-
-class PeakMemory:
-    """The CUDA memory the block allocated at its peak beyond what was allocated when it began
-    (earlier models still on the GPU): `bytes` after the block; None off CUDA."""
-
-    def __init__(self, device: str):
-        self.cuda, self.bytes, self.start = device == "cuda", None, 0
-
-    def __enter__(self) -> "PeakMemory":
-        if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self.start = torch.cuda.memory_allocated()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-            self.bytes = torch.cuda.max_memory_allocated() - self.start
-
-
-def train_variants(preset: str, steps: int, batch_size: int, log_every: int, device: str, runs_dir: Path,
-                   optimizer: str | None = None) -> tuple[dict, dict]:
-    """Train the six comparison variants (with the preset's optimizer unless one is given). Returns
-    {label: Run} and {label: {"peak_bytes", "recompiles"}}: what training each allocated at its
-    peak on CUDA (`PeakMemory`) and the recompilations torch.compile logged (`RecompileLog`)."""
-    corpus = load_corpus("synthetic", tokenizer="byte")
-    config = train_preset(preset, steps=steps, batch_size=batch_size, warmup_steps=max(1, steps // 10),
-                          dtype="bfloat16", compile="inductor" if device == "cuda" else "off", device=device,
-                          log_every=log_every, eval_every=steps, eval_batches=2, checkpoint_every=steps)
-    if optimizer:
-        config = config.replace(optimizer=optimizer)
-    runs, seen = {}, {}
-    for variant in comparison_variants(preset):
-        started = time.perf_counter()
-        torch.compiler.reset()  # so that this model's first compilation is not a recompilation of the last model's
-        with RecompileLog() as recompiles, PeakMemory(device) as peak:
-            runs[variant.label] = train(variant, config, corpus, out=runs_dir / variant.run_name, progress=False)
-        seen[variant.label] = {"peak_bytes": peak.bytes, "recompiles": recompiles.messages}
-        print(f"  trained {variant.label} in {time.perf_counter() - started:.0f} s", flush=True)
-    return runs, seen
-
-
-# The aten operator scaled_dot_product_attention dispatches to, per backend (torch.nn.attention.SDPBackend).
-SDPA_KERNELS = {
-    "aten::_scaled_dot_product_flash_attention": "FLASH_ATTENTION",
-    "aten::_scaled_dot_product_flash_attention_for_cpu": "FLASH_ATTENTION (CPU)",
-    "aten::_scaled_dot_product_efficient_attention": "EFFICIENT_ATTENTION",
-    "aten::_scaled_dot_product_cudnn_attention": "CUDNN_ATTENTION",
-    "aten::_scaled_dot_product_fused_attention_overrideable": "OVERRIDEABLE",
-    "aten::_scaled_dot_product_attention_math": "MATH",
-}
-
-
-def sdpa_backends(model: torch.nn.Module, autocast) -> set[str]:
-    """The backends scaled_dot_product_attention ran in one forward and backward of `model` on two
-    full-context windows under `autocast` (the training's): the aten operators the profiler saw.
-    The model runs eagerly here; compiled, SDPA's backend is chosen by the same rules."""
-    config = model.config
-    device = next(model.parameters()).device
-    tokens = torch.randint(0, 256, (2, config.seq_len), generator=torch.Generator().manual_seed(0)).to(device)
-    with profile(activities=[ProfilerActivity.CPU]) as profiler:  # operators are recorded on the host
-        with autocast:
-            _, loss = model(tokens, tokens)
-        loss.backward()
-    model.zero_grad(set_to_none=True)
-    return {SDPA_KERNELS[event.name] for event in profiler.events() if event.name in SDPA_KERNELS}
-
-
-def sdpa_check(label: str, backends: set[str], device: str) -> Check:
-    """On CUDA, PASS when every attention call ran a fused kernel, FAIL when one fell back to MATH
-    (scores materialized: slow, memory quadratic in the context). On the CPU whatever ran passes.
-    No SDPA call at all FAILs: the model no longer reaches the kernel this check watches."""
-    check = f"SDPA backend: {label}"
-    seen = ", ".join(sorted(backends))
-    if not backends:
-        return Check(check, FAIL, "no scaled_dot_product_attention call seen in a training step")
-    if device != "cuda":
-        return Check(check, PASS, f"{seen} (on the CPU any backend passes)")
-    return verdict(check, "MATH" not in backends, seen + ("; falls back to MATH" if "MATH" in backends else ""))
-
-
-def sdpa_checks(runs: dict, device: str, results: dict) -> list[Check]:
-    """The SDPA backend of each family, in bf16 autocast as it trained."""
-    autocast = torch.autocast(device, dtype=torch.bfloat16)
-    backends = {label: sdpa_backends(run.model, autocast) for label, run in runs.items()}
-    results["sdpa_backends"] = {label: sorted(found) for label, found in backends.items()}
-    return [sdpa_check(label, found, device) for label, found in backends.items()]
-
-
-def memory_check(label: str, measured: int, planned: float) -> Check:
-    """The plan's memory per device is an upper-bound estimate: PASS when the measured peak is at most it."""
-    return verdict(f"peak memory vs plan: {label}", measured <= planned,
-                   f"{format_bytes(measured)} allocated at the peak, plan {format_bytes(planned)} "
-                   f"(ratio {measured / planned:.2f})")
-
-
-def memory_checks(runs: dict, seen: dict, device: str) -> list[Check]:
-    """Each variant's peak CUDA memory in training against headlab.training.memory.memory_per_device
-    for its config, micro-batch, one device under DDP, optimizer and dtype."""
-    if device != "cuda":
-        return [Check("peak memory vs plan", SKIP, "no CUDA device (--smoke)")]
-    checks = []
-    for label, run in runs.items():
-        tc = run.train_config
-        planned = memory_per_device(run.model_config, micro_batch_size(tc.batch_size, 1, tc.grad_accum), 1, "ddp",
-                                    tc.optimizer, tc.dtype).total
-        checks.append(memory_check(label, seen[label]["peak_bytes"], planned))
-    return checks
-
-
-def recompile_checks(seen: dict, compiled: bool) -> list[Check]:
-    """No recompilation after a model's first compilation: every training micro-batch has one
-    shape, and evaluation runs the uncompiled module, so its batches never reach the compiled one.
-    Each recompilation would cost minutes of compile time at scale and hint at a guard on a value
-    that changes during training."""
-    if not compiled:
-        return [Check("recompiles under --compile", SKIP, "headlab compiles on CUDA only (--smoke trains on the CPU)")]
-    return [verdict(f"recompiles: {label}", not s["recompiles"],
-                    "none after the first compilation" if not s["recompiles"] else
-                    f"{len(s['recompiles'])}, first: " + " ".join(s["recompiles"][0].split())[:160])
-            for label, s in seen.items()]
-
-
-def throughput_rows(runs: dict, peak_flops: float) -> list[dict]:
-    """Per variant: median tokens/s after the first logged window, and MFU against `peak_flops`."""
-    rows = []
-    for label, run in runs.items():
-        windows = [r["tokens_per_s"] for r in run.metrics if "tokens_per_s" in r][1:]
-        tokens_per_s = statistics.median(windows)
-        rows.append({"variant": label, "tokens_per_s": tokens_per_s,
-                     "mfu": model_flops_utilization(run.model_config, tokens_per_s, peak_flops),
-                     "final_val_loss": run.final_val_loss})
-    mha = rows[0]["tokens_per_s"]
-    for row in rows:
-        row["of_mha"] = row["tokens_per_s"] / mha
-    return rows
-
-
-def throughput_checks(runs: dict, peak: float, enforced: bool, results: dict) -> list[Check]:
-    """The throughput table and its targets: MHA's MFU, every variant's tokens/s against MHA's."""
-    rows = throughput_rows(runs, peak)
-    results["throughput"] = rows
-    print("\n### Training throughput\n")
-    print(common.format_table(["variant", "tokens/s", "MFU (measured peak)", "of MHA tokens/s", "val loss"],
-                              [[r["variant"], round(r["tokens_per_s"]), r["mfu"], r["of_mha"], r["final_val_loss"]]
-                               for r in rows]))
-    checks = [target("Standard MHA MFU", rows[0]["mfu"] >= MHA_MFU_TARGET,
-                     f"{100 * rows[0]['mfu']:.1f}% (target >= {100 * MHA_MFU_TARGET:.0f}%)", enforced)]
-    return checks + [target(f"tokens/s: {r['variant']}", r["of_mha"] >= VARIANT_THROUGHPUT_TARGET,
-                            f"{100 * r['of_mha']:.0f}% of MHA's (target >= {100 * VARIANT_THROUGHPUT_TARGET:.0f}%)",
-                            enforced) for r in rows[1:]]
-
-
-def decode_tables(runs: dict, new_tokens: int, timing_s: float):
-    """Cache bytes vs formula at full context, generation with vs without cache after a
-    (context - new_tokens)-token prompt, and one cached step at context - 1, all in bf16
-    (the models are cast in place)."""
-    models = {label: run.model.to(torch.bfloat16).eval() for label, run in runs.items()}
-    context = next(iter(models.values())).config.seq_len
-    device = next(next(iter(models.values())).parameters()).device
-    prompt = torch.randint(0, 256, (1, context - new_tokens), generator=torch.Generator().manual_seed(0)).to(device)
-    cache = decoding.cache_bytes_table(models, context)
-    speed = decoding.generation_speed(models, prompt, new_tokens, repeats=2)
-    latency = decoding.step_latency(models, [context - 1], min_run_time=timing_s)
-    latency["speed-up vs MHA"] = latency["ms"].iloc[0] / latency["ms"]
-    return context, cache, speed, latency
-
-
-def decode_checks(runs: dict, mode: Mode, results: dict) -> list[Check]:
-    """The decoding tables (bf16, batch 1); cache bytes must equal the formula for every variant."""
-    context, cache, speed, latency = decode_tables(runs, mode.new_tokens, mode.timing_s)
-    print(f"\n### Decoding at context {context} (bf16, batch 1)\n")
-    print(cache.to_string(), "\n")
-    print(speed.to_string(), "\n")
-    print(latency.to_string(index=False))
-    results.update(cache=cache.reset_index().to_dict("records"), generation=speed.reset_index().to_dict("records"),
-                   step_latency=latency.to_dict("records"))
-    return [verdict("decode cache bytes = formula", bool(cache["agree"].all()),
-                    f"{len(cache)} cache layouts at context {context}")]
-
-
-def analyze_runs(runs: dict) -> "analysis.Analysis":
-    """The head analysis of every trained model (QK circuit, all layers, fp32 weights)."""
-    return analysis.concat(analysis.analyze(run.model, label=label) for label, run in runs.items())
-
-
-def report_measurements(runs: dict, windows: int) -> list[dict]:
-    """The report's forward-pass measurements of every model where it trained, on `windows` random
-    windows of its full context: Σ (`inputs.input_moments`), the attention-map similarity and,
-    where the variant has QK-norm, `qk_norm.norm_scale_effect`; seconds per measurement."""
-    rows = []
-    for label, run in runs.items():
-        config = run.model_config
-        tokens = torch.randint(0, 256, (windows, config.seq_len), generator=torch.Generator().manual_seed(0))
-        row = {"variant": label}
-        for name, measure in (("moments_s", inputs.input_moments), ("behaviour_s", attention_maps.attention_similarity),
-                              ("norm_effect_s", qk_norm.norm_scale_effect if config.qk_norm else None)):
-            if measure is None:
-                row[name] = None
-                continue
-            start = time.perf_counter()
-            measure(run.model, tokens)
-            row[name] = time.perf_counter() - start
-        rows.append(row)
-    return rows
-
-
-def analysis_checks(runs: dict, windows: int, runs_dir: Path, results: dict) -> list[Check]:
-    """The head analysis (saved under runs_dir/analysis) and the report's measurements, in fp32:
-    they must run on every model (no target)."""
-    result = analyze_runs(runs)
-    measured = report_measurements(runs, windows)
-    results["report_measurements"] = measured
-    n_layer = next(iter(runs.values())).model_config.n_layer
-    layers = sorted({0, n_layer // 2, n_layer - 1})  # the flagship figure's early / middle / late
-    summary_frame = result.summary
-    picked = summary_frame[summary_frame["layer"].isin(layers)]
-    print("\n### Head analysis (QK circuit), layers " + ", ".join(map(str, layers)) + "\n")
-    print(picked.pivot_table(index="model", columns=["kind", "layer"], values="effective_rank", sort=False)
-          .round(2).to_string())
-    result.save(runs_dir / "analysis")
-    context = next(iter(runs.values())).model_config.seq_len
-    print(f"\n### The report's measurements on the training device ({windows} windows of {context} tokens)\n")
-    print(common.format_table(["variant", "Σ s", "attention maps s", "1/rms effect s"],
-                              [[r["variant"], r["moments_s"], r["behaviour_s"],
-                                "no QK-norm" if r["norm_effect_s"] is None else r["norm_effect_s"]] for r in measured]))
-    return [Check("head analysis and report measurements", PASS,
-                  f"{summary_frame['model'].nunique()} models; saved in {runs_dir / 'analysis'}")]
-
-
-def variant_checks(mode: Mode, steps: int, batch_size: int, optimizer: str | None, device: str, runs_dir: Path,
-                   results: dict) -> list[Check]:
-    """Train the six variants, then every check made on them; the SDPA check and the analysis
-    come before decoding, which casts the models to bf16."""
-    peak = measure_peak_flops(device, torch.bfloat16, size=mode.matmul_size, seconds=mode.peak_seconds)
-    table = gpu_peak(torch.cuda.get_device_name(0)) if device == "cuda" else None
-    print(f"\nmeasured bf16 matmul peak ({mode.matmul_size}^3): {peak / 1e12:.1f} TFLOP/s"
-          + (f" (data sheet {table[1]:.0f} TFLOP/s dense)" if table else ""), flush=True)
-    results["measured_peak_flops"] = peak
-    runs, seen = train_variants(mode.preset, steps, batch_size, mode.log_every, device, runs_dir, optimizer)
-    results["optimizer"] = next(iter(runs.values())).train_config.optimizer
-    results["peak_memory_bytes"] = {label: s["peak_bytes"] for label, s in seen.items()}
-    return (stage("SDPA backends", sdpa_checks, runs, device, results)
-            + stage("peak memory vs plan", memory_checks, runs, seen, device)
-            + stage("recompiles under --compile", recompile_checks, seen, device == "cuda")
-            + stage("training throughput", throughput_checks, runs, peak, device == "cuda", results)
-            + stage("head analysis and report measurements", analysis_checks, runs, mode.report_windows, runs_dir,
-                    results)
-            + stage("decoding", decode_checks, runs, mode, results))
-
 
 # ---- tokenization -----------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@
 # The Python: $PYTHON if set, else the first of python3, python, .venv/bin/python whose torch sees
 # a CUDA device (the Makefile's .venv pins a CPU torch), else .venv/bin/python or python3 (and
 # without --smoke every GPU row of the table then SKIPs, saying there is no CUDA device). A torch
-# older than 2.9, or missing base dependencies, are refused in one line with exit status 2 before
+# older than 2.9, or a module the check uses missing, are refused in one line with exit status 2 before
 # anything runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,20 +38,8 @@ print(f"gpu_check.sh: Python {sys.executable}, torch {torch.__version__} (CUDA b
 version = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
 sys.exit(0 if version >= (2, 9) else 1)' \
   || { echo "gpu_check.sh: $PYTHON has torch $("$PYTHON" -c 'import torch; print(torch.__version__)'); headlab needs torch >= 2.9 (torch.optim.Muon)" >&2; exit 2; }
-# headlab's base dependencies (pyproject.toml's [project] dependencies): every missing one named
-# in one line, before a stage's import would stop on the first with a traceback.
-"$PYTHON" - <<'PY' || exit 2
-import importlib, re, sys
-block = re.search(r"^dependencies = \[(.*?)^\]", open("pyproject.toml").read(), re.DOTALL | re.MULTILINE).group(1)
-missing = []
-for name in re.findall(r'^\s*"([A-Za-z0-9_.-]+)', block, re.MULTILINE):
-    try:
-        importlib.import_module(name.replace("-", "_"))
-    except ImportError:
-        missing.append(name)
-if missing:
-    sys.exit(f"gpu_check.sh: {sys.executable} lacks headlab's base dependencies {', '.join(missing)}: "
-             f"pip install {' '.join(missing)} (or pip install -e . in the checkout)")
-PY
+# The modules the check uses (tools/node_checks.py's NEEDS: not ipywidgets, JupyterLab, matplotlib or
+# seaborn, which the GPU image may lack and nothing here imports), every missing one named in one line.
+"$PYTHON" tools/node_checks.py || exit 2
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 exec "$PYTHON" tools/gpu_check.py "$@"

@@ -1,9 +1,14 @@
 """Behaviour-space head similarity: the heads' attention maps on a batch of tokens, compared by
 Jensen–Shannon distance, in the similarity table of `headlab.analysis.similarity` (circuit
 "pattern", measure "jensen_shannon", mla_rope "n/a", value 1 − mean Jensen–Shannon distance), so
-weight-space and behaviour-space similarity can be set side by side. Maps of headlab models are
-recorded from their attention kernels; those of Hugging Face checkpoints are the probabilities
-`transformers` returns (`headlab.analysis.hf_models`)."""
+weight-space and behaviour-space similarity can be set side by side; `attention_analysis` adds
+their spectra and effective ranks, the tables `analyze` writes for the weights. Maps of headlab
+models are recorded from their attention kernels; those of Hugging Face checkpoints are the
+probabilities `transformers` returns (`headlab.analysis.hf_models`).
+
+S = 1 − D is not a Gram matrix: its uncentered spectrum can have negative eigenvalues, which are
+clipped to 0 (`headlab.analysis.spectrum.clipped_spectrum`; `headlab.analysis.measures` says why
+and reports the clipped share)."""
 
 from __future__ import annotations
 
@@ -17,10 +22,11 @@ import torch
 from headlab.analysis.heads import load_heads
 from headlab.analysis.hf_models import hf_attention_maps
 from headlab.analysis.inputs import forward_model, run_forward
-from headlab.analysis.similarity import similarity_rows, table_from_pieces
+from headlab.analysis.similarity import Analysis, similarity_rows, spectrum_rows, table_from_pieces
+from headlab.analysis.spectrum import clipped_spectrum
 from headlab.model.attention.common import AttentionCore, attention_probabilities
 from headlab.model.gpt import eval_mode
-from headlab.schema import BEHAVIOUR, NOT_APPLICABLE, PATTERN
+from headlab.schema import BEHAVIOUR, COLUMNS, KINDS, NOT_APPLICABLE, PATTERN
 
 
 @contextlib.contextmanager
@@ -88,6 +94,25 @@ def attention_similarity(source, tokens: torch.Tensor, label: str | None = None)
     pieces = [similarity_rows(label, layer, PATTERN, BEHAVIOUR, NOT_APPLICABLE, 1.0 - js_distance_matrix(probs))
               for layer, probs in enumerate(maps)]
     return table_from_pieces(pieces, "similarity")
+
+
+def layer_matrices(similarity: pd.DataFrame):
+    """(model, layer, S) for each model and layer of a similarity table, S its H × H matrix."""
+    for (model, layer), group in similarity.groupby(["model", "layer"], sort=False):
+        n = int(group["head_i"].max()) + 1
+        matrix = np.zeros((n, n))
+        matrix[group["head_i"].to_numpy(), group["head_j"].to_numpy()] = group["value"].to_numpy()
+        yield model, layer, matrix
+
+
+def attention_analysis(source, tokens: torch.Tensor, label: str | None = None) -> Analysis:
+    """`attention_similarity` with its spectra and summary (circuit "pattern"), as an Analysis
+    that stacks onto the weight views' (`concat`); norms and lrkv_cosine are the weights' only."""
+    pieces = [spectrum_rows(model, layer, PATTERN, BEHAVIOUR, NOT_APPLICABLE, matrix,
+                            [clipped_spectrum(matrix, kind)[0] for kind in KINDS])
+              for model, layer, matrix in layer_matrices(attention_similarity(source, tokens, label))]
+    return Analysis(**{name: table_from_pieces([piece[name] for piece in pieces if name in piece], name)
+                       for name in COLUMNS})
 
 
 def _headlab_maps(model, tokens: torch.Tensor) -> list[torch.Tensor]:

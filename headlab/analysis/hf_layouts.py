@@ -1,6 +1,6 @@
 """Hugging Face checkpoints' attention layouts, keyed by config.json's model_type: each layout reads
 a layer's tensors into the factors of `headlab.analysis.layer_weights` (BERT, GPT-2, Llama-style,
-DeepSeek's MLA) and names the modules whose inputs its attention reads when the model runs
+Gemma 3, DeepSeek's MLA) and names the modules whose inputs its attention reads when the model runs
 (`headlab.analysis.hf_models`); plus the MiniLM checkpoint notebook 05 and the tests read."""
 
 from __future__ import annotations
@@ -28,12 +28,17 @@ def _gpt2_layer(cfg: dict, w: Prefixed, i: int) -> LayerWeights:
                           cfg["n_head"])
 
 
-def _llama_layer(cfg: dict, w: Prefixed, i: int) -> LayerWeights:
+def _llama_layer(cfg: dict, w: Prefixed, i: int, gain_offset: float = 0.0) -> LayerWeights:
     p = f"layers.{i}.self_attn."
-    # Qwen3's per-head QK-norm gains (one e-vector shared by all heads), folded into the factors
-    gains = {f"{s}_gain": w(p + f"{s}_norm.weight") for s in ("q", "k") if p + f"{s}_norm.weight" in w}
+    # Qwen3's and Gemma 3's per-head QK-norm gains (one e-vector shared by all heads), folded into
+    # the factors; Gemma's RMSNorm multiplies by 1 + w, so its gain is the stored w plus 1
+    gains = {f"{s}_gain": gain_offset + w(p + f"{s}_norm.weight") for s in ("q", "k") if p + f"{s}_norm.weight" in w}
     return GroupedWeights(w(p + "q_proj.weight"), w(p + "k_proj.weight"), w(p + "v_proj.weight"),
                           w(p + "o_proj.weight"), cfg["num_attention_heads"], **gains)
+
+
+def _gemma3_layer(cfg: dict, w: Prefixed, i: int) -> LayerWeights:
+    return _llama_layer(cfg, w, i, gain_offset=1.0)
 
 
 def _deepseek_layer(cfg: dict, w: Prefixed, i: int) -> LayerWeights:
@@ -53,6 +58,7 @@ HF_LAYOUTS: dict[str, tuple[str, Callable]] = {
     "mistral": ("layers.0.self_attn.q_proj.weight", _llama_layer),
     "qwen2": ("layers.0.self_attn.q_proj.weight", _llama_layer),
     "qwen3": ("layers.0.self_attn.q_proj.weight", _llama_layer),
+    "gemma3_text": ("layers.0.self_attn.q_proj.weight", _gemma3_layer),
     "deepseek_v2": ("layers.0.self_attn.kv_a_proj_with_mqa.weight", _deepseek_layer),
     "deepseek_v3": ("layers.0.self_attn.kv_a_proj_with_mqa.weight", _deepseek_layer),
 }
@@ -63,7 +69,8 @@ HF_ATTENTION_INPUTS: dict[str, tuple[str, str | tuple[str, ...], str]] = {
     "bert": ("encoder.layer", "attention.self.query", "attention.self.key"),
     "roberta": ("encoder.layer", "attention.self.query", "attention.self.key"),
     "gpt2": ("h", "attn.c_attn", "attn.c_attn"),
-    **{llama: ("layers", "self_attn.q_proj", "self_attn.k_proj") for llama in ("llama", "mistral", "qwen2", "qwen3")},
+    **{llama: ("layers", "self_attn.q_proj", "self_attn.k_proj")
+       for llama in ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")},
     **{deepseek: ("layers", ("self_attn.q_a_proj", "self_attn.q_proj"), "self_attn.kv_a_proj_with_mqa")
        for deepseek in ("deepseek_v2", "deepseek_v3")},
 }

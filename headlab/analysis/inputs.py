@@ -14,7 +14,8 @@ Where x is taken:
   * BERT / RoBERTa checkpoints (post-norm): what `attention.self.query` and `.key` read, the
     layer's input hidden state (the embedding LayerNorm's output for layer 0, else the previous
     layer's output LayerNorm). Windows are [CLS] text-piece [SEP], no padding.
-  * GPT-2, Llama-style (Llama, Mistral, Qwen2/3) and DeepSeek (MLA) checkpoints (pre-norm): what
+  * GPT-2, Llama-style (Llama, Mistral, Qwen2/3), Gemma 3 and DeepSeek (MLA) checkpoints, and GGUF
+    files (run as the Hugging Face model they came from, `headlab.analysis.gguf_models`) (pre-norm): what
     the query and key projections read (GPT-2's fused c_attn; DeepSeek's q_a_proj or q_proj and
     kv_a_proj_with_mqa), the block's input norm output, gain included. Windows are HF_WINDOW tokens,
     the first one the tokenizer's BOS where it has one. Read through forward pre-hooks on the
@@ -44,6 +45,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from headlab.analysis.gguf_models import gguf_model, gguf_tokenizer
+from headlab.analysis.gguf_sources import is_gguf_source
 from headlab.analysis.hf_models import attention_input_modules, check_runnable, load_hf_model, transformers_module
 from headlab.analysis.hub import local_path
 from headlab.data.tokenizers import get_tokenizer
@@ -114,13 +117,15 @@ def second_moment_root(moment: np.ndarray) -> np.ndarray:
 
 
 def forward_model(source) -> tuple[torch.nn.Module, str]:
-    """A module that can run `source` (a headlab GPT, run folder, Hugging Face checkpoint folder or
-    hf:ORG/NAME) forward, and its kind ("headlab" or the checkpoint's model_type)."""
+    """A module that can run `source` (a headlab GPT, run folder, Hugging Face checkpoint folder,
+    hf:ORG/NAME or GGUF checkpoint) forward, and its kind ("headlab" or the checkpoint's model_type)."""
     if isinstance(getattr(source, "config", None), ModelConfig):
         return source, "headlab"
     if not isinstance(source, (str, Path)):
         raise TypeError(f"input moments need a model to run forward: pass a headlab GPT, a run folder or a "
                         f"Hugging Face checkpoint folder, not a {type(source).__name__}")
+    if is_gguf_source(local_path(source)):
+        return gguf_model(local_path(source))
     folder = source_folder(source)
     cfg = _config_json(folder)
     if "model_type" not in cfg:
@@ -187,13 +192,17 @@ def encode_text(source, text: str, tokenizer: str | None = None, max_tokens: int
     training sequence length for headlab models (tokenizer from the run's config.json, or
     `tokenizer` = "byte" / "gpt2" for a GPT object); for a Hugging Face checkpoint, windows of
     HF_WINDOW tokens of its tokenizer: [CLS] piece [SEP] where it has both (BERT, RoBERTa), else
-    BOS piece where it has a BOS, else the piece alone. A short text gives one shorter window; a partial last window is
-    dropped, so no window is padded."""
+    BOS piece where it has a BOS, else the piece alone; for a GGUF checkpoint, its own tokenizer's,
+    BOS first where the file says llama.cpp adds one (`gguf_models.gguf_tokenizer`). A short text
+    gives one shorter window; a partial last window is dropped, so no window is padded."""
     if isinstance(getattr(source, "config", None), ModelConfig):
         if tokenizer is None:
             raise ValueError("encode_text of a GPT object needs tokenizer = 'byte' or 'gpt2' (a run folder names "
                              "its own)")
         return _windows(get_tokenizer(tokenizer).encode(text)[:max_tokens], source.config.seq_len)
+    if is_gguf_source(local_path(source)):
+        tokens, bos = gguf_tokenizer(local_path(source))
+        return _hf_windows(tokens, text, max_tokens, bos)
     folder = source_folder(source)
     cfg = _config_json(folder)
     if "model_type" not in cfg:
@@ -205,13 +214,19 @@ def encode_text(source, text: str, tokenizer: str | None = None, max_tokens: int
         seq_len = ModelConfig.from_dict(cfg["model"]).seq_len
         return _windows(get_tokenizer(name, folder).encode(text)[:max_tokens], seq_len)  # a trained BPE: the run's copy
     check_runnable(cfg["model_type"], "token windows")
-    hf = transformers_module().AutoTokenizer.from_pretrained(str(folder))
+    return _hf_windows(transformers_module().AutoTokenizer.from_pretrained(str(folder)), text, max_tokens)
+
+
+def _hf_windows(hf, text: str, max_tokens: int, bos: int | None = -1) -> torch.Tensor:
+    """Windows of HF_WINDOW tokens of a `transformers` tokenizer (see `encode_text`); `bos`, where
+    given (a token or None), is what each window starts with instead of the tokenizer's BOS."""
     # verbose=False: the text is cut into windows below, so a text longer than the model's context is expected
     ids = np.asarray(hf(text, add_special_tokens=False, verbose=False)["input_ids"][:max_tokens])
     if hf.cls_token_id is not None and hf.sep_token_id is not None:
         before, after = [hf.cls_token_id], [hf.sep_token_id]
     else:
-        before, after = ([hf.bos_token_id] if hf.bos_token_id is not None else []), []
+        bos = hf.bos_token_id if bos == -1 else bos
+        before, after = ([bos] if bos is not None else []), []
     pieces = _windows(ids, HF_WINDOW - len(before) - len(after))
     return torch.cat([torch.full((len(pieces), 1), token, dtype=torch.long) for token in before] + [pieces] +
                      [torch.full((len(pieces), 1), token, dtype=torch.long) for token in after], dim=1)

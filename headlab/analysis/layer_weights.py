@@ -45,7 +45,7 @@ from typing import Callable, Union
 
 import numpy as np
 
-from headlab.analysis.spectrum import Factors
+from headlab.analysis.gram import Factors
 from headlab.schema import CIRCUITS, FAMILIES, MLA_ROPE, check
 
 

@@ -26,36 +26,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headlab.analysis.attention_maps import attention_similarity
+from headlab.analysis.attention_maps import attention_similarity, layer_matrices
 from headlab.analysis.inputs import input_moments
 from headlab.analysis.layer_weights import check_circuit
 from headlab.analysis.similarity import analyze
-from headlab.analysis.spectrum import Spectrum, double_center, mean_offdiagonal
-from headlab.schema import BEHAVIOUR, KINDS, NOT_APPLICABLE, PATTERN, VIEWS_SUMMARY, check
-
-
-def clipped_spectrum(similarity: np.ndarray, kind: str) -> tuple[Spectrum, float]:
-    """The `kind` spectrum of a symmetric similarity that may not be PSD, with its negative
-    eigenvalues clipped to 0, and the clipped share Σ|λ₋| / Σ|λ| (0 when nothing was clipped)."""
-    check("kind", kind, KINDS)
-    s = np.asarray(similarity, dtype=np.float64)
-    if s.ndim != 2 or s.shape[0] != s.shape[1] or not np.allclose(s, s.T, atol=1e-9):
-        raise ValueError(f"similarity must be a symmetric square matrix; got shape {s.shape}")
-    matrix = double_center(s) if kind == "centered" else s
-    values = np.linalg.eigvalsh((matrix + matrix.T) / 2)[::-1]
-    total = np.abs(values).sum()
-    negative = float(-values[values < 0].sum() / total) if total > 0 else 0.0
-    return Spectrum(kind, np.clip(values, 0.0, None)), negative
+from headlab.analysis.spectrum import clipped_spectrum, mean_offdiagonal
+from headlab.schema import BEHAVIOUR, KINDS, NOT_APPLICABLE, PATTERN, VIEWS_SUMMARY
 
 
 def behaviour_summary(similarity: pd.DataFrame) -> pd.DataFrame:
     """Summary rows (columns `VIEWS_SUMMARY`) of an `attention_similarity` table, per model and layer,
     by `clipped_spectrum`."""
     rows = []
-    for (model, layer), group in similarity.groupby(["model", "layer"], sort=False):
-        n = int(group["head_i"].max()) + 1
-        matrix = np.zeros((n, n))
-        matrix[group["head_i"].to_numpy(), group["head_j"].to_numpy()] = group["value"].to_numpy()
+    for model, layer, matrix in layer_matrices(similarity):
+        n = len(matrix)
         for kind in KINDS:
             spectrum, negative = clipped_spectrum(matrix, kind)
             rows.append({"model": model, "layer": layer, "circuit": PATTERN, "measure": BEHAVIOUR,

@@ -8,9 +8,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from headlab.analysis.gram import normalised_gram
 from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import run_forward
-from headlab.analysis.spectrum import cosine_similarity, normalised_gram, similarity_spectrum
+from headlab.analysis.spectrum import cosine_similarity, similarity_spectrum
 from headlab.model.gpt import eval_mode
 from headlab.model.ops import QK_NORM_EPS
 from headlab.schema import KINDS

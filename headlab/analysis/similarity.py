@@ -55,11 +55,12 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from headlab.analysis.gram import normalised_gram
 from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import InputMoments
 from headlab.analysis.layer_weights import LRKVWeights, MLAWeights, check_mla_rope
-from headlab.analysis.spectrum import cosine_similarity, mean_offdiagonal, normalised_gram, similarity_spectrum
-from headlab.analysis.tables import load_tables, save_tables
+from headlab.analysis.spectrum import Spectrum, cosine_similarity, mean_offdiagonal, similarity_spectrum
+from headlab.analysis.tables import ANALYSIS, ANALYSIS_MANIFEST, load_tables, save_tables
 from headlab.schema import (
     ALL_CIRCUITS,
     CIRCUITS,
@@ -71,7 +72,6 @@ from headlab.schema import (
 )
 
 REQUIRED_FILES = ("similarity", "spectra", "summary")  # an analysis folder always has these
-MANIFEST = "analysis.json"
 LARGE_SIMILARITY_ROWS = 5_000_000  # above this the similarity table (H² rows per layer) is warned about
 SIDES = {"qk": ("query", "key"), "ov": ("value", "output")}
 
@@ -89,7 +89,7 @@ class Analysis:
     def save(self, folder: str | Path) -> Path:
         """Write every table as <name>.csv in `folder` (created if needed), then `analysis.json`
         (each table's row count and SHA-256) last (`headlab.analysis.tables`)."""
-        return save_tables(folder, {name: getattr(self, name) for name in COLUMNS}, MANIFEST, "an analysis folder")
+        return save_tables(folder, {name: getattr(self, name) for name in COLUMNS}, ANALYSIS_MANIFEST, ANALYSIS)
 
     @classmethod
     def load(cls, folder: str | Path) -> "Analysis":
@@ -98,9 +98,9 @@ class Analysis:
         missing = [f"{n}.csv" for n in REQUIRED_FILES if not (folder / f"{n}.csv").exists()]
         if missing:
             raise ValueError(f"{folder} is not an analysis folder: missing {', '.join(missing)}")
-        tables, _ = load_tables(folder, MANIFEST, "an analysis folder")
+        tables, _ = load_tables(folder, ANALYSIS_MANIFEST, ANALYSIS)
         if set(tables) != set(COLUMNS):
-            raise ValueError(f"{folder / MANIFEST} names the tables {sorted(tables)}, not an analysis's "
+            raise ValueError(f"{folder / ANALYSIS_MANIFEST} names the tables {sorted(tables)}, not an analysis's "
                              f"{sorted(COLUMNS)}")
         return cls(**tables)
 
@@ -194,18 +194,12 @@ def similarity_rows(model: str, layer: int, circuit: str, measure: str, mla_rope
                  head_i=i.ravel(), head_j=j.ravel(), value=matrix.ravel())
 
 
-def _layer_rows(model: str, layer: int, circuit: str, weights, mla_rope: str, measure: str,
-                roots: tuple[np.ndarray, np.ndarray | None] | None) -> dict[str, dict]:
-    """The table rows of one layer and circuit; `roots` (R_L, R_R) weigh the data measure."""
-    left, right = weights.factors(circuit, mla_rope) if isinstance(weights, MLAWeights) else weights.factors(circuit)
-    gram, live = normalised_gram(left, right, *(roots or (None, None)))
-    if not np.isfinite(gram).all():  # normalised factors bound every entry: only NaN or inf weights get here
-        raise ValueError(f"{model} layer {layer}: the {circuit} weights hold NaN or inf, so the heads' forms are "
-                         "undefined; check the checkpoint (a diverged run?)")
-    similarity = cosine_similarity(gram, live)
+def spectrum_rows(model: str, layer: int, circuit: str, measure: str, mla_rope: str, similarity: np.ndarray,
+                  spectra: Sequence[Spectrum]) -> dict[str, dict]:
+    """The similarity, spectra and summary rows of one layer's similarity matrix and its `spectra`
+    (one `Spectrum` per kind, in `KINDS` order)."""
     n = similarity.shape[0]
-    spectra = [similarity_spectrum(similarity, kind) for kind in KINDS]
-    rows = {
+    return {
         "similarity": similarity_rows(model, layer, circuit, measure, mla_rope, similarity),
         "spectra": _rows(model, layer, circuit, mla_rope, measure=np.full(2 * n, measure, dtype=object),
                          kind=np.repeat(KINDS, n), index=np.tile(np.arange(1, n + 1), 2),
@@ -216,6 +210,19 @@ def _layer_rows(model: str, layer: int, circuit: str, weights, mla_rope: str, me
                          **{metric: [getattr(s, metric) for s in spectra] for metric in SPECTRUM_METRICS},
                          mean_offdiag_similarity=[mean_offdiagonal(similarity)] * 2),
     }
+
+
+def _layer_rows(model: str, layer: int, circuit: str, weights, mla_rope: str, measure: str,
+                roots: tuple[np.ndarray, np.ndarray | None] | None) -> dict[str, dict]:
+    """The table rows of one layer and circuit; `roots` (R_L, R_R) weigh the data measure."""
+    left, right = weights.factors(circuit, mla_rope) if isinstance(weights, MLAWeights) else weights.factors(circuit)
+    gram, live = normalised_gram(left, right, *(roots or (None, None)))
+    if not np.isfinite(gram).all():  # normalised factors bound every entry: only NaN or inf weights get here
+        raise ValueError(f"{model} layer {layer}: the {circuit} weights hold NaN or inf, so the heads' forms are "
+                         "undefined; check the checkpoint (a diverged run?)")
+    similarity = cosine_similarity(gram, live)
+    rows = spectrum_rows(model, layer, circuit, measure, mla_rope, similarity,
+                         [similarity_spectrum(similarity, kind) for kind in KINDS])
     parts = {side: f.head_norms().mean() for side, f in zip(SIDES[circuit], (left, right))}
     if isinstance(weights, LRKVWeights):
         projection = "key" if circuit == "qk" else "value"
@@ -226,6 +233,6 @@ def _layer_rows(model: str, layer: int, circuit: str, weights, mla_rope: str, me
         denominator = np.linalg.norm(shared) * residual_norms
         inner = np.einsum("de,hde->h", shared, residual)
         cosine = np.divide(inner, denominator, out=np.zeros_like(inner), where=denominator > 0)
-        rows["lrkv_cosine"] = _rows(model, layer, circuit, mla_rope, head=np.arange(n), cosine=cosine)
+        rows["lrkv_cosine"] = _rows(model, layer, circuit, mla_rope, head=np.arange(len(cosine)), cosine=cosine)
     rows["norms"] = _rows(model, layer, circuit, mla_rope, part=list(parts), frobenius_norm=list(parts.values()))
     return rows

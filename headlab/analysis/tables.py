@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Collection
 
 import pandas as pd
 
 from headlab.io import FolderLock, Manifest, being_written, make_folder, refuse_foreign
 
-TEXT_COLUMNS = ("model", "role", "kind", "circuit", "measure", "mla_rope", "part", "loss_unit")
+ANALYSIS_MANIFEST, ANALYSIS = "analysis.json", "an analysis folder"  # `Analysis.save`'s folder: its manifest, its kind
+TEXT_COLUMNS = ("model", "role", "kind", "circuit", "measure", "mla_rope", "part", "loss_unit", "section", "metric",
+                "verdict", "change", "sentence", "name", "text")
 
 
 def save_tables(folder: str | Path, tables: dict[str, pd.DataFrame], manifest: str, what: str,
@@ -43,19 +46,22 @@ def save_tables(folder: str | Path, tables: dict[str, pd.DataFrame], manifest: s
     return folder
 
 
-def load_tables(folder: str | Path, manifest: str, what: str) -> tuple[dict[str, pd.DataFrame], dict]:
+def load_tables(folder: str | Path, manifest: str, what: str, text_tables: Collection[str] = ()
+                ) -> tuple[dict[str, pd.DataFrame], dict]:
     """The tables and meta of a folder written by `save_tables`, each table verified against the
-    manifest; `what` names the folder's kind in errors ('an analysis folder', 'a study folder')."""
+    manifest; `what` names the folder's kind in errors ('an analysis folder', 'a study folder').
+    The tables named in `text_tables` are read as text, every cell as written (an empty one too)."""
     folder = Path(folder)
     try:
-        return _read_tables(folder, manifest, what)
+        return _read_tables(folder, manifest, what, set(text_tables))
     except ValueError:
         if being_written(folder):
             raise RuntimeError(f"{folder} is being written by another process: retry when it has finished") from None
         raise
 
 
-def _read_tables(folder: Path, manifest: str, what: str) -> tuple[dict[str, pd.DataFrame], dict]:
+def _read_tables(folder: Path, manifest: str, what: str, text_tables: set[str]
+                 ) -> tuple[dict[str, pd.DataFrame], dict]:
     written = Manifest.read(folder, manifest, what)
     try:
         entries, meta = written.meta["tables"], written.meta["meta"]
@@ -64,9 +70,9 @@ def _read_tables(folder: Path, manifest: str, what: str) -> tuple[dict[str, pd.D
                          "write it again") from None
     tables = {}
     for file, expected in entries.items():
-        data = written.read_bytes(file)
-        text = {c: str for c in expected["columns"] if c in TEXT_COLUMNS}
-        tables[file.removesuffix(".csv")] = (pd.read_csv(io.BytesIO(data), dtype=text, keep_default_na=False,
-                                                         na_values=[""])
-                                             if expected["rows"] else pd.DataFrame(columns=expected["columns"]))
+        data, name = written.read_bytes(file), file.removesuffix(".csv")
+        text = {c: str for c in expected["columns"] if c in TEXT_COLUMNS or name in text_tables}
+        options = {"na_filter": False} if name in text_tables else {"keep_default_na": False, "na_values": [""]}
+        tables[name] = (pd.read_csv(io.BytesIO(data), dtype=text, **options)
+                        if expected["rows"] else pd.DataFrame(columns=expected["columns"]))
     return tables, meta

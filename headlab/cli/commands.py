@@ -3,28 +3,32 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
-from headlab.analysis.attention_maps import attention_similarity
+from headlab.analysis.attention_maps import attention_analysis
 from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import encode_text, input_moments
-from headlab.analysis.similarity import analyze, concat, stack_tables
-from headlab.analysis.snapshots import analyze_snapshots
+from headlab.analysis.similarity import Analysis, analyze, concat
+from headlab.analysis.snapshots import analyze_snapshots, snapshot_heads
 from headlab.analysis.zero_forms import zero_form_note
 from headlab.cli.arguments import CONFIG_OVERRIDES, TRAIN_OVERRIDES
+from headlab.cli.paths import SHAKESPEARE_TEXT
 from headlab.data.corpus import load_corpus
 from headlab.data.encoding import available_cores
+from headlab.data.sources import shakespeare_held_out
 from headlab.data.tokenizers import tokenizer_vocab_size
 from headlab.model.config import ModelConfig, preset
 from headlab.model.gpt import describe
+from headlab.report.analysis_output import layer_table, write_spectra_figures
 from headlab.report.sweep_page import write_sweep_report
 from headlab.report.writer import write_docs, write_report
-from headlab.study.roles import compared_roles, comparison_variants
+from headlab.runs.checkpoints import has_checkpoint
+from headlab.runs.layout import read_config
+from headlab.schema import ALL_MEASURES, MEASURES
+from headlab.study.roles import compared_roles, comparison_variants, role_of
 from headlab.study.study import Study
 from headlab.study.sweep import claim_sweep_folder, grid, save_sweep, sweep_roles, sweep_table
 from headlab.study.table_files import read_study_tables
@@ -83,7 +87,7 @@ def cmd_info(args) -> int:
 
 def _train_config_from_args(args):
     overrides = {name: getattr(args, name) for name in TRAIN_OVERRIDES if getattr(args, name) is not None}
-    return train_preset(args.preset, **overrides, **({"compile": args.compile} if args.compile else {}))
+    return train_preset(args.preset, **overrides, **({"compile": args.compile} if args.compile is not None else {}))
 
 def _train_model_config(args, vocab_size: int) -> ModelConfig:
     if args.config:
@@ -137,27 +141,51 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         twice = sorted({label for label in labels if labels.count(label) > 1})
         raise ValueError(f"--label gives {', '.join(map(repr, twice))} to several sources: give each SOURCE its own "
                          "label, or each model would overwrite another's rows")
-    if (args.measure == "data" or args.attention_maps) != (args.text is not None):
+    measures = MEASURES if args.measure == ALL_MEASURES else (args.measure,)
+    if ("data" in measures or args.attention_maps) != (args.text is not None):
         raise ValueError(f"--measure {args.measure}{' --attention-maps' * args.attention_maps} with --text "
-                         f"{args.text}: --measure data needs --text FILE, so does --attention-maps, and only they "
-                         "read one")
+                         f"{args.text}: --measure data (or {ALL_MEASURES}) needs --text FILE, so does "
+                         "--attention-maps, and only they read one")
     text = _read_text(args.text) if args.text else None
     by_label = dict(zip(labels, zip(sources, args.sources)))
     # a shell glob's order is alphabetical: without --label, headlab models go in figure order (by config)
     order = labels if args.label is not None else sorted(labels, key=lambda label: by_label[label][0].figure_order)
-    result = concat(analyze(heads, label, args.circuit, mla_rope=args.mla_rope, measure=args.measure,
-                            inputs=input_moments(source, encode_text(source, text), text=str(args.text))
-                            if args.measure == "data" else None)
-                    for label in order for heads, source in [by_label[label]])
-    if args.attention_maps:  # rows of circuit "pattern" beside the weight rows, as notebook 02 sets them
-        maps = [attention_similarity(source, encode_text(source, text)[:MAP_WINDOWS], label)
-                for label in order for _, source in [by_label[label]]]
-        result = dataclasses.replace(result, similarity=stack_tables([result.similarity, *maps]))
+
+    def views(heads, label: str, source):
+        """The model's analysis under each measure asked for (its input moments measured once)."""
+        moments = input_moments(source, encode_text(source, text), text=str(args.text)) if "data" in measures else None
+        return [analyze(heads, label, args.circuit, mla_rope=args.mla_rope, measure=measure,
+                        inputs=moments if measure == "data" else None) for measure in measures]
+
+    result = concat(analysis for label in order for heads, source in [by_label[label]]
+                    for analysis in views(heads, label, source))
+    if args.attention_maps:  # the behaviour view (circuit "pattern", with its spectra) beside the weight views
+        result = concat([result, *(attention_analysis(source, encode_text(source, text)[:MAP_WINDOWS], label)
+                                   for label in order for _, source in [by_label[label]])])
+    init = random_init(by_label, order, args)
     folder = result.save(args.out)
-    print(format_effective_ranks(result.summary))
+    print(layer_table(result.summary, result.spectra, None if init is None else init.spectra))
     print_zero_forms(result.similarity)
     print(f"wrote similarity.csv, spectra.csv, summary.csv, norms.csv, lrkv_cosine.csv to {folder}")
+    if not args.no_figure:
+        roles = {label: run_role(source) for label, (_, source) in by_label.items()}
+        spectra = result.spectra.assign(role=result.spectra["model"].map(roles))
+        figures = write_spectra_figures(spectra, folder, None if init is None else init.spectra)
+        print(f"figure{'s' * (len(figures) > 1)}: {', '.join(str(path) for path in figures)}")
     return 0
+
+def run_role(source) -> str | None:
+    """The comparison role of a headlab run folder's model (`role_of`); None for any other source."""
+    return role_of(ModelConfig.from_dict(read_config(source)["model"])) if has_checkpoint(source) else None
+
+def random_init(by_label: dict, order: list[str], args) -> Analysis | None:
+    """The weights view of each headlab run SOURCE at its step-0 snapshot (its random
+    initialisation), for the baseline beside every number; None when no source has one."""
+    heads = [(label, snapshot_heads(source, 0, label)) for label in order for _, source in [by_label[label]]
+             if has_checkpoint(source)]
+    analyses = [analyze(at_init, label, args.circuit, mla_rope=args.mla_rope) for label, at_init in heads
+                if at_init is not None]
+    return concat(analyses) if analyses else None
 
 def print_zero_forms(similarity) -> None:
     """The line naming dead heads and layers without a circuit, if an analysis has any."""
@@ -187,40 +215,16 @@ def distinct_labels(labels: list[str], sources: list[str]) -> list[str]:
 MAP_WINDOWS = 8
 
 def _read_text(text_file: Path) -> str:
-    """The text of --text (the first `inputs.MAX_TOKENS` tokens of it are read)."""
+    """The text of --text (the first `inputs.MAX_TOKENS` tokens of it are read); the name
+    `shakespeare`, where no such file exists, is the held-out tenth of the Shakespeare corpus."""
+    if str(text_file) == SHAKESPEARE_TEXT and not text_file.exists():
+        return shakespeare_held_out()
     if not text_file.is_file():
         raise ValueError(f"--text {text_file}: no such file")
     try:
         return text_file.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"--text {text_file}: not UTF-8 (byte {error.start}): convert it to UTF-8") from None
-
-def format_effective_ranks(summary) -> str:
-    """Per model and circuit, one line per layer: entropy effective rank uncentered (% of H) and
-    centered (% of H, % of the H − 1 ceiling), then their means over the layers where it is
-    defined (a layer without a circuit is named undefined and counted as left out)."""
-    blocks = []
-    for (model, circuit, measure), rows in summary.groupby(["model", "circuit", "measure"], sort=False):
-        n = int(rows["n_heads"].iloc[0])
-        wide = rows.pivot(index="layer", columns="kind",
-                          values=["effective_rank", "effective_rank_pct_of_heads", "effective_rank_pct_of_ceiling"])
-        n_layers, undefined = len(wide), int(wide["effective_rank", "uncentered"].isna().sum())
-        wide.loc["mean"] = wide.mean()
-        lines = [f"{model} · {circuit} · {measure} · {n} heads — effective rank (% of H; centered also % of "
-                 f"ceiling {n - 1})",
-                 f"{'layer':>5}  {'uncentered':<16}centered"]
-        for layer, row in wide.iterrows():
-            if math.isnan(row["effective_rank", "uncentered"]):
-                lines.append(f"{layer:>5}  undefined: no {circuit} circuit (every head's form is zero)")
-                continue
-            unc = f"{row['effective_rank', 'uncentered']:.2f} ({row['effective_rank_pct_of_heads', 'uncentered']:.1f}%)"
-            cen = (f"{row['effective_rank', 'centered']:.2f} ({row['effective_rank_pct_of_heads', 'centered']:.1f}%, "
-                   f"{row['effective_rank_pct_of_ceiling', 'centered']:.1f}%)")
-            lines.append(f"{layer:>5}  {unc:<16}{cen}")
-        if undefined:
-            lines[-1] += f"  over {n_layers - undefined} of {n_layers} layers ({undefined} undefined left out)"
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
 
 # ---- reproduce --------------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import sys
 import traceback
 
 from headlab.cli import commands
-from headlab.cli.parser import DEBUG_ENV, parse_arguments, printable
+from headlab.cli.parser import DEBUG_ENV, parse_arguments, path_problem, printable
 from headlab.io.files import silence_stdout
 from headlab.training.distributed import FailedOnAnotherRank, abandon, in_process_group, launched_processes
 
@@ -32,6 +32,9 @@ def run(args) -> int:
     """Run the parsed command `args` (what `parse_arguments` returns): its status, every error one line."""
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
+        problem = path_problem(args)  # `python -m headlab` tells it before torch loads; a call in-process here
+        if problem:
+            raise ValueError(problem)
         return getattr(commands, args.handler)(args)
     except KeyboardInterrupt as error:
         if debug and not in_process_group():

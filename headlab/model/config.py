@@ -23,9 +23,11 @@ from headlab.schema import FAMILIES
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # bytes per value: `kv_cache_bytes`'s unit
 
 MLP_TYPES = ("relu2", "gelu", "swiglu")
-# The fields that only some attention families read; every other field shapes every family.
-FAMILY_FIELDS = {"n_kv_head": ("gqa",), "kv_rank": ("lrkv",), "kv_residual_init": ("lrkv",),
-                 "kv_latent_dim": ("mla",), "rope_head_dim": ("mla",), "q_latent_dim": ("mla",)}
+# ModelConfig's fields in headlab's previous release (91a3e0b): a run's config.json names any field
+# added since only away from its default (`ModelConfig.recorded`), so that release reads today's runs
+RELEASED_FIELDS = ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "head_dim", "attention", "n_kv_head",
+                   "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "qk_norm", "rope_base",
+                   "kv_residual_init", "mlp", "mlp_ratio")
 ARCHS = ("headlab", "nanochat")  # `ModelConfig.arch`: whose norms and initialisation the model takes
 
 
@@ -49,6 +51,15 @@ def check_field_types(config) -> None:
             raise invalid_field(f.name, value, "must be a finite number", owner)
         if isinstance(value, (int, float)) and abs(value) > MAX_NUMBER:
             raise invalid_field(f.name, value, f"too large (at most {MAX_NUMBER:.0e})", owner)
+
+
+def recorded_fields(values: dict, config_class, always: tuple[str, ...]) -> dict:
+    """`values` (a config's fields as a dict) without the fields outside `always` that hold their
+    default: how a config is written where an older headlab must still read it (a field added
+    since is named only where a run uses it), and how a settings key names one."""
+    defaults = {f.name: f.default for f in fields(config_class)}
+    return {name: value for name, value in values.items()
+            if name in always or name not in defaults or value != defaults[name]}
 
 
 def config_from_dict(cls, data):
@@ -154,7 +165,7 @@ class ModelConfig:
     @property
     def kv_heads(self) -> int:
         """Number of distinct K/V heads for the MHA/GQA/MQA module."""
-        return {"mha": self.n_head, "mqa": 1}.get(self.attention, self.n_kv_head)
+        return self.n_head if self.attention == "mha" else 1 if self.attention == "mqa" else self.n_kv_head
 
     @property
     def label(self) -> str:
@@ -218,6 +229,11 @@ class ModelConfig:
     # ---- serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def recorded(self) -> dict:
+        """The fields as a run's config.json records them: `RELEASED_FIELDS`, and any other field
+        that differs from its default (`recorded_fields`)."""
+        return recorded_fields(self.to_dict(), ModelConfig, RELEASED_FIELDS)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

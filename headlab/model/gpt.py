@@ -110,11 +110,15 @@ class GPT(nn.Module):
         for block in self.blocks:
             if isinstance(block.attn, LowRankKVAttention):
                 std = nanochat_std(block.attn.k_shared.weight) if nanochat else INIT_STD
-                block.attn.init_residuals(std=std, ratio=self.config.kv_residual_init)
+                block.attn.init_residuals(std=std, ratio=block.attn.residual_init)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None,
+                loss_only: bool = False):
         """Logits (B, T, vocab) for tokens idx (B, T), and the mean cross-entropy if `targets`
-        are given (-1 = ignored). With a cache, idx continues the cached sequence.
+        are given (-1 = ignored). With a cache, idx continues the cached sequence. `loss_only`
+        (with targets): the loss alone, as the training step asks: logits returned from a compiled
+        step are a graph output, for which AOT autograd materialises a zero gradient (a
+        logits-sized tensor, 6.6 GB at paper-128m's micro-batch 32) in every backward.
         idx and targets may be on any device: they are moved to the model's (a study's run is read
         back onto the GPU it trained on, while prompts and token windows are built on the CPU)."""
         idx = idx.to(self.wte.weight.device)
@@ -132,6 +136,10 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)
+        if loss_only:
+            if loss is None:
+                raise ValueError("loss_only needs targets")
+            return loss
         return logits, loss
 
     def new_cache(self, batch_size: int, max_len: int | None = None, mla_absorb: bool = True,
@@ -199,6 +207,14 @@ def nanochat_std(weight: torch.Tensor) -> float:
     order √(fan_out/fan_in), the spectral condition for feature learning of arXiv 2310.17813."""
     fan_out, fan_in = weight.shape[-2:]
     return min(1.0, (fan_out / fan_in) ** 0.5) / fan_in ** 0.5
+
+
+def initial_model(config: ModelConfig, seed: int) -> GPT:
+    """The step-0 weights of a run of `config` with `seed`, drawn on the CPU as training draws them
+    (the global torch generator seeded with `seed`), so the random-initialisation baseline of a run
+    is its own first draw, whether or not its folder kept a step-0 snapshot."""
+    torch.manual_seed(seed)
+    return GPT(config)
 
 
 def count_parameters(config: ModelConfig) -> dict[str, int]:

@@ -22,31 +22,10 @@ import pandas as pd
 from headlab.analysis.zero_forms import zero_form_note
 from headlab.io import Manifest, writing
 from headlab.report import plots
-from headlab.report.paper_tables import (
-    cache_table,
-    loss_table,
-    markdown_table,
-    rank_table,
-    recipe_text,
-    seed_distance_rows,
-)
-from headlab.schema import BEHAVIOUR, KINDS, VIEWS
-from headlab.study.claims import (
-    MARGINS,
-    claims,
-    final_losses,
-    halfway,
-    margins_text,
-    measure_claims,
-    per_seed_metrics,
-    per_seed_ranks,
-    per_step_metrics,
-    rule_text,
-    training_claims,
-)
+from headlab.report.paper_tables import cache_table, markdown_table, optimizer_lines, recipe_text
+from headlab.schema import BEHAVIOUR, KINDS
+from headlab.study.claims import MARGINS
 from headlab.study.paper import SEED_HEADS
-from headlab.study.seed_distance import seed_distance
-from headlab.study.stats import HIGHER, LOWER, WITHIN, paired_difference, spread
 from headlab.study.table_files import MANIFEST, STUDY, StudyTables, loss_unit, with_recipe
 
 FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "effective_rank_uncentered",
@@ -74,7 +53,7 @@ def draw_figures(tables: StudyTables, manifest: Manifest, folder: str | None, na
     colours = plots.table_palette(summary)
     shown = list(plots.layer_roles(summary["layer"]).values())
     middle = shown[len(shown) // 2]  # the middle layer, or the late one of a 2-layer model
-    final = final_losses(training)
+    final = tables["final_losses"]
     figures = {
         "spectra_uncentered": plots.spectra_figure(spectra, kind="uncentered", palette=colours, init=init,
                                                    seed_figure=True),
@@ -110,14 +89,26 @@ def write_docs(tables: StudyTables, out: str | Path) -> Path:
 
 
 def headline_lines(tables: StudyTables) -> list[str]:
-    metrics = per_seed_metrics(tables["summary"], tables["training"])
     meta = tables.meta
     return [f"`{meta['preset']}`: {meta['n_layer']} layers x {meta['n_head']} heads, {meta['steps']} steps, "
             f"{len(meta['seeds'])} seeds, {meta['corpus_description']}. {recipe_text(meta)}", "",
-            markdown_table(loss_table(metrics, meta["flagship_mla_rope"]), 3), "",
-            markdown_table(rank_table(tables["summary"], metrics, init_table(tables, "init_summary")), 1), "",
-            margins_text(metrics), "", *[f"- {s}" for s in claims(metrics)], "",
+            markdown_table(tables["loss_table"], 3), "", markdown_table(tables["rank_table"], 1), "",
+            *said(tables, "margins"), "", *[f"- {s}" for s in said(tables, "comparison", without_change=True)], "",
             *seed_distance_lines(tables)]
+
+
+def said(tables: StudyTables, section: str, without_change: bool = False) -> list[str]:
+    """The sentences of one section of the study's claims (`headlab.study.conclusions`); with
+    `without_change`, the comparison's without their change since half-way (the headline's)."""
+    rows = tables["claims"][tables["claims"]["section"] == section]
+    return [sentence if not (without_change and isinstance(change, str) and change) else
+            sentence.replace(f" [{change}]", "") for sentence, change in zip(rows["sentence"], rows["change"])]
+
+
+def quantity(tables: StudyTables, name: str) -> str | None:
+    """A number the prose quotes, as the study wrote it (`quantities`), None where it has none."""
+    rows = tables["quantities"][tables["quantities"]["name"] == name]
+    return rows["text"].iloc[0] if len(rows) else None
 
 
 # ---- baselines: random initialisation and the seed figure -------------------------------------------
@@ -128,24 +119,12 @@ def init_table(tables: StudyTables, name: str) -> pd.DataFrame | None:
     return tables.tables.get(name)
 
 
-def seed_distances(tables: StudyTables) -> pd.DataFrame | None:
-    """`headlab.study.seed_distance.seed_distance` of a study's flagship spectra, trained and at
-    random init, its early, middle and late layers matched to the seed figure's; None without
-    init_spectra."""
-    init = init_table(tables, "init_spectra")
-    if init is None:
-        return None
-    panels = plots.layer_roles(tables["spectra"]["layer"])
-    return seed_distance(tables["spectra"], init, panels, tables.meta["flagship_mla_rope"])
-
-
 def seed_distance_lines(tables: StudyTables) -> list[str]:
     """The distance to the seed figure: what it compares, then its table (or why there is none)."""
-    distances = seed_distances(tables)
-    if distances is None:
+    if "distance_table" not in tables.tables:
         return ["No random-initialisation baseline in these tables (written before studies made init_spectra): "
                 "write them again (`headlab reproduce`) to compare with the seed figure.", ""]
-    n_head, rows = tables.meta["n_head"], seed_distance_rows(distances).drop(columns="role")
+    n_head, rows = tables.meta["n_head"], tables["distance_table"].drop(columns="role")
     shape = ""
     if n_head != SEED_HEADS:  # d₁ is NaN: spectra of different lengths
         shape = f" Our {n_head} heads against the paper's {SEED_HEADS}: d₁ compares spectra of one length only."
@@ -174,8 +153,7 @@ def training_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     figures = [plots.save_figure(plots.rank_through_training_figure(summary, kind=kind, palette=colours),
                                  manifest, f"{FIGURES_FOLDER}/effective_rank_through_training_{kind}")
                for kind in KINDS]
-    metrics = per_step_metrics(snapshots, tables.meta["flagship_mla_rope"])
-    steps = sorted(metrics["step"].unique())
+    steps = sorted(tables["step_metrics"]["step"].unique())
     return [
         "## Effective rank through training",
         "",
@@ -187,57 +165,9 @@ def training_section(tables: StudyTables, manifest: Manifest) -> list[str]:
         "",
         *[f"![{path.stem}](figures/{path.name})" for path in figures],
         "",
-        *[f"- {s}" for s in training_claims(metrics)],
+        *[f"- {s}" for s in said(tables, "training")],
         "",
     ]
-
-
-def factor_rows(tables: StudyTables) -> pd.DataFrame:
-    """Per LRKV variant and projection: the final norm ratio and mean principal angle (mean ± sd
-    over seeds of the layer and head mean), the random-subspace reference, and for keys the norm
-    ratio at the snapshot step nearest half-way."""
-    factors, through = tables["lrkv_factors"], tables["factor_training"]
-    halfway_step = min(through["step"].unique(), key=lambda step: abs(step - through["step"].max() / 2))
-    at_halfway = through[through["step"] == halfway_step].groupby(["model", "seed"])["norm_ratio"].mean()
-    rows = []
-    for (model, projection), group in factors.groupby(["model", "projection"], sort=False):
-        per_seed = group.groupby("seed")[["norm_ratio", "angle_mean"]].mean()
-        rows.append({"variant": model, "projection": projection,
-                     f"norm ratio at step {halfway_step}": spread(at_halfway[model].to_numpy()).format(3)
-                     if projection == "key" else "",
-                     "norm ratio, final": spread(per_seed["norm_ratio"].to_numpy()).format(3),
-                     "mean principal angle (°)": spread(per_seed["angle_mean"].to_numpy()).format(1),
-                     "random subspace (°)": f"{group['angle_random'].iloc[0]:.1f}"})
-    return pd.DataFrame(rows)
-
-
-def rank_bound_rows(tables: StudyTables) -> pd.DataFrame:
-    """Per LRKV rank r: the key deviation energy of MHA that a rank-r residual keeps, MHA rebuilt
-    from it (both kinds), and the trained LRKV of that rank against the rebuilt MHA (paired by seed)."""
-    factors, bound = tables["lrkv_factors"], tables["rank_bound"]
-    metrics = per_seed_metrics(tables["summary"], tables["training"])
-    flagship = metrics[metrics["mla_rope"] == tables.meta["flagship_mla_rope"]]
-    lrkv_by_rank = dict(zip(factors["rank"], factors["role"]))
-    rows = []
-    for rank, group in bound.groupby("rank"):
-        per_seed = group.groupby(["seed", "kind"])[["key_energy_kept", "effective_rank_pct_of_heads"]].mean()
-        rebuilt = per_seed["effective_rank_pct_of_heads"].unstack("kind")
-        kept = per_seed["key_energy_kept"].unstack("kind")["uncentered"]
-        row = {"rank r": rank,
-               "key deviation energy a rank-r residual keeps (%)": spread(100 * kept.to_numpy()).format(1)}
-        for kind in KINDS:
-            row[f"MHA rebuilt, {kind} (% of H)"] = spread(rebuilt[kind].to_numpy()).format(1)
-        role = lrkv_by_rank.get(rank)
-        if role is not None:
-            trained = flagship[flagship["role"] == role].set_index("seed").loc[rebuilt.index, "uncentered"]
-            d = paired_difference(trained.to_numpy(), rebuilt["uncentered"].to_numpy())
-            margin = MARGINS["uncentered"]
-            verdict = d.verdict(margin)
-            row["trained LRKV − MHA rebuilt, uncentered"] = (
-                d.format(1) if verdict in (HIGHER, LOWER) else
-                f"{f'within ±{margin:g}' if verdict == WITHIN else verdict}, {d.format(1)}")
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
@@ -259,26 +189,24 @@ def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
         "the mean angle of a random subspace of the same shape (the paper says it computed these angles and "
         "reports none). Mean ± sd over seeds (`headlab.analysis.lrkv`).",
         "",
-        markdown_table(factor_rows(tables), 3),
+        markdown_table(tables["factor_table"], 3),
         "",
         f"![lrkv norm ratio](figures/{figure.name})",
         "",
     ]
-    if tables["rank_bound"].empty:
+    if "rank_bound_table" not in tables.tables:
         return lines
-    metrics = per_seed_metrics(tables["summary"], tables["training"])
-    mha = metrics[(metrics["mla_rope"] == tables.meta["flagship_mla_rope"]) & (metrics["role"] == "mha")]
     return lines + [
         "### The best a rank-r residual could do",
         "",
         "Standard MHA's key and value projections W_h, with their mean W̄ over heads: the truncated SVD of "
         "W_h − W̄ is the best rank-r residual (Eckart–Young), so MHA rebuilt as W̄ + [W_h − W̄]_r is what an LRKV "
         "of rank r sharing W_shared = W̄ could at best express of these MHA heads. MHA itself: "
-        f"{spread(mha['uncentered'].to_numpy()).format(1)} % of H (uncentered); 'trained LRKV − MHA rebuilt': the "
+        f"{quantity(tables, 'mha_uncentered')} % of H (uncentered); 'trained LRKV − MHA rebuilt': the "
         f"paired difference ± 95% half-width (points), an ordering beyond the ±{MARGINS['uncentered']:g}-point "
         "margin unless marked within it or undecided.",
         "",
-        markdown_table(rank_bound_rows(tables), 1),
+        markdown_table(tables["rank_bound_table"], 1),
         "",
     ]
 
@@ -292,10 +220,6 @@ def measures_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     for kind in KINDS:
         plots.save_figure(plots.measures_figure(labelled["measures"], kind=kind, palette=colours, init=init,
                                                 paper=True), manifest, f"{FIGURES_FOLDER}/measures_{kind}")
-    ranks = per_seed_ranks(summary)
-    overview = (ranks.groupby(["model", "measure", "kind"], sort=False)["rank"]
-                .apply(lambda v: spread(v.to_numpy()).format(1)).unstack("measure").reset_index()
-                .rename(columns=VIEWS))
     clipped = summary.loc[summary["measure"] == BEHAVIOUR, "negative_mass"]
     shown = agreement.assign(pair=agreement["measure_a"] + " vs " + agreement["measure_b"])[
         ["model", "kind", "pair", "n_points", "spearman"]]
@@ -312,7 +236,7 @@ def measures_section(tables: StudyTables, manifest: Manifest) -> list[str]:
         f"clipped to 0, which dropped at most {100 * clipped.max():.2f}% of the absolute eigenvalue mass "
         "(`negative_mass` in measures.csv). Mean ± sd over seeds of the layer mean:",
         "",
-        markdown_table(overview, 1),
+        markdown_table(tables["measure_table"], 1),
         "",
         "![measures](figures/measures_uncentered.png)",
         "",
@@ -327,7 +251,7 @@ def measures_section(tables: StudyTables, manifest: Manifest) -> list[str]:
         f"from Standard MHA's by an ordering (beyond the ±{MARGINS['uncentered']:g}-point margin), the same paired "
         "comparison under the other two views.",
         "",
-        *[f"- {s}" for s in measure_claims(ranks)],
+        *[f"- {s}" for s in said(tables, "measures")],
         "",
     ]
 
@@ -343,14 +267,14 @@ def write_report(tables: StudyTables, out: str | Path) -> Path:
 
 
 
-def mla_rope_sentence(flagship: str, rope_ratio) -> str:
+def mla_rope_sentence(flagship: str, rope_ratio: str, rope_ratio_mean: float) -> str:
     """What the flagship figure draws for MLA, and how large the RoPE part it includes is (`rope_ratio`:
-    the spread over seeds of ‖A_h^RoPE‖_F / ‖A_h^latent‖_F)."""
+    the spread over seeds of ‖A_h^RoPE‖_F / ‖A_h^latent‖_F as the study wrote it, its mean)."""
     return (f" For MLA it uses `mla_rope = \"{flagship}\"`: the whole pre-softmax score form, as for every other "
             "family. MLA's decoupled RoPE query/key parts are part of every head's score, and the key part is shared "
             "by all heads, as in MQA; in these runs the RoPE part of a head's QK form is "
-            f"{rope_ratio.format(2)} times its latent part in Frobenius norm (mean over layers and heads), so leaving "
-            f"it out would describe MLA's heads by the {'smaller' if rope_ratio.mean > 1 else 'larger'} part of "
+            f"{rope_ratio} times its latent part in Frobenius norm (mean over layers and heads), so leaving "
+            f"it out would describe MLA's heads by the {'smaller' if rope_ratio_mean > 1 else 'larger'} part of "
             "their scores only. The paper's Table 4 defines MLA's key as W_down W_up,h (latent only), so the tables "
             "show MLA both ways.")
 
@@ -358,9 +282,8 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
     """report.md's lines; its figures are written into `manifest`'s folder on the way."""
     figure_paths = draw_figures(tables, manifest, FIGURES_FOLDER)
     meta, summary = tables.meta, tables["summary"]
-    metrics = per_seed_metrics(summary, tables["training"])
-    sentences = claims(metrics, halfway(tables["snapshot_summary"], tables["training"]))
-    n_seeds = metrics["seed"].nunique()
+    sentences = said(tables, "comparison")
+    n_seeds = tables["metrics"]["seed"].nunique()
     unit, flagship = meta["loss_unit"], meta["flagship_mla_rope"]
     layers = sorted(summary["layer"].unique())
     elapsed = "" if meta["minutes"] is None else f" ({meta['minutes']:.1f} min)"
@@ -370,7 +293,8 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
     else:
         ours = (f"Our models were trained on {int(tables['training']['tokens'].max()):,} tokens of "
                 f"{meta['corpus_description']} each")
-    ratios = tables["rope_ratio"]["rope_to_latent"].to_numpy()
+    rope_ratio = tables["quantities"].set_index("name").loc[["rope_to_latent"]] \
+        if "rope_to_latent" in set(tables["quantities"]["name"]) else None
     norm_effect = tables["norm_effect"]
     n_head = meta["n_head"]
     undefined = zero_form_note(tables["similarity"])  # dead heads and layers without a circuit, or None
@@ -386,11 +310,13 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
         "",
         recipe_text(meta),
         "",
+        *optimizer_lines(meta),
         "![Eigenvalue spectra of head similarity matrices](figures/spectra_uncentered.png)",
         "",
         f"The flagship figure shows the uncentered spectra (eigenvalues sum to H, none is zero by construction), "
         f"mean over {n_seeds} seed(s){' with a min–max band' if n_seeds > 1 else ''}." + (
-            mla_rope_sentence(flagship, spread(ratios)) if len(ratios) else "") + (
+            mla_rope_sentence(flagship, rope_ratio["text"].iloc[0], float(rope_ratio["value"].iloc[0]))
+            if rope_ratio is not None else "") + (
             "" if init_table(tables, "init_spectra") is None else
             " Dashed: the same runs at step 0, before any training (random initialisation). Bars at index 1: the "
             "seed figure's first eigenvalue per method (the paper's Fig. 11 at 128M, read off), its layers 0, 6 and "
@@ -406,7 +332,7 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
         + ("" if init_table(tables, "init_summary") is None else
            " 'random init': the same runs at step 0, before any training (mean ± sd over seeds)."),
         "",
-        markdown_table(rank_table(summary, metrics, init_table(tables, "init_summary")).drop(columns="role"), 1),
+        markdown_table(tables["rank_table"].drop(columns="role"), 1),
         "",
         *([undefined, ""] if undefined else []),
         "## KV cache per token (the paper's Tables 7 and 8)",
@@ -424,11 +350,11 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
         "t half-width. Paper: test cross-entropy per GPT-2 token on FineWeb-Edu at 128M, from its rank ablation "
         "(Table 8), which has both LRKV ranks. Only the differences to MHA are comparable.",
         "",
-        markdown_table(loss_table(metrics, flagship).drop(columns="role"), 3),
+        markdown_table(tables["loss_table"].drop(columns="role"), 3),
         "",
         "## How this compares",
         "",
-        rule_text(n_seeds, len(sentences)),
+        *said(tables, "rule"),
         "",
         *[f"- {s}" for s in sentences],
         "",

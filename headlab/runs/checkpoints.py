@@ -11,7 +11,8 @@ lists the superseded folder to discard. A kill or a full disk at any instant the
 manifest naming a complete checkpoint (or none: the run starts from step 0), and the next start
 removes exactly the leftovers the manifest names (`headlab.io.Manifest`).
 
-Every file is verified against its SHA-256 when read (under torchrun, by one rank per node). `state.pt` is read with
+Every file is verified against its SHA-256 when read (under torchrun, by one rank per node), in chunks,
+and read in bounded pieces on resume (`load_checkpoint`). `state.pt` is read with
 `torch.load(weights_only=True)`, so nothing beyond tensors and plain containers is unpickled.
 Weights and optimizer states are whole (gathered from FSDP shards) and keyed by parameter name,
 so any number of processes, sharded or not, can resume a checkpoint.
@@ -20,7 +21,6 @@ so any number of processes, sharded or not, can resume a checkpoint.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as parse_safetensors
 from safetensors.torch import save as serialize_safetensors
 from torch.distributed.checkpoint.state_dict import (
@@ -38,10 +38,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.fsdp import FSDPModule
 
 from headlab.io import Manifest, fsync_path
 from headlab.runs.layout import CHECKPOINT_PREFIX, FORMAT, MANIFEST, METRICS, run_manifest
 from headlab.runs.metrics import MetricsLog
+from headlab.runs.optimizer_state import load_named_state, named_state
 
 
 class CheckpointWriteFailed(RuntimeError):
@@ -134,14 +136,21 @@ def _whole(cpu_offload: bool = False):
     return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
 
 
+def gathered_by_every_rank(model: torch.nn.Module, optimizers) -> bool:
+    """Whether `gather_training_state` is a collective: the ranks hold shards of the model (FSDP)
+    or of the optimizer state (a sharded step: `headlab.runs.optimizer_state`)."""
+    return isinstance(model, FSDPModule) or any(getattr(o, "shard", None) is not None for o in optimizers)
+
+
 def gather_training_state(model: torch.nn.Module, optimizers) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """The whole weights and optimizer states (keyed by parameter name) on the CPU. With an
-    FSDP-sharded model every rank must call it (it all-gathers the shards) and only rank 0
-    receives the tensors; otherwise it is a copy of the local state."""
+    """The whole weights and optimizer states (keyed by parameter name) on the CPU. When the
+    ranks hold shards (`gathered_by_every_rank`) every rank must call it and rank 0 receives
+    the whole state; otherwise it is the local state."""
 
     weights = get_model_state_dict(model, options=_whole(cpu_offload=True))
-    return ({k: v.detach().contiguous().cpu() for k, v in weights.items()},
-            [get_optimizer_state_dict(model, o, options=_whole(cpu_offload=True)) for o in optimizers])
+    states = ([get_optimizer_state_dict(model, o, options=_whole(cpu_offload=True)) for o in optimizers]
+              if isinstance(model, FSDPModule) else [named_state(model, o) for o in optimizers])
+    return {k: v.detach().contiguous().cpu() for k, v in weights.items()}, states
 
 
 def save_checkpoint(run_dir: Path, weights: dict[str, torch.Tensor], optimizer_states: list[dict],
@@ -199,6 +208,15 @@ def _describe_write_error(error: BaseException, folder: Path, needed: int) -> st
     return f"{type(error).__name__}: {str(error)[:300]}"
 
 
+def _unreadable_weights(where: Path, error: Exception) -> ValueError:
+    return ValueError(f"{where} is not a readable safetensors file (truncated or corrupt?): {error}")
+
+
+def _check_format(metadata: dict, where: Path) -> None:
+    if metadata.get("format") != FORMAT:
+        raise ValueError(f"{where} was not written by headlab (metadata format={metadata.get('format')!r})")
+
+
 def parse_weights(data: bytes, where: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """Tensors and metadata of a headlab safetensors file's (verified) content."""
     try:
@@ -206,15 +224,17 @@ def parse_weights(data: bytes, where: Path) -> tuple[dict[str, torch.Tensor], di
         header_size = int.from_bytes(data[:8], "little")
         metadata = json.loads(data[8:8 + header_size]).get("__metadata__") or {}
     except (SafetensorError, OSError, ValueError) as error:
-        raise ValueError(f"{where} is not a readable safetensors file (truncated or corrupt?): {error}") from error
-    if metadata.get("format") != FORMAT:
-        raise ValueError(f"{where} was not written by headlab (metadata format={metadata.get('format')!r})")
+        raise _unreadable_weights(where, error) from error
+    _check_format(metadata, where)
     return weights, metadata
 
 
-def _parse_state(data: bytes, where: Path) -> dict:
+def _parse_state(file: Path, where: Path) -> dict:
+    """state.pt memory-mapped (`torch.load(mmap=True)`): its tensors are views of the file's
+    pages, read as they are copied where they go, so no copy of the whole file is made, and the
+    ranks of a node share one in the page cache."""
     try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:  # truncated zip, foreign pickle (refused by weights_only), ...
         raise ValueError(f"{where} is not a readable headlab training state (truncated, corrupt or foreign): "
                          f"{type(error).__name__}: {str(error)[:300]}") from error
@@ -224,35 +244,83 @@ def _parse_state(data: bytes, where: Path) -> dict:
     return state
 
 
+def _check_weights(shapes: dict[str, torch.Size], model: torch.nn.Module, where: Path) -> list[str]:
+    """The model's weight names in its order, once `shapes` (name -> shape, as a file holds them)
+    are this model configuration's: in that order on every rank, since safetensors lists names
+    in a hash order that differs between processes, and FSDP scatters the tensors one by one in
+    the order given."""
+    expected = model.state_dict()
+    if set(shapes) != set(expected) or any(shapes[k] != expected[k].shape for k in expected):
+        raise ValueError(f"{where} does not hold weights for this model configuration")
+    return list(expected)
+
+
+def _non_finite(weights: dict[str, torch.Tensor]) -> list[str]:
+    return [k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+
+
+def _refuse_non_finite(bad: list[str], where: Path) -> None:
+    if bad:
+        raise ValueError(f"{where} holds non-finite (NaN or inf) values in {', '.join(bad[:5])}")
+
+
 def set_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: Path) -> None:
     """Load whole weights into `model` (plain, or FSDP-sharded: each rank keeps its shard),
     refused unless they are this model configuration's and finite."""
-    expected = model.state_dict()
-    if set(weights) != set(expected) or any(weights[k].shape != expected[k].shape for k in expected):
-        raise ValueError(f"{where} does not hold weights for this model configuration")
-    bad = [k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]
-    if bad:
-        raise ValueError(f"{where} holds non-finite (NaN or inf) values in {', '.join(bad[:5])}")
-    # In the model's order: safetensors parses into a hash-ordered dict that differs between
-    # processes, and FSDP scatters the tensors one by one in the order given, on every rank.
-    set_model_state_dict(model, {k: weights[k] for k in expected}, options=_whole())
+    order = _check_weights({k: v.shape for k, v in weights.items()}, model, where)
+    _refuse_non_finite(_non_finite(weights), where)
+    set_model_state_dict(model, {k: weights[k] for k in order}, options=_whole())
+
+
+def _stream_weights(model: torch.nn.Module, file: Path, where: Path) -> dict:
+    """`set_weights` from a safetensors file read one tensor at a time (`safe_open`, which maps
+    the file): the host holds one tensor beyond the model, not the file and a parsed copy.
+    A tensor found non-finite stops the load with the model partly loaded (the resume fails).
+    Returns the file's metadata."""
+    try:
+        with safe_open(file, framework="pt") as weights:
+            metadata = weights.metadata() or {}
+            _check_format(metadata, where)
+            order = _check_weights({k: torch.Size(weights.get_slice(k).get_shape()) for k in weights.keys()},
+                                   model, where)
+            for name in order:
+                tensor = {name: weights.get_tensor(name)}
+                _refuse_non_finite(_non_finite(tensor), where)
+                set_model_state_dict(model, tensor, options=StateDictOptions(full_state_dict=True, strict=False))
+    except (SafetensorError, OSError) as error:
+        raise _unreadable_weights(where, error) from error
+    return metadata
+
+
+def _own_memory(optimizer: torch.optim.Optimizer) -> None:
+    """Give the optimizer's CPU state tensors memory of their own: loaded for a CPU model they
+    are still views of state.pt's memory map (torch keeps a tensor already on the right device
+    and dtype), which would hold that file's pages, and its disk space once the next
+    checkpoint deletes it, for the rest of the run. One tensor at a time."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                state[key] = value.clone()
 
 
 def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module, optimizers, generator: torch.Generator,
                     verified: bool = False) -> int:
     """Restore weights, optimizer and RNG state from `checkpoint` into a plain or FSDP-sharded
     model (every rank reads the whole files, each verified unless this node has just `verified`
-    them: `Checkpoint.verify`); returns the step reached."""
+    them: `Checkpoint.verify`); returns the step reached. The files are hashed in chunks and
+    read in bounded pieces (`_stream_weights` tensor by tensor, state.pt memory-mapped), so a
+    rank's host memory never holds a whole file nor a parsed copy of one (110 GB per rank at 6.3B)."""
 
     state_path = checkpoint.manifest.file(checkpoint.state)
-    try:
-        state = _parse_state(checkpoint.read(checkpoint.state, verify=not verified), state_path)
-    except ValueError as error:
-        raise ValueError(f"{error}. Without it the weights beside it cannot be resumed exactly (no optimizer or "
-                         "data-order state); load them with load_run, or train into a new folder") from None
     weights_path = checkpoint.manifest.file(checkpoint.weights)
-    weights, metadata = parse_weights(checkpoint.read(checkpoint.weights, verify=not verified), weights_path)
-    set_weights(model, weights, weights_path)
+    with checkpoint.manifest.opened(checkpoint.state, verify=not verified) as state_file:
+        try:
+            state = _parse_state(state_file, state_path)
+        except ValueError as error:
+            raise ValueError(f"{error}. Without it the weights beside it cannot be resumed exactly (no optimizer or "
+                             "data-order state); load them with load_run, or train into a new folder") from None
+    with checkpoint.manifest.opened(checkpoint.weights, verify=not verified) as weights_file:
+        metadata = _stream_weights(model, weights_file, weights_path)
     step = int(metadata.get("step", 0))
     if step != state["step"] or step != checkpoint.step:
         raise ValueError(f"{checkpoint.folder}: model.safetensors is at step {step}, state.pt at step {state['step']}, "
@@ -260,7 +328,11 @@ def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module, optimizers, 
     if len(state["optimizers"]) != len(optimizers):
         raise ValueError(f"{state_path} holds {len(state['optimizers'])} optimizer states, expected {len(optimizers)}")
     for optimizer, optimizer_state in zip(optimizers, state["optimizers"]):
-        set_optimizer_state_dict(model, optimizer, optimizer_state, options=_whole())
+        if isinstance(model, FSDPModule):
+            set_optimizer_state_dict(model, optimizer, optimizer_state, options=_whole())
+        else:
+            load_named_state(model, optimizer, optimizer_state, state_path)
+        _own_memory(optimizer)
     generator.set_state(state["generator"])
     torch.set_rng_state(state["torch_rng"])
     return step

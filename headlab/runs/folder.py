@@ -27,7 +27,7 @@ it is empty. The trainer's side, under torchrun too (rank 0 owns the folder, the
             if folder.checkpoint_due(step + 1):                                 # asked once per step
                 folder.checkpoint(model, optimizers, generator, step + 1)
 
-A checkpoint is due every `checkpoint_every` steps, at the last step and, with `checkpoint_minutes`,
+A checkpoint is due every `checkpoint_every` steps (unless 0), at the last step and, with `checkpoint_minutes`,
 on the first logging step (`log_every`) at which that many minutes have passed on rank 0's `clock`
 since the previous checkpoint ended (or training started): rank 0 decides, every rank follows
 (`decided`), so they all enter the checkpoint's collectives together.
@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Callable, ContextManager
 
 import torch
-from torch.distributed.fsdp import FSDPModule
 
 from headlab.io import FolderLock, Manifest, append_line, make_folder, read_regular, refuse_foreign
 from headlab.model.config import ModelConfig
@@ -52,6 +51,7 @@ from headlab.runs.checkpoints import (
     Checkpoint,
     checkpoint_of,
     gather_training_state,
+    gathered_by_every_rank,
     load_checkpoint,
     parse_weights,
     read_current,
@@ -188,7 +188,7 @@ class RunFolder:
         config = self.train_config
         if self.path is None:
             return False
-        if done % config.checkpoint_every == 0 or done == config.steps:
+        if config.checkpoint_every and done % config.checkpoint_every == 0 or done == config.steps:
             return True
         if not config.checkpoint_minutes or done % config.log_every:
             return False
@@ -196,9 +196,9 @@ class RunFolder:
 
     def checkpoint(self, model: torch.nn.Module, optimizers, generator: torch.Generator, step: int) -> None:
         """Make the state after `step` updates the run's current checkpoint (`save_checkpoint`).
-        Every rank calls it: all join the gather of FSDP shards, and a failed write on the owner
-        raises on every rank."""
-        if isinstance(model, FSDPModule) or self.owner:
+        Every rank calls it: all join the gather of FSDP shards or of a sharded optimizer state,
+        and a failed write on the owner raises on every rank."""
+        if gathered_by_every_rank(model, optimizers) or self.owner:
             weights, optimizer_states = gather_training_state(model, optimizers)
         with self.together():
             if self.owner:

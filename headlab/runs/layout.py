@@ -27,9 +27,10 @@ METRICS = "metrics.jsonl"
 STARTS = "starts.jsonl"
 CHECKPOINT_PREFIX = "checkpoint-"
 DATA_IDENTITY = ("tokenizer", "vocab_size", "n_train_tokens", "n_val_tokens", "sha256")
-# How the training is spread over processes and run, not what is trained: a run may resume under
-# others, and starts.jsonl records each start's.
-EXECUTION_FIELDS = ("parallel", "grad_accum", "snapshot_every", "compile", "device")
+# How the training is spread over processes, run and checkpointed, not what is trained: a run may
+# resume under others, and starts.jsonl records each start's.
+EXECUTION_FIELDS = ("parallel", "grad_accum", "snapshot_every", "compile", "device", "checkpoint_every",
+                    "checkpoint_minutes")
 
 
 def run_manifest(run_dir: str | Path) -> Manifest:
@@ -58,8 +59,8 @@ def write_run_config(manifest: Manifest, model_config: ModelConfig, train_config
         "format": FORMAT,
         "headlab_version": installed_version(),
         "git_commit": _git_commit(),
-        "model": model_config.to_dict(),
-        "train": asdict(train_config),
+        "model": model_config.recorded(),  # fields added since the previous release only where set
+        "train": train_config.recorded(),
         "data": data_identity(corpus),
     }
     manifest.write_bytes(CONFIG, json.dumps(payload, indent=2).encode())
@@ -76,7 +77,29 @@ def read_config(run_dir: str | Path) -> dict:
         raise ValueError(f"{path} is not valid JSON: {error}") from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT or "model" not in payload:
         raise ValueError(f"{path} is not a headlab run config (no format='{FORMAT}' and 'model' entry)")
+    check_known_fields(payload, "model", ModelConfig, path)
     return payload
+
+
+def check_known_fields(payload: dict, section: str, config_class, path: Path) -> None:
+    """Refuse in one line a run whose config.json `section` names fields `config_class` does not
+    have: a newer headlab wrote it, recording a setting this one cannot train or read as it was."""
+    values = payload.get(section)
+    unknown = sorted(set(values) - set(config_class.__dataclass_fields__)) if isinstance(values, dict) else []
+    if unknown:
+        written = f"headlab {payload.get('headlab_version', '(version unrecorded)')}"
+        commit = payload.get("git_commit")
+        raise ValueError(f"{path} records {', '.join(f'{section}.{name}' for name in unknown)}, unknown to this "
+                         f"headlab ({installed_version()}): the run needs a newer headlab (it was written by {written}"
+                         f"{f', commit {str(commit)[:12]}' if commit else ''}); upgrade headlab to read it")
+
+
+def saved_train_config(run_dir: str | Path, payload: dict, config_class):
+    """The training settings a run's config.json records, as `config_class` (the trainer's
+    TrainConfig: this layer is below training), fields added since the run was saved at their
+    defaults; a field this headlab does not know is refused (`check_known_fields`)."""
+    check_known_fields(payload, "train", config_class, Path(run_dir) / CONFIG)
+    return config_class.from_dict(payload.get("train", {}))
 
 
 def _differences(section: str, saved: dict, given: dict) -> list[str]:
@@ -90,11 +113,11 @@ def resume_differences(run_dir: str | Path, model_config: ModelConfig, train_con
     `run_dir`, as 'section.field: saved X, given Y'. Data is compared by identity (tokenizer,
     split sizes, content hash); the saved training settings are read with `train_config`'s own
     class, so fields added since the run was saved take their defaults. The `EXECUTION_FIELDS`
-    (FSDP or DDP, gradient accumulation, analysis snapshots) may differ."""
+    (FSDP or DDP, gradient accumulation, analysis snapshots, the checkpoint cadence) may differ."""
     payload = read_config(run_dir)
     differences = _differences("model", ModelConfig.from_dict(payload["model"]).to_dict(), model_config.to_dict())
     what = lambda config: {k: v for k, v in asdict(config).items() if k not in EXECUTION_FIELDS}
-    saved_train = type(train_config).from_dict(payload.get("train", {}))
+    saved_train = saved_train_config(run_dir, payload, type(train_config))
     differences += _differences("train", what(saved_train), what(train_config))
     saved_data, given_data = payload.get("data", {}), data_identity(corpus)
     differences += _differences("data", {k: saved_data[k] for k in DATA_IDENTITY if k in saved_data},

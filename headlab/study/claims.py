@@ -43,6 +43,7 @@ METRICS = {  # per-seed column -> (what it is, unit (None: the metrics' loss_uni
 # rank gaps by tenths of a point; with 3 seeds (t = 4.3) that moves an interval's ends by up to
 # ~0.02 nats/byte and ~0.7 points, so each δ stands well clear of it, and below the gaps worth stating.
 MARGINS = {"val_loss": 0.05, "uncentered": 3.0, "centered": 3.0}
+BYTE_LOSS_UNIT = "nats/byte"  # the loss of a byte-level study (`table_files.loss_unit`): the margin's own unit
 MARGIN_REASONS = (
     "δ = 0.05 nats/byte for the validation loss (0.07 bits/byte, 3% of the demo's loss; a change of training "
     "recipe, AdamW for Muon, moves it by 0.13), and δ = 3 points of % of H for either effective rank (below every "
@@ -56,7 +57,7 @@ def margins(metrics: pd.DataFrame) -> dict[str, float]:
     """`MARGINS` in the units of `metrics` (what `per_seed_metrics` returns): the loss margin, per
     byte, times the runs' bytes per token, val_loss / (val_bpb · ln 2) as the trainer relates them
     (1 for a study whose loss is per byte)."""
-    if (metrics["loss_unit"] == "nats/byte").all():
+    if (metrics["loss_unit"] == BYTE_LOSS_UNIT).all():
         return dict(MARGINS)
     bytes_per_token = float((metrics["val_loss"] / (metrics["val_bpb"] * math.log(2))).median())
     return {**MARGINS, "val_loss": MARGINS["val_loss"] * bytes_per_token}
@@ -183,15 +184,41 @@ def settling(change: Difference | None, since: int | None, decimals: int, margin
 
 # ---- the comparison with Standard MHA ---------------------------------------------------------
 
+@dataclass(frozen=True)
+class Claim:
+    """One statement of the comparison by the rule: what it compares (`metric` of `role` against
+    Standard MHA, or centered against uncentered of `role` itself for metric "centering"), the
+    paired difference d̄ ± half_width over `seeds` seeds, the margin and the verdict, the mark of its
+    change since half-way (empty without one), and the sentence the report prints."""
+
+    role: str
+    model: str
+    mla_rope: str
+    metric: str
+    difference: float
+    half_width: float
+    seeds: int
+    margin: float
+    verdict: str
+    change: str
+    sentence: str
+
+
 def claims(metrics: pd.DataFrame, half: Halfway | None = None) -> list[str]:
-    """One sentence per variant and metric against Standard MHA by the rule with the metric's
-    margin (`margins`): within ±δ, higher or lower by d̄ ± h, or undecided; and a sentence on what
-    centering does to each variant's rank, by the same rule. With `half` (the same runs half-way
-    through training), each sentence carries its change since then, marked still moving where that
-    is an ordering (`settling`). With one seed, the single sentence "One seed: no orderings claimed."."""
+    """The sentences of `comparison_claims`; with one seed, the single sentence "One seed: no
+    orderings claimed."."""
     if metrics["seed"].nunique() < 2:
         return ["One seed: no orderings claimed."]
-    sentences, deltas = [], margins(metrics)
+    return [claim.sentence for claim in comparison_claims(metrics, half)]
+
+
+def comparison_claims(metrics: pd.DataFrame, half: Halfway | None = None) -> list[Claim]:
+    """One claim per variant and metric against Standard MHA by the rule with the metric's margin
+    (`margins`): within ±δ, higher or lower by d̄ ± h, or undecided; and one on what centering does
+    to each variant's rank, by the same rule. With `half` (the same runs half-way through
+    training), each carries its change since then, marked still moving where that is an ordering
+    (`settling`)."""
+    found, deltas = [], margins(metrics)
     for column, (what, unit, decimals) in METRICS.items():
         unit = unit or metrics["loss_unit"].iloc[0]
         for role, model, mla_rope in variant_rows(metrics):
@@ -200,23 +227,27 @@ def claims(metrics: pd.DataFrame, half: Halfway | None = None) -> list[str]:
             mark = half and settling(change_since(metrics, half.metrics, role, mla_rope, column),
                                      half.loss_step if column == "val_loss" else half.rank_step, decimals,
                                      deltas[column])
-            sentences.append(sentence(f"{variant_name(role, model, mla_rope)}: {what}",
-                                      difference_to_mha(metrics, role, mla_rope, column), deltas[column],
-                                      ("higher than Standard MHA", "lower than Standard MHA", "equal to Standard MHA's",
-                                       "undecided against Standard MHA"),
-                                      unit, decimals, mark=mark))
+            d = difference_to_mha(metrics, role, mla_rope, column)
+            found.append(Claim(role, model, mla_rope, column, d.mean, d.half_width, d.n, deltas[column],
+                               d.verdict(deltas[column]), mark or "",
+                               sentence(f"{variant_name(role, model, mla_rope)}: {what}", d, deltas[column],
+                                        ("higher than Standard MHA", "lower than Standard MHA",
+                                         "equal to Standard MHA's", "undecided against Standard MHA"),
+                                        unit, decimals, mark=mark)))
     for role, model, mla_rope in variant_rows(metrics):
         rise = paired_difference(values(metrics, role, mla_rope, "centered").to_numpy(),
                                  values(metrics, role, mla_rope, "uncentered").to_numpy())
         mark = half and settling(change_since(metrics, half.metrics, role, mla_rope, "centered", baseline=None,
                                               minus="uncentered"), half.rank_step, 2, deltas["centered"])
         paper = PAPER[role]
-        sentences.append(sentence(f"{variant_name(role, model, mla_rope)}: centering", rise, deltas["centered"],
-                                  ("raises the effective rank", "lowers the effective rank",
-                                   "leaves the effective rank unchanged", "undecided about the effective rank"),
-                                  "points of % of H", 2, f"the paper: {paper.uncentered:.1f}% → {paper.centered:.1f}%",
-                                  mark=mark))
-    return sentences
+        found.append(Claim(role, model, mla_rope, "centering", rise.mean, rise.half_width, rise.n, deltas["centered"],
+                           rise.verdict(deltas["centered"]), mark or "",
+                           sentence(f"{variant_name(role, model, mla_rope)}: centering", rise, deltas["centered"],
+                                    ("raises the effective rank", "lowers the effective rank",
+                                     "leaves the effective rank unchanged", "undecided about the effective rank"),
+                                    "points of % of H", 2,
+                                    f"the paper: {paper.uncentered:.1f}% → {paper.centered:.1f}%", mark=mark)))
+    return found
 
 
 def sentence(subject: str, d: Difference, margin: float, verbs: tuple[str, str, str, str], unit: str, decimals: int,

@@ -1,9 +1,11 @@
 """The paper's numbers at 128M (arXiv 2601.11471 v3), keyed by role, for the report's tables and figures:
-Tables 1, 3, 7 and 8 (`PAPER`) and the seed figure, Fig. 11 (`SEED_SPECTRA`)."""
+Tables 1, 3, 7 and 8 (`PAPER`) and the seed figure, Fig. 11 (`SEED_SPECTRA`), whose early, middle
+and late panels a study's layers are matched to (`layer_roles`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ PAPER = {  # keyed by role (`headlab.study.roles.ROLES`), never by position
 # The seed figure: the paper's Fig. 11 at 128M (uncentered eigenvalue spectra of the 6 x 6 head
 # similarity matrices; ../shared/seed/figure-eigenvalue-spectra-128M.md), read off the figure by eye,
 # so every value is approximate (about ±0.1). Its panels are layers 0, 6 and 11 of 12; ours are a
-# study's early, middle and late layers (`headlab.report.plots.layer_roles`), matched by relative depth.
+# study's early, middle and late layers (`layer_roles`), matched by relative depth.
 PAPER_PANELS = {"Early": 0, "Middle": 6, "Late": 11}  # our panel -> the paper's layer L
 SEED_HEADS = 6  # H of the paper's 128M models: each curve has this many eigenvalues
 
@@ -65,3 +67,18 @@ SEED_SPECTRA = {  # role -> our panel -> the curve; the paper's LRKV ranks are 1
     "gqa": {"Early": SeedSpectrum(3.0, 0.7, 0.45), "Middle": SeedSpectrum(1.5, 0.9, 0.75),
             "Late": SeedSpectrum(2.0, 0.8, 0.65)},
 }
+
+
+def layer_roles(layers: Iterable[int]) -> dict[str, int]:
+    """The early, middle and late layer among `layers` (numbered from 0): the first, the one at
+    index len // 2 and the last; for 12 layers 0, 6 and 11, the paper's 128M choice. A role is
+    given only to a layer no earlier role has: two layers are Early and Late, one is Early."""
+    available = sorted({int(layer) for layer in layers})
+    if not available:
+        raise ValueError("no layers to choose from")
+    roles = {"Early": available[0], "Late": available[-1], "Middle": available[len(available) // 2]}
+    distinct = {}
+    for role, layer in roles.items():
+        if layer not in distinct.values():
+            distinct[role] = layer
+    return {role: distinct[role] for role in ("Early", "Middle", "Late") if role in distinct}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from headlab.model.config import ModelConfig, preset
+from headlab.model.config import PRESETS, ModelConfig, preset
 
 
 def comparison_roles(name: str = "cpu-small") -> dict[str, ModelConfig]:
@@ -19,6 +19,17 @@ def comparison_roles(name: str = "cpu-small") -> dict[str, ModelConfig]:
         "mla": preset(name, "mla"),
         "gqa": preset(name, "gqa"),
     }
+
+
+def role_of(config: ModelConfig) -> str | None:
+    """The role of `config` if it is one of a preset's comparison variants (any vocabulary: a study
+    sets it by its tokenizer), else None: a model whose settings differ from every preset's variant
+    stands for none of the paper's numbers."""
+    for name in PRESETS:
+        for role, variant in comparison_roles(name).items():
+            if variant.replace(vocab_size=config.vocab_size) == config:
+                return role
+    return None
 
 
 def comparison_variants(name: str = "cpu-small") -> list[ModelConfig]:

@@ -16,7 +16,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from headlab.study.paper import PAPER_PANELS, SEED_SPECTRA
+from headlab.study.paper import PAPER_PANELS, SEED_HEADS, SEED_SPECTRA
 
 STATES = ("trained", "init")  # a run's final weights, and its step-0 weights (the random-init baseline)
 COLUMNS = ["role", "model", "panel", "layer", "paper_layer", "state", "seed", "first_eigenvalue",
@@ -52,3 +52,30 @@ def seed_distance(spectra: pd.DataFrame, init_spectra: pd.DataFrame, panels: Map
                              "first_eigenvalue": float(eigenvalues[0]), "seed_first_eigenvalue": reference.first,
                              "l1_to_seed": normalised_l1(eigenvalues, reference.eigenvalues())})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+# ---- models with another head count than the seed's six ---------------------------------------
+
+def implied_cosine(first_eigenvalue: float, n_heads: int) -> float:
+    """ρ̂ = (λ₁ − 1) / (H − 1): the pairwise cosine of H heads that all share one direction equally
+    (every off-diagonal cosine ρ gives λ₁ = 1 + (H − 1)ρ exactly), 0 for orthogonal heads (λ₁ = 1),
+    1 for one form (λ₁ = H). λ₁ of a cosine matrix of H heads, so free of H under that model."""
+    return (first_eigenvalue - 1.0) / (n_heads - 1)
+
+
+def at_seed_heads(first_eigenvalue: float, n_heads: int, seed_heads: int = SEED_HEADS) -> float:
+    """λ₁ that `seed_heads` heads sharing the same direction would give: 1 + (H_seed − 1)·ρ̂."""
+    return 1.0 + (seed_heads - 1) * implied_cosine(first_eigenvalue, n_heads)
+
+
+def resampled(eigenvalues, n: int = SEED_HEADS) -> np.ndarray:
+    """A spectrum of H values as the spectrum of n heads: n values summing to n, as a cosine matrix's
+    do. Eigenvalue i fills the slot [(i − 1)/H, i/H) of the unit interval; the cumulative share
+    c(x), piecewise linear through c(i/H) = Σ_{j≤i} λ_j / Σλ, is read at k/n, and value k is
+    n·(c(k/n) − c((k − 1)/n)). It keeps the share that any top fraction of the heads holds; for
+    H = n it is the spectrum scaled to sum n (the identity for a cosine matrix's), which is how the
+    seed's values, read off a figure and summing to 4.9–7.5, are put on the scale of six heads."""
+    values = np.asarray(eigenvalues, dtype=np.float64)
+    knots = np.concatenate([[0.0], np.cumsum(values)]) / values.sum()
+    shares = np.interp(np.arange(n + 1) / n, np.arange(values.size + 1) / values.size, knots)
+    return np.diff(shares) * n

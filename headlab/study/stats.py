@@ -37,25 +37,36 @@ WITHIN, HIGHER, LOWER, UNDECIDED = "within", "higher", "lower", "undecided"  # t
 
 @dataclass(frozen=True)
 class Spread:
-    """Mean and sample standard deviation of n values (sd is NaN for n = 1)."""
+    """Mean and sample standard deviation of the n defined values among n + undefined (sd is NaN
+    for n = 1; both are NaN for n = 0)."""
 
     mean: float
     sd: float
     n: int
+    undefined: int = 0  # values that were NaN (a layer without a circuit): left out, and counted
 
     def format(self, decimals: int) -> str:
-        """'1.234 ± 0.012', or '1.234' for a single value."""
-        if self.n < 2:
-            return f"{self.mean:.{decimals}f}"
-        return f"{self.mean:.{decimals}f} ± {self.sd:.{decimals}f}"
+        """'1.234 ± 0.012', '1.234' for a single value, with '(2 of 3; 1 undefined)' after it
+        where some values were undefined, and 'undefined' where all were."""
+        if self.n == 0:
+            return f"undefined (all {self.undefined})"
+        text = f"{self.mean:.{decimals}f}" if self.n < 2 else f"{self.mean:.{decimals}f} ± {self.sd:.{decimals}f}"
+        return text + (f" ({self.n} of {self.n + self.undefined}; {self.undefined} undefined)" if self.undefined
+                       else "")
 
 
 def spread(values: Sequence[float]) -> Spread:
+    """The `Spread` of `values`, over those that are defined: a NaN (an undefined number, such as
+    the effective rank of a layer without a circuit) is left out and counted, never averaged in."""
     values = np.asarray(values, dtype=np.float64)
     if values.size == 0:
         raise ValueError("spread of no values")
-    sd = float(values.std(ddof=1)) if values.size > 1 else math.nan
-    return Spread(float(values.mean()), sd, int(values.size))
+    defined = values[~np.isnan(values)]
+    undefined = int(values.size - defined.size)
+    if defined.size == 0:
+        return Spread(math.nan, math.nan, 0, undefined)
+    sd = float(defined.std(ddof=1)) if defined.size > 1 else math.nan
+    return Spread(float(defined.mean()), sd, int(defined.size), undefined)
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,9 @@ class Difference:
         return UNDECIDED
 
     def format(self, decimals: int) -> str:
-        """'+0.031 ± 0.012', or '+0.031' for a single seed."""
+        """'+0.031 ± 0.012', '+0.031' for a single seed, 'undefined' for none."""
+        if self.n == 0:
+            return "undefined"
         if self.n < 2:
             return f"{self.mean:+.{decimals}f}"
         return f"{self.mean:+.{decimals}f} ± {self.half_width:.{decimals}f}"
@@ -117,7 +130,9 @@ def chance_orderings(n_comparisons: int, confidence: float = CONFIDENCE) -> floa
 def paired_to_baseline(table: pd.DataFrame, role: str, column: str, baseline: str = "mha") -> Difference:
     """The paired difference `role` − `baseline` of `column` in a table with one row per (role,
     seed): the one comparison every ordering in a report rests on. Only seeds both roles have
-    are paired; the caller filters the table to one setting (layer mean, kind, step, ...) first."""
+    are paired, and of those only the seeds where both values are defined (a NaN is a layer without a
+    circuit: left out, so n counts the seeds compared); the caller filters the table to one setting
+    (layer mean, kind, step, ...) first."""
     ours = table[table["role"] == role].set_index("seed")[column]
     base = table[table["role"] == baseline].set_index("seed")[column]
     if ours.index.has_duplicates or base.index.has_duplicates:
@@ -125,4 +140,7 @@ def paired_to_baseline(table: pd.DataFrame, role: str, column: str, baseline: st
     seeds = ours.index.intersection(base.index).sort_values()
     if seeds.empty:
         raise ValueError(f"no seed has both {role!r} and {baseline!r} in column {column!r}")
-    return paired_difference(ours[seeds].to_numpy(), base[seeds].to_numpy())
+    defined = [seed for seed in seeds if not (math.isnan(ours[seed]) or math.isnan(base[seed]))]
+    if not defined:  # undefined in every seed (no circuit): nothing to pair, no ordering
+        return Difference(math.nan, math.nan, 0, CONFIDENCE)
+    return paired_difference(ours[defined].to_numpy(), base[defined].to_numpy())

@@ -27,7 +27,6 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from dataclasses import fields as dataclass_fields
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from headlab.data.encoding import available_cores
 from headlab.data.shards import Corpus
 from headlab.data.tokenizers import PADDED_GPT2_VOCAB, tokenizer_vocab_size
 from headlab.io import LOCK, Manifest, being_written, inside, make_folder
-from headlab.model.config import FAMILY_FIELDS, ModelConfig, preset
+from headlab.model.config import RELEASED_FIELDS, ModelConfig, preset, recorded_fields
 from headlab.runs.checkpoints import checkpoint_step, has_checkpoint
 from headlab.runs.divergence import Divergence, run_divergence
 from headlab.runs.layout import CONFIG, EXECUTION_FIELDS, check_resumable, run_manifest
@@ -50,9 +49,10 @@ from headlab.runs.snapshots import study_snapshot_every
 from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
 from headlab.study.table_files import MANIFEST, STUDY, loss_unit
-from headlab.training.config import FAMILY_TRAIN_FIELDS, MAX_STEPS, TrainConfig, train_preset
+from headlab.training.config import MAX_STEPS, TrainConfig, train_preset
 from headlab.training.distributed import is_main_process, launched_processes, training_device
 from headlab.training.hardware import RUN_THREADS, TIMING_STEPS, load_note, measure_step, run_seconds, step_fits
+from headlab.training.reads import model_setting_reaches, train_setting_reaches
 from headlab.training.runs import Run, load_run
 from headlab.training.trainer import (
     TrainingDiverged,
@@ -144,16 +144,42 @@ class Study:
         self.train_config(0)
 
     def _check_overrides_reach_a_role(self) -> None:
-        """Refuse a setting that no role of the study reads (`FAMILY_FIELDS`, `FAMILY_TRAIN_FIELDS`):
-        its runs would be the preset's, trained again under another name."""
-        families = {config.attention for config in self.roles.values()}
+        """Refuse a setting that bears on none of the roles trained: its runs would be the preset's,
+        trained again under another name. What bears on a role is derived from the code that builds
+        and trains it (`headlab.training.reads`): the fields its model reads as it is built, and the
+        training fields that change which optimizer trains which of its tensors, at which rate and
+        decay, or that the training loop reads. A setting the others need to be valid (n_kv_head
+        dividing a new n_head, optimizer muon under muon_qk False) is kept, though no role reads it."""
+        recipe = train_preset(self.preset, **self.train_overrides)
         for name, value in {**self.model_overrides, **self.train_overrides}.items():
-            readers = {**FAMILY_FIELDS, **FAMILY_TRAIN_FIELDS}.get(name)
-            if readers and not families & set(readers):
-                roles = [role for role, config in comparison_roles(self.preset).items() if config.attention in readers]
-                raise ValueError(f"{name} = {value!r} changes none of the roles trained ({', '.join(self.roles)}): "
-                                 f"only {', '.join(roles)} read it; train one of them too (only, --only) or leave "
-                                 f"{name} out")
+            model_field = name in self.model_overrides
+            reaches = ((lambda config, field: model_setting_reaches(field, config)) if model_field else
+                       (lambda config, field: train_setting_reaches(field, config, recipe)))
+            if any(reaches(config, name) for config in self.roles.values()) or self._needed(name):
+                continue
+            every = Study(self.preset, self.steps, self.folder, tokenizer=self.tokenizer).roles  # all six, as preset
+            readers = [role for role, config in every.items()
+                       if reaches(config.replace(**self.model_overrides), name)]
+            why = (f"only {', '.join(readers)} read it" if readers else
+                   f"no role of {self.preset} reads it" + ("" if model_field else
+                                                           f" under optimizer {recipe.optimizer}"))
+            hint = f"train one of them too (only, --only) or leave {name} out" if readers else f"leave {name} out"
+            raise ValueError(f"{name} = {value!r} changes none of the roles trained ({', '.join(self.roles)}): {why} "
+                             f"(what a role's model reads as it is built, and which optimizer trains which of its "
+                             f"tensors: headlab.training.reads); {hint}")
+
+    def _needed(self, name: str) -> bool:
+        """Whether the study's other settings are invalid without `name`'s override (every role's
+        config and the recipe are checked)."""
+        model = {k: v for k, v in self.model_overrides.items() if k != name}
+        training = {k: v for k, v in self.train_overrides.items() if k != name}
+        try:
+            train_preset(self.preset, **training)
+            for config in comparison_roles(self.preset).values():
+                config.replace(vocab_size=tokenizer_vocab_size(self.tokenizer), **model)
+        except ValueError:
+            return True
+        return False
 
     @property
     def loss_unit(self) -> str:
@@ -225,7 +251,7 @@ class Study:
 
     def training_notice(self, seeds: int = 1, jobs: int = 1) -> str | None:
         """One line saying what `train(seeds)` will train and about how long it takes on this
-        machine (a step of every variant is timed now, on `RUN_THREADS` threads as each run trains,
+        machine (a step of every variant with steps left is timed now, on `RUN_THREADS` threads as each run trains,
         evaluations counted: `headlab.training.hardware.run_seconds`); None when every run is finished.
         Runs that each have no more steps left than timing a step takes (warm-up included) are not
         timed: the timing would cost more than the training it estimates.
@@ -240,10 +266,12 @@ class Study:
         if max(left.values()) <= TIMING_STEPS:
             return f"{what}: not timed (no run has more steps left than the {TIMING_STEPS} that timing a step takes)"
         device = training_device(config.device, launched_processes().local_rank)
-        if not all(step_fits(variant, config, device) for variant in self.roles.values()):
+        # only the variants with steps left: each timing compiles its model on a GPU (minutes at scale)
+        training = {role: self.roles[role] for role in dict.fromkeys(role for _, role in left)}
+        if not all(step_fits(variant, config, device) for variant in training.values()):
             return (f"{what}: not timed here (an unsharded step of the largest variant does not fit {device}; "
                     "`headlab reproduce --plan` estimates the time from FLOPs); finished runs are kept")
-        steps = {role: measure_step(variant, config, RUN_THREADS) for role, variant in self.roles.items()}
+        steps = {role: measure_step(variant, config, RUN_THREADS) for role, variant in training.items()}
         seconds = sum(run_seconds(steps[role], config, n) for (_, role), n in left.items()) / jobs
         took = f"{max(1, round(seconds))} s" if seconds < 90 else f"{round(seconds / 60)} min"
         return (f"{what}: about {took} here ({load_note()}); finished runs are kept, "
@@ -423,11 +451,12 @@ def settings_key(preset: str, steps: int | None) -> str:
 # option leaves the key of every setting that does not use it (trained runs, the shipped tables) as it was.
 # How a run is executed (`HOW_RUN`: processes, device, compiling) is never keyed: it does not change what is
 # trained, and a run resumes across it.
-HOW_RUN = tuple(name for name in EXECUTION_FIELDS if name != "snapshot_every")
+# The checkpoint cadence stays keyed as it was before a run could resume under another, so the keys of
+# the studies already trained (and the shipped tables) do not move.
+HOW_RUN = tuple(name for name in EXECUTION_FIELDS if name not in ("snapshot_every", "checkpoint_every",
+                                                                  "checkpoint_minutes"))
 ALWAYS_KEYED = {
-    ModelConfig: ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "head_dim", "attention", "n_kv_head",
-                  "kv_rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim", "qk_norm", "rope_base",
-                  "kv_residual_init", "mlp", "mlp_ratio"),
+    ModelConfig: RELEASED_FIELDS,
     TrainConfig: ("steps", "batch_size", "optimizer", "lr", "matrix_lr", "embedding_lr", "unembedding_lr",
                   "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip", "eval_every", "eval_batches",
                   "checkpoint_every", "log_every", "dtype", "seed", "lrkv_factor_decay", "lrkv_b_optimizer",
@@ -444,6 +473,5 @@ def settings_digest(settings: list) -> str:
 
 
 def _keyed(values: dict, config_class) -> dict:
-    defaults = {f.name: f.default for f in dataclass_fields(config_class)}
-    return {name: value for name, value in values.items() if name not in HOW_RUN
-            and (name in ALWAYS_KEYED[config_class] or name not in defaults or value != defaults[name])}
+    return {name: value for name, value in recorded_fields(values, config_class, ALWAYS_KEYED[config_class]).items()
+            if name not in HOW_RUN}

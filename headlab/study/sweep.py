@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -26,8 +26,10 @@ import pandas as pd
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.io import Manifest, make_folder
 from headlab.model.config import ModelConfig, preset
+from headlab.runs.layout import EXECUTION_FIELDS
 from headlab.schema import FLAGSHIP_MLA_ROPE
 from headlab.study.claims import METRICS, difference_to_mha, margins, per_seed_metrics, variant_name, variant_rows
+from headlab.study.comparable import UnlearnedRuns, check_learned
 from headlab.study.roles import compared_roles, comparison_roles
 from headlab.study.study import DivergedRuns, Study
 from headlab.study.table_files import SWEEP, SWEEP_MANIFEST, loss_unit
@@ -99,11 +101,14 @@ def grid(preset_name: str, lengths: list[float] = (1.0,), depths: list[int] | No
             training = {k: v for k, v in overrides.items() if k not in model_fields}
             point = GridPoint(preset_name, float(length), model, training)
             study = point.study(Path("."), only)  # refuses a bad value, naming the field, for every role
-            # the configs as they store the values (-0.0 is 0.0, 1e-3 is 0.001): what the runs train
-            same = (tuple(study.variants), study.train_config(0))
+            # the configs as they store the values (-0.0 is 0.0, 1e-3 is 0.001): what the runs train,
+            # not how they execute (on which device, compiled or not: the same runs)
+            trained = {k: v for k, v in asdict(study.train_config(0)).items() if k not in EXECUTION_FIELDS}
+            same = (tuple(study.variants), tuple(trained.items()))
             if same in seen:
                 raise ValueError(f"grid points {seen[same]} and {point.key} train the same runs ({point.steps} "
-                                 "steps, same settings): give distinct lengths and values")
+                                 f"steps, same settings; {', '.join(EXECUTION_FIELDS)} say how a run executes, not "
+                                 "what it trains): give distinct lengths and values")
             seen[same] = point.key
             points.append(point)
     return points
@@ -139,27 +144,31 @@ def sweep_roles(preset_name: str, only: tuple[str, ...] | None = None) -> list[s
 def sweep_table(points: list[GridPoint], seeds: int, folder: Path, log=print, jobs: int | None = None,
                 only: tuple[str, ...] | None = None) -> pd.DataFrame:
     """Train (or reuse) every point's study and tabulate its comparisons (see the module docstring).
-    A point with a diverged run (`headlab.study.study.DivergedRuns`) is named and left out.
+    A point with a run that diverged (`headlab.study.study.DivergedRuns`) or learned nothing
+    (`headlab.study.comparable.UnlearnedRuns`) is named and left out.
     `only`: the roles to train (None: all six; see `sweep_roles`); `jobs`: runs at once (None:
     `Study.default_jobs`)."""
     sweep_roles(points[0].preset, only)
-    rows, diverged = [], []
+    rows, left_out = [], {"diverged": [], "learned nothing": []}
     for point in points:
         study = point.study(folder, only)
         log(f"sweep point {point.key}: {study.train_config().steps} steps, {seeds} seed(s)")
         try:
             runs = study.train(seeds, progress=False, log=log, jobs=jobs or study.default_jobs(seeds))
-        except DivergedRuns as error:
+            check_learned(runs, study.load_corpus(), study.loss_unit)
+        except (DivergedRuns, UnlearnedRuns) as error:
             log(f"sweep point {point.key} left out: {error}")
-            diverged.append(point.key)
+            left_out["diverged" if isinstance(error, DivergedRuns) else "learned nothing"].append(point.key)
             continue
         tables = analysis_tables(runs)
         metrics = per_seed_metrics(tables["summary"], training_table(runs, loss_unit(study.tokenizer)))
         rows += point_rows(point, metrics)
-    if diverged:
-        left = f"{len(diverged)} of {len(points)} grid point(s) diverged ({', '.join(diverged)})"
+    if any(left_out.values()):
+        left = "; ".join(f"{len(keys)} of {len(points)} grid point(s) {what} ({', '.join(keys)})"
+                         for what, keys in left_out.items() if keys)
         if not rows:
-            raise ValueError(f"{left}: nothing to tabulate; sweep lower learning rates")
+            advice = "sweep lower learning rates" if left_out["diverged"] else "sweep longer or larger learning rates"
+            raise ValueError(f"{left}: nothing to tabulate; {advice}")
         log(f"{left}: left out of the table, which holds the other points")
     return pd.DataFrame(rows)
 

@@ -28,6 +28,8 @@ import pandas as pd
 from headlab.analysis.tables import load_tables, save_tables
 from headlab.io import Manifest
 from headlab.model.config import PRESETS, ModelConfig
+from headlab.study.claims import BYTE_LOSS_UNIT
+from headlab.study.conclusions import DISPLAY, with_conclusions
 
 MANIFEST = "study.json"  # the study folder's manifest: its tables, with hashes
 STUDY = "a study folder"
@@ -123,7 +125,7 @@ def stack_recipes(studies: list[StudyTables]) -> dict[str, pd.DataFrame]:
 
 def loss_unit(tokenizer: str) -> str:
     """What a validation loss is per: a byte for the byte tokenizer (a token is a byte), else a token."""
-    return "nats/byte" if tokenizer == "byte" else "nats/token"
+    return BYTE_LOSS_UNIT if tokenizer == "byte" else "nats/token"
 
 
 @dataclass(frozen=True)
@@ -144,13 +146,14 @@ def write_study_tables(tables: StudyTables, folder: str | Path) -> Path:
 
 def read_study_tables(folder: str | Path) -> StudyTables:
     """The tables `write_study_tables` left in `folder`, each checked against study.json, and
-    the meta against the tables (`unsupported_meta`)."""
-    tables, meta = load_tables(folder, MANIFEST, STUDY)
+    the meta against the tables (`unsupported_meta`); with the study's conclusions
+    (`headlab.study.conclusions`), computed here for tables written before studies kept them."""
+    tables, meta = load_tables(folder, MANIFEST, STUDY, text_tables=DISPLAY)
     problem = unsupported_meta(tables, meta)
     if problem:
         raise ValueError(f"{Path(folder) / MANIFEST} says {problem} (edited by hand?): the report would state what "
                          "the study is not; write the study's tables again (headlab reproduce)")
-    return StudyTables(tables, meta)
+    return StudyTables(with_conclusions(tables, meta), meta)
 
 
 def study_meta(folder: str | Path) -> dict | None:
@@ -167,14 +170,16 @@ def study_meta(folder: str | Path) -> dict | None:
 def unsupported_meta(tables: dict[str, pd.DataFrame], meta: dict) -> str | None:
     """What a study's meta claims that its preset or its tables contradict, else None. The
     tables are hashed but the meta beside them in study.json is not, so it is checked by what
-    it states: a headlab preset which, with the settings the meta says were changed, has the
+    it states: a headlab preset which, with the settings the meta says were changed (or set), has the
     meta's shape (layers, heads, widths), and tables of that many layers and heads, of the meta's
     seeds and number of runs."""
     preset_name = meta.get("preset")
     if not isinstance(preset_name, str) or preset_name not in PRESETS:
         return f"preset {preset_name!r}, which headlab has not"
     model_fields = {f.name for f in fields(ModelConfig)}
-    changed = meta.get("changed") if isinstance(meta.get("changed"), dict) else {}
+    # every setting of the runs' configs: those that change them, and those they hold though no run reads
+    # them (n_kv_head beside an n_head it must divide)
+    changed = {k: v for key in ("unread", "changed") if isinstance(meta.get(key), dict) for k, v in meta[key].items()}
     try:
         shape = PRESETS[preset_name].replace(**{k: v for k, v in changed.items() if k in model_fields})
     except (TypeError, ValueError) as error:

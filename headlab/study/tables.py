@@ -23,6 +23,8 @@ Tables (CSV, one row per observation):
     factor_training   LRKV: the key residual-to-shared norm ratio per layer at every snapshot step
     lrkv_factors      LRKV: norm ratio and principal angles per layer, projection and head (final weights)
     rank_bound        MHA: what a rank-r residual could keep of W_h − W̄, and MHA rebuilt from it
+    metrics, claims, seed_distance, ... what the study concludes from the tables above, computed once
+                      (`headlab.study.conclusions`): the report renders them
 The meta (study.json) records the preset, the model's shape, the corpus and tokenizer, the
 training recipe (`train`: every TrainConfig field that moves a number) and each setting changed
 from the preset (`changed`), the analysis options, and how long training and analysis took.
@@ -33,6 +35,7 @@ headlab ships the tables of some studies as package data, a folder per preset
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -41,19 +44,23 @@ import numpy as np
 import pandas as pd
 import torch
 
+from headlab.analysis.gram import frobenius_gram
 from headlab.analysis.heads import load_heads
 from headlab.analysis.lrkv import deviation_table, factor_table, rank_r_model
 from headlab.analysis.measures import measure_agreement, measure_views
 from headlab.analysis.qk_norm import norm_scale_effect
 from headlab.analysis.similarity import analyze, concat, stack_tables
 from headlab.analysis.snapshots import analyze_snapshots, snapshot_heads
-from headlab.analysis.spectrum import frobenius_gram
 from headlab.data.shards import Corpus, random_windows
-from headlab.runs.layout import EXECUTION_FIELDS, resume_differences, run_identity
+from headlab.model.gpt import initial_model
+from headlab.runs.divergence import run_divergence
+from headlab.runs.layout import resume_differences, run_identity
 from headlab.schema import ALL_CIRCUITS, CIRCUITS, FLAGSHIP_MLA_ROPE, MLA_ROPE
+from headlab.study.comparable import NOT_RECIPE, UnlearnedRuns, check_alike, no_learning
+from headlab.study.conclusions import conclusions
 from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
-from headlab.study.study import Study, StudyRun, settings_key
+from headlab.study.study import DivergedRuns, Study, StudyRun, settings_key
 from headlab.study.table_files import (
     SHIPPED_ROOT,
     StudyTables,
@@ -61,9 +68,10 @@ from headlab.study.table_files import (
     read_study_tables,
     write_study_tables,
 )
-from headlab.training.config import train_preset
+from headlab.training.config import TrainConfig, train_preset
+from headlab.training.optimizers import optimizer_table
+from headlab.training.reads import model_setting_reaches, train_change_reaches
 from headlab.training.runs import Run
-from headlab.training.trainer import initial_model
 
 # The figures and claims use the whole pre-softmax score of MLA, as for every other family (see
 # `headlab.analysis.similarity`); the paper's latent-only definition is in the tables beside it.
@@ -252,69 +260,113 @@ def corpus_description(corpus: Corpus) -> str:
     return f"{name} ({'byte-level' if corpus.tokenizer_name == 'byte' else corpus.tokenizer_name + ' tokens'})"
 
 
-# TrainConfig fields that say how a run is executed or which seed it is, not how it is trained
-NOT_RECIPE = ("seed", "steps", *EXECUTION_FIELDS)
-
-
 def training_recipe(run: Run) -> dict:
     """The TrainConfig fields that move a number, as `run` was trained (one recipe per study)."""
     return {k: v for k, v in asdict(run.train_config).items() if k not in NOT_RECIPE}
 
 
-def changed_settings(runs: list[StudyRun], recipe: dict, preset_name: str) -> dict:
-    """Every model or training setting in which the runs (trained with `recipe`) differ from
+def changed_settings(runs: list[StudyRun], train_config: TrainConfig, preset_name: str) -> tuple[dict, dict]:
+    """Every model or training setting in which the runs (trained with `train_config`) differ from
     `preset_name`'s own (besides the vocabulary, which follows the tokenizer, and the steps,
-    which the meta states): 'field': value."""
+    which the meta states), as two dicts 'field': value: those that bear on a run, and those that
+    bear on none (`headlab.training.reads`: set, yet nothing trained differs for them)."""
     roles = comparison_roles(preset_name)
     preset_recipe = {k: v for k, v in asdict(train_preset(preset_name)).items() if k not in NOT_RECIPE}
-    changed = {k: v for k, v in recipe.items() if preset_recipe[k] != v}
+    changed = {k: v for k, v in asdict(train_config).items() if k not in NOT_RECIPE and preset_recipe[k] != v}
+    reached = {k for k in changed if any(train_change_reaches(k, r.config, train_config, preset_recipe[k])
+                                         for r in runs)}
     for r in runs:
         ours, theirs = r.config.to_dict(), roles[r.role].replace(vocab_size=r.config.vocab_size).to_dict()
-        changed.update({k: v for k, v in ours.items() if theirs[k] != v and k != "label"})
-    return changed
+        for k, v in ours.items():
+            if theirs[k] != v:
+                changed[k] = v
+                reached |= {k} if model_setting_reaches(k, r.config) else set()
+    return ({k: v for k, v in changed.items() if k in reached}, {k: v for k, v in changed.items() if k not in reached})
 
 
-def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: float | None = None) -> StudyTables:
+def optimizer_rows(runs: list[StudyRun], train_config: TrainConfig) -> list[dict]:
+    """Which optimizer trains which tensor of each role's model, as the runs were trained: the plan
+    the optimizers are made from (`headlab.training.optimizers.optimizer_table`), one row per role
+    and group of tensors: role, model, optimizer, lr (and the setting it comes from), weight decay
+    (and its setting) and the tensors, named as in every block ('attn.c_q': each block's query matrix)."""
+    rows, seen = [], set()
+    for r in runs:
+        if r.role in seen:
+            continue
+        seen.add(r.role)
+        groups: dict[tuple, list[str]] = {}
+        for row in optimizer_table(r.config, train_config):
+            name = re.sub(r"^blocks\.\d+\.", "", row["parameter"]).removesuffix(".weight")
+            key = (row["optimizer"], row["lr_setting"], row["lr"], row["decay_setting"], row["weight_decay"])
+            groups.setdefault(key, []).append(name) if name not in groups.get(key, []) else None
+        rows += [{"role": r.role, "model": r.label, "optimizer": optimizer, "lr": lr, "lr_setting": lr_setting,
+                  "weight_decay": decay, "decay_setting": decay_setting, "tensors": names}
+                 for (optimizer, lr_setting, lr, decay_setting, decay), names in groups.items()]
+    return rows
+
+
+def analyze_study(runs: list[StudyRun], corpus: Corpus, preset: str, started: float | None = None,
+                  learning_checked: bool = True) -> StudyTables:
     """Every table of the study of `runs` (trained on `corpus`), and its meta; `started` is the
     `time.perf_counter()` at which the study began, for the minutes it records. Each run's model
-    is read from its folder once and dropped before the next is read."""
+    is read from its folder once and dropped before the next is read.
+
+    Refused, naming the runs: runs not trained alike but for their attention (`check_alike`),
+    and runs that diverged or learned nothing (`headlab.study.comparable`). learning_checked
+    False skips the second check, for a smoke test of a pipeline whose few steps teach a large
+    model nothing; the meta records it and the report says so beside every comparison."""
     unit, ranks = loss_unit(corpus.tokenizer_name), lrkv_ranks(runs)
+    check_alike(runs, preset)
     pieces: dict[str, list[pd.DataFrame]] = {}
-    moment_seconds, moment_tokens, steps, recipe = 0.0, 0, 0, None
+    moment_seconds, moment_tokens, steps, recipe, trained_with = 0.0, 0, 0, None, None
+    diverged, unlearned = {}, {}
     for r in runs:
         one = [replace(r, held=r.run)]
+        if divergence := one[0].run.diverged or run_divergence(r.folder):
+            diverged[r.folder] = divergence
+        elif learning_checked and (failure := no_learning(r, one[0].run.model, corpus)):
+            unlearned[r.folder] = failure
+        if diverged or unlearned:
+            continue  # the study is refused below, naming every run that failed: nothing more to analyse
         measures, seconds, tokens = measures_table(one, corpus)
         moment_seconds, moment_tokens = moment_seconds + seconds, moment_tokens + tokens
         steps, recipe = max(steps, one[0].run.step), recipe or training_recipe(one[0].run)
+        trained_with = trained_with or one[0].run.train_config
         for name, table in {**analysis_tables(one), **init_tables(one), "training": training_table(one, unit),
                             "norm_effect": norm_effect_table(one, corpus), "rope_ratio": rope_ratio_table(one),
                             "measures": measures, "lrkv_factors": lrkv_factor_table(one),
                             "rank_bound": rank_bound_table(one, ranks)}.items():
             pieces.setdefault(name, []).append(table)
         del one
+    if diverged:
+        raise DivergedRuns(diverged, unit)
+    if unlearned:
+        raise UnlearnedRuns(unlearned, unit)
     tables = {name: stack_tables(tables) for name, tables in pieces.items()}
     tables.update(cache=cache_table(runs), measure_agreement=measure_agreement(tables["measures"],
                                                                                 pair_pattern_with="qk"))
     tables["snapshot_summary"], tables["factor_training"] = snapshot_tables(runs)
     config = runs[0].config
+    changed, unread = changed_settings(runs, trained_with, preset)
     meta = {
         "preset": preset, "n_layer": config.n_layer, "n_head": config.n_head, "d_model": config.d_model,
         "head_dim": config.head_dim, "n_runs": len(runs), "seeds": sorted({r.seed for r in runs}),
         "corpus": corpus.name, "tokenizer": corpus.tokenizer_name, "corpus_description": corpus_description(corpus),
         "bytes_per_token": corpus.bytes_per_token, "loss_unit": unit, "flagship_mla_rope": FLAGSHIP_MLA_ROPE,
-        "circuits": list(CIRCUITS), "train": recipe, "changed": changed_settings(runs, recipe, preset),
+        "circuits": list(CIRCUITS), "train": recipe, "changed": changed, "unread": unread,
+        "optimizers": optimizer_rows(runs, trained_with), "learning_checked": learning_checked,
         "moment_seconds": moment_seconds, "moment_tokens": moment_tokens,
         "steps": steps, "runs": {r.folder.name: run_identity(r.folder) for r in runs},
         "minutes": None if started is None else (time.perf_counter() - started) / 60,
     }
-    return StudyTables(tables, meta)
+    return StudyTables({**tables, **conclusions(tables, meta)}, meta)
 
 
 def tabulate_study(runs: list[StudyRun], corpus: Corpus, preset: str, folder: str | Path,
-                   started: float | None = None) -> StudyTables:
+                   started: float | None = None, learning_checked: bool = True) -> StudyTables:
     """`analyze_study`, written into `folder` and read back: the tables exactly as `headlab report`
     will find them, so a report drawn now and one redrawn later are the same."""
-    write_study_tables(analyze_study(runs, corpus, preset, started), folder)
+    write_study_tables(analyze_study(runs, corpus, preset, started, learning_checked), folder)
     return read_study_tables(folder)
 
 

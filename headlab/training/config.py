@@ -4,23 +4,29 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from headlab.model.config import check_field_types, config_from_dict, invalid_field
+from headlab.model.config import check_field_types, config_from_dict, invalid_field, recorded_fields
 
 OPTIMIZERS = ("adamw", "muon")
 LRKV_B_OPTIMIZERS = ("adamw", "muon")
 DTYPES = ("float32", "bfloat16")
 PARALLEL = ("ddp", "fsdp")
+# The TrainConfig fields that take one of a few names, and those names
+CHOICES = {"optimizer": OPTIMIZERS, "lrkv_b_optimizer": LRKV_B_OPTIMIZERS, "dtype": DTYPES, "parallel": PARALLEL}
 # TrainConfig.compile besides a torch.compile backend, and what "auto" compiles with on a GPU
 # (headlab.training.compiling)
 AUTO_COMPILE, NO_COMPILE, GPU_BACKEND = "auto", "off", "inductor"
-# The fields that train only some attention families' models (as `headlab.model.config.FAMILY_FIELDS`).
-FAMILY_TRAIN_FIELDS = {"lrkv_factor_decay": ("lrkv",), "lrkv_b_optimizer": ("lrkv",)}
 # TrainConfig fields a sweep's grid cannot set: its lengths axis sets the steps, its seeds axis the seed.
 UNSWEPT_TRAIN_FIELDS = ("steps", "seed")
 
 
 # TrainConfig.compile as runs saved it when it was a switch: True compiled on a GPU only, as "auto" does
 LEGACY_COMPILE = {False: "off", True: "auto"}
+# TrainConfig's fields in headlab's previous release (91a3e0b), which `TrainConfig.recorded` always
+# names; compile was a switch there
+RELEASED_TRAIN_FIELDS = ("steps", "batch_size", "optimizer", "lr", "matrix_lr", "embedding_lr", "unembedding_lr",
+                         "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip", "eval_every", "eval_batches",
+                         "checkpoint_every", "log_every", "dtype", "compile", "device", "seed", "parallel",
+                         "grad_accum", "lrkv_factor_decay", "lrkv_b_optimizer", "snapshot_every")
 MAX_STEPS = 10 ** 8  # optimizer steps: more is a mistake (the paper's runs take 50,000)
 
 
@@ -46,10 +52,11 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 100
     eval_batches: int = 16
-    checkpoint_every: int = 100
+    checkpoint_every: int = 100  # steps (0: none by step count, only on time and at the end)
     # also a checkpoint once this many minutes of training have passed since the last one (0: off), so
     # the share of time spent checkpointing stays bounded whatever a step costs; looked at on the
-    # logging steps (log_every), where rank 0's clock decides for every rank (headlab.runs.folder)
+    # logging steps (log_every), where rank 0's clock decides for every rank (headlab.runs.folder).
+    # Neither cadence changes what is trained: a run may resume under another.
     checkpoint_minutes: float = 0.0
     log_every: int = 10
     dtype: str = "float32"
@@ -71,43 +78,39 @@ class TrainConfig:
 
     def __post_init__(self):
         check_field_types(self)
-        for name in ("steps", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "log_every",
-                     "grad_accum"):
+        for name in ("steps", "batch_size", "eval_every", "eval_batches", "log_every", "grad_accum"):
             if getattr(self, name) < 1:
                 raise invalid_field(name, getattr(self, name), "must be a positive integer", "TrainConfig")
         if self.steps > MAX_STEPS:
             raise invalid_field("steps", self.steps, f"must be at most {MAX_STEPS:,} (years of training at any size; "
                                 "the schedule and the plan enumerate the steps)", "TrainConfig")
-        if self.optimizer not in OPTIMIZERS:
-            raise invalid_field("optimizer", self.optimizer, f"allowed values are {', '.join(OPTIMIZERS)}",
-                                "TrainConfig")
-        if self.lrkv_b_optimizer not in LRKV_B_OPTIMIZERS:
-            raise invalid_field("lrkv_b_optimizer", self.lrkv_b_optimizer,
-                                f"allowed values are {', '.join(LRKV_B_OPTIMIZERS)}", "TrainConfig")
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise invalid_field(name, getattr(self, name), f"allowed values are {', '.join(allowed)}",
+                                    "TrainConfig")
         if self.lrkv_b_optimizer == "muon" and self.optimizer != "muon":
             raise invalid_field("lrkv_b_optimizer", self.lrkv_b_optimizer, "per-head Muon on B_h needs optimizer = "
                                 "'muon' (under 'adamw' every parameter is AdamW's)", "TrainConfig")
         if not self.muon_qk and self.optimizer != "muon":
             raise invalid_field("muon_qk", self.muon_qk, "taking the query and key projections from Muon needs "
                                 "optimizer = 'muon' (under 'adamw' every parameter is AdamW's)", "TrainConfig")
-        if self.parallel not in PARALLEL:
-            raise invalid_field("parallel", self.parallel, f"allowed values are {', '.join(PARALLEL)}", "TrainConfig")
         if self.parallel == "fsdp" and self.optimizer == "muon":
             raise invalid_field("parallel", self.parallel, "Muon orthogonalizes whole matrices and FSDP hands it row "
                            "shards; use optimizer = 'adamw' with fsdp, or parallel = 'ddp' with muon", "TrainConfig")
         if self.batch_size % self.grad_accum:
             raise invalid_field("grad_accum", self.grad_accum, f"must divide batch_size = {self.batch_size}",
                                 "TrainConfig")
-        if self.dtype not in DTYPES:
-            raise invalid_field("dtype", self.dtype, f"allowed values are {', '.join(DTYPES)}", "TrainConfig")
         for name in ("lr", "matrix_lr", "embedding_lr", "unembedding_lr", "grad_clip"):
             if not getattr(self, name) > 0:
                 raise invalid_field(name, getattr(self, name), "must be positive", "TrainConfig")
         if not 0 <= self.min_lr_ratio <= 1:
             raise invalid_field("min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]", "TrainConfig")
-        for name in ("warmup_steps", "weight_decay", "snapshot_every", "checkpoint_minutes"):
+        for name in ("warmup_steps", "weight_decay", "snapshot_every", "checkpoint_every", "checkpoint_minutes"):
             if getattr(self, name) < 0:
                 raise invalid_field(name, getattr(self, name), "must be >= 0", "TrainConfig")
+        if not self.checkpoint_every and not self.checkpoint_minutes:
+            raise invalid_field("checkpoint_every", 0, "with checkpoint_minutes = 0 too, the run would checkpoint "
+                                "only at its end and a kill would lose all of it: set either", "TrainConfig")
         if not 0 <= self.seed < 2 ** 63:
             raise invalid_field("seed", self.seed, "must be in 0 .. 2**63 - 1", "TrainConfig")
         if self.compile not in (AUTO_COMPILE, NO_COMPILE):
@@ -132,6 +135,14 @@ class TrainConfig:
     def replace(self, **changes) -> "TrainConfig":
         return config_from_dict(TrainConfig, {**asdict(self), **changes})
 
+    def recorded(self) -> dict:
+        """The fields as a run's config.json records them, so that headlab's previous release reads
+        them: `RELEASED_TRAIN_FIELDS` (compile as that release's switch where it says the same:
+        `LEGACY_COMPILE`), and any field added since only where it differs from its default."""
+        values = recorded_fields(asdict(self), TrainConfig, RELEASED_TRAIN_FIELDS)
+        legacy = {mode: switch for switch, mode in LEGACY_COMPILE.items()}
+        return {**values, "compile": legacy.get(self.compile, self.compile)}
+
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
         if isinstance(data, dict) and isinstance(data.get("compile"), bool):  # saved when compile was a switch
@@ -141,7 +152,10 @@ class TrainConfig:
 
 # Training settings that go with the model presets. The paper's (§3.2-3.3): context 2048,
 # 32 sequences per step, warmup 2000, Muon for matrices (lr 0.02) + AdamW for the embedding
-# (0.2) and head (0.004), wd 0.1, clip 1.0, bf16.
+# (0.2) and head (0.004), wd 0.1, clip 1.0, bf16. The paper presets checkpoint by the clock only
+# (PAPER_CHECKPOINT_MINUTES): a step count fits no GPU, since 1,000 steps of paper-128m take ~20 s
+# on 8 x H200 (a checkpoint every 20 s: 8-15 % of the run) and hours on one small GPU.
+PAPER_CHECKPOINT_MINUTES = 30.0
 TRAIN_PRESETS: dict[str, TrainConfig] = {
     # tiny (the tests' and the notebooks' small mode) trains smoke tests, not results. It keeps AdamW,
     # the one optimizer FSDP takes, so the tests' FSDP runs train it with its own settings. It never
@@ -158,8 +172,8 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
     "cpu-small-adamw-qk": TrainConfig(steps=900, optimizer="muon", muon_qk=False),
     "cpu-deep": TrainConfig(steps=1000, optimizer="muon"),
     **{name: TrainConfig(steps=50_000, batch_size=32, optimizer="muon", warmup_steps=2000, weight_decay=0.1,
-                         grad_clip=1.0, dtype="bfloat16", eval_every=1000, eval_batches=50, checkpoint_every=1000,
-                         log_every=50)
+                         grad_clip=1.0, dtype="bfloat16", eval_every=1000, eval_batches=50, checkpoint_every=0,
+                         checkpoint_minutes=PAPER_CHECKPOINT_MINUTES, log_every=50)
        for name in ("paper-128m", "paper-1.2b", "paper-2.5b", "paper-6.3b")},
 }
 

@@ -16,6 +16,7 @@ import atexit
 import os
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -64,10 +65,32 @@ def is_main_process() -> bool:
 def use_tf32_matmuls(device: torch.device) -> None:
     """fp32 matmuls on TF32 tensor cores (fp32 range, 10-bit mantissa inputs, fp32 sums) on
     Ampere and later GPUs: about 8x the fp32 CUDA cores, and the rate `--plan` prices fp32
-    training at (headlab.training.hardware.GPU_PEAKS). Process-wide; bf16 autocast's matmuls are
+    training at (headlab.training.gpus.GPU_PEAKS). Process-wide; bf16 autocast's matmuls are
     unaffected."""
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        allow_tf32_matmuls()
+
+
+def allow_tf32_matmuls() -> None:
+    """TF32 for CUDA fp32 matmuls through the switch every reader in this torch accepts.
+
+    torch 2.9 added a per-backend switch (`torch.backends.cuda.matmul.fp32_precision`); once it is
+    set, the legacy getters (`torch.backends.cuda.matmul.allow_tf32`,
+    `torch.get_float32_matmul_precision()`) raise ("mix of the legacy and new APIs"), and inductor
+    reads them while it compiles (throughout before 2.13, its autotuning cache in 2.13: pytorch#166387),
+    so a compile fails and "auto" trains eager. The legacy switch sets the new one too, leaving
+    both readable: it is used wherever it exists and both then read TF32; a torch without it (or
+    where it no longer sets the new one) gets the new switch."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        with warnings.catch_warnings():  # torch 2.9's notice that the legacy switch will be deprecated
+            warnings.simplefilter("ignore", UserWarning)
+            matmul.allow_tf32 = True
+            if matmul.fp32_precision == "tf32" and torch.get_float32_matmul_precision() != "highest":
+                return
+    except (AttributeError, RuntimeError):
+        pass
+    matmul.fp32_precision = "tf32"
 
 
 def training_device(requested: str, local_rank: int) -> torch.device:

@@ -28,6 +28,7 @@ import torch
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, count_parameters
 from headlab.training.optimizers import is_muon_matrix
+from headlab.training.sharding import owners
 
 # Parameter counts build a model on the meta device (a fraction of a second); plans ask often.
 parameter_counts = functools.lru_cache(maxsize=64)(count_parameters)
@@ -58,28 +59,33 @@ def model_flops_utilization(config: ModelConfig, tokens_per_second: float, peak_
     return tokens_per_second * training_flops(config, 1)["total"] / peak_flops
 
 
+def newton_schulz_by_rank(matrices: list[torch.Tensor], ranks: int) -> tuple[list[int], dict[int, int]]:
+    """FLOPs of one Newton–Schulz iteration of each rank's matrices, 4·m²·n + 2·m³ per m x n
+    matrix (m <= n), as a sharded step deals them (`headlab.training.sharding.owners`), and that deal."""
+    owner = owners(matrices, [], ranks)
+    per_rank = [0] * ranks
+    for p in matrices:
+        m, n = sorted(p.shape)
+        per_rank[owner[id(p)]] += 4 * m * m * n + 2 * m ** 3
+    return per_rank, owner
+
+
 @functools.lru_cache(maxsize=64)
 def muon_flops_per_step(config: ModelConfig, ranks: int = 1) -> float:
     """FLOPs of Muon's Newton–Schulz orthogonalisation in one optimizer step, on the busiest of
     `ranks` DDP ranks: for each Muon matrix, m x n with m <= n (transposed if taller), each of
     ns_steps iterations computes A = X·Xᵀ (2·m²·n), B = b·A + c·A·A (2·m³) and X = a·X + B·X (2·m²·n):
 
-        ns_steps · Σ_shapes ⌈k_shape / ranks⌉ · (4·m²·n + 2·m³)
+        ns_steps · max over ranks of Σ_(the rank's matrices) (4·m²·n + 2·m³)
 
-    where k_shape matrices share a shape: the ranks split each shape's stack
-    (`headlab.training.optimizers.orthogonalize_shared`), the first ranks taking ⌈k / ranks⌉ each."""
+    where each rank orthogonalises the matrices a sharded step deals it
+    (`newton_schulz_by_rank`: each shape's k matrices dealt round-robin, ⌊k / ranks⌋ or ⌈k / ranks⌉
+    to a rank)."""
     ns_steps = inspect.signature(torch.optim.Muon).parameters["ns_steps"].default
     with torch.device("meta"):
         model = GPT(config)
-    per_shape: dict[tuple[int, ...], int] = {}
-    for name, parameter in model.named_parameters():
-        if is_muon_matrix(name, parameter):
-            per_shape[tuple(parameter.shape)] = per_shape.get(tuple(parameter.shape), 0) + 1
-    total = 0
-    for shape, count in per_shape.items():
-        m, n = sorted(shape)
-        total += -(-count // ranks) * (4 * m * m * n + 2 * m ** 3)
-    return float(ns_steps * total)
+    per_rank, _ = newton_schulz_by_rank([p for n, p in model.named_parameters() if is_muon_matrix(n, p)], ranks)
+    return float(ns_steps * max(per_rank))
 
 
 def training_flops(config: ModelConfig, tokens: int) -> dict[str, float]:
@@ -88,3 +94,9 @@ def training_flops(config: ModelConfig, tokens: int) -> dict[str, float]:
     attention = attention_flops_per_token(config) * tokens
     return {"6ND": float(weights), "attention": float(attention), "total": float(weights + attention)}
 
+
+
+def rank_training_flops(config: ModelConfig, train_config, world_size: int = 1) -> float:
+    """FLOPs one of `world_size` ranks does in a whole run of `train_config` (every step, all ranks alike)."""
+    tokens = train_config.steps * train_config.batch_size * config.seq_len
+    return training_flops(config, tokens)["total"] / world_size

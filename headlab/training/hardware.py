@@ -7,7 +7,6 @@ import functools
 import gc
 import math
 import os
-import re
 import statistics
 import time
 from contextlib import nullcontext
@@ -21,31 +20,12 @@ from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
 from headlab.training.compiling import compile_backend, compiled_forward
 from headlab.training.distributed import Processes, launched_processes, training_device
+from headlab.training.flops import rank_training_flops
+from headlab.training.gpus import GPU_PEAKS, gpu_peak
 from headlab.training.memory import USABLE_MEMORY_FRACTION, GiB, PlanError, memory_per_device, micro_batch_size
 from headlab.training.optimizers import make_optimizers
+from headlab.training.sharding import OptimizerStep
 from headlab.training.trainer import on_device
-
-# Dense (no sparsity) peaks in TFLOPS, bf16 on tensor cores and fp32 as fp32 training runs
-# (TF32 tensor cores from Ampere on: `headlab.training.distributed.use_tf32_matmuls`), and
-# memory as marketed, from the vendors' data sheets (USABLE_MEMORY_FRACTION leaves room for what the driver reserves).
-# Matched in order as whole words of torch.cuda.get_device_name() (case aside), so the more
-# specific names come first and "NVIDIA L40" is not an L4 nor "NVIDIA GH200 480GB" an H200.
-# The T4 has neither bf16 tensor cores (its fp16 peak is given) nor TF32 (its CUDA-core fp32).
-GPU_PEAKS: tuple[tuple[str, float, float, float], ...] = (
-    # name, bf16 TFLOPS, GiB, fp32 (TF32) TFLOPS
-    ("B200", 2250.0, 180.0, 1100.0),
-    ("H100 PCIe", 756.5, 80.0, 378.0),
-    ("H100 NVL", 835.5, 94.0, 417.5),
-    ("H200 NVL", 835.5, 141.0, 417.5),
-    ("H200", 989.4, 141.0, 494.7),
-    ("H100", 989.4, 80.0, 494.7),
-    ("A100-SXM4-40GB", 312.0, 40.0, 156.0),
-    ("A100-PCIE-40GB", 312.0, 40.0, 156.0),
-    ("A100", 312.0, 80.0, 156.0),
-    ("L40S", 362.0, 48.0, 183.0),
-    ("L4", 121.0, 24.0, 60.0),
-    ("T4", 65.0, 16.0, 8.1),
-)
 
 
 @dataclass(frozen=True)
@@ -68,15 +48,6 @@ class Devices:
     @property
     def usable_bytes(self) -> float:
         return USABLE_MEMORY_FRACTION * self.memory_bytes
-
-
-def gpu_peak(name: str, dtype: str = "bfloat16") -> tuple[str, float, float] | None:
-    """(table key, dense TFLOPS in the training `dtype`, GiB) of the first GPU_PEAKS entry found
-    in `name` as whole words: neither a letter nor a digit on either side of it."""
-    for key, bf16, gib, fp32 in GPU_PEAKS:
-        if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", name, re.IGNORECASE):
-            return key, bf16 if dtype == "bfloat16" else fp32, gib
-    return None
 
 
 def parse_devices(spec: str, peak_tflops: float | None = None, dtype: str = "bfloat16") -> Devices:
@@ -133,7 +104,7 @@ def visible_devices(peak_tflops: float | None = None, dtype: str = "bfloat16") -
         if peak_tflops:
             return Devices(name, count, memory, peak_tflops * 1e12, "stated")
         if known is None:
-            raise PlanError(f"GPU {name!r} has no entry in headlab.training.hardware.GPU_PEAKS: state its dense "
+            raise PlanError(f"GPU {name!r} has no entry in headlab.training.gpus.GPU_PEAKS: state its dense "
                             f"{'bf16' if dtype == 'bfloat16' else 'fp32 (TF32)'} peak with --plan-peak-tflops")
         return Devices(name, count, memory, known[1] * 1e12, "table")
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -173,8 +144,9 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
     (and, on a GPU, the allocator's cache emptied) before this returns, so training finds the
     device's memory as it was. The step is compiled as training compiles it
     (`headlab.training.compiling`: a backend that fails here is not tried again in training):
-    the warm-up steps take the compile, which the timing leaves out. This is what a plan's wall
-    time on this machine is made of."""
+    the warm-up steps take the compile, which the timing leaves out; one process reuses these
+    graphs in training, while under torchrun's DDP they are compiled apart from those of the
+    DDP step (`_compiles_as_training`). This is what a plan's wall time on this machine is made of."""
     processes = processes or launched_processes()
     micro = micro_batch_size(train_config.batch_size, processes.world_size, train_config.grad_accum)
     local_batch = train_config.batch_size // processes.world_size
@@ -182,14 +154,17 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads or previous)
-    model = forward = optimizers = None
+    model = forward = optimizers = step_optimizers = None
     try:
         model = GPT(config).to(device)
-        backend, not_compiled = compile_backend(train_config.compile, device)
+        backend, not_compiled = compile_backend(train_config.compile, device, train_config.dtype,
+                                                rank_training_flops(config, train_config, processes.world_size))
         if not_compiled:
             print(not_compiled)
-        forward = compiled_forward(model, train_config.compile, backend, print)
+        forward = compiled_forward(model if _compiles_as_training(processes, train_config) else _apart(model),
+                                   train_config.compile, backend, print)
         optimizers = make_optimizers(model, train_config)
+        step_optimizers = OptimizerStep(model, optimizers)  # one rank's whole step (a sharded rank steps 1/ranks)
         corpus = [np.random.default_rng(0).integers(0, config.vocab_size, 64 * config.seq_len * local_batch)]
         generator = torch.Generator().manual_seed(0)
         autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if train_config.dtype == "bfloat16"
@@ -206,11 +181,10 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
         def train_step(x, y):
             for micro_x, micro_y in zip(x.chunk(train_config.grad_accum), y.chunk(train_config.grad_accum)):
                 with autocast:
-                    _, loss = forward(micro_x, micro_y)
+                    loss = forward(micro_x, micro_y, loss_only=True)
                 (loss / train_config.grad_accum).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
+            step_optimizers(train_config.grad_clip)
             for optimizer in optimizers:
-                optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
 
         @torch.no_grad()
@@ -223,11 +197,30 @@ def measure_step(config: ModelConfig, train_config, threads: int | None = None, 
         evals = [timed(eval_step, local_batch) for _ in range(3)][1:]
     finally:
         torch.set_num_threads(previous)
-        del model, forward, optimizers
+        del model, forward, optimizers, step_optimizers
         gc.collect()
         torch.cuda.empty_cache()  # a no-op unless CUDA was used
     median = statistics.median(steps)
     return StepTime(median, (max(steps) - min(steps)) / median, statistics.median(evals), threads or previous)
+
+
+def _compiles_as_training(processes: Processes, train_config) -> bool:
+    """Whether training compiles the plain model as `measure_step` would: one process, or FSDP
+    (which compiles each block apart). Under DDP it compiles the DDP-wrapped model, and dynamo
+    splits that graph at DDP's all-reduce buckets (DDPOptimizer) only when it compiles
+    `GPT.forward` inside DDP's forward. A graph compiled here for `GPT.forward` would sit in
+    dynamo's cache of that function, be served to the DDP step unsplit, and every gradient
+    all-reduce would wait for the whole backward."""
+    return processes.world_size == 1 or train_config.parallel == "fsdp"
+
+
+def _apart(model: torch.nn.Module):
+    """`model` called through a function of its own, whose compiled graphs dynamo keeps with
+    that function, not with `GPT.forward` (inlined into them)."""
+
+    def timed(*args, **kwargs):
+        return model(*args, **kwargs)
+    return timed
 
 
 def step_fits(config: ModelConfig, train_config, device: torch.device, processes: Processes | None = None) -> bool:

@@ -4,9 +4,21 @@ Memory per device (bytes; P parameters, the model is kept in fp32 and autocast t
 
     weights 4·P + gradients 4·P + optimizer state (AdamW: 8 B per parameter, exp_avg and
     exp_avg_sq; Muon: 4 B of momentum per Muon matrix, AdamW's 8 B for the rest)
-    DDP  (world > 1): every rank holds all of it; the gradients are views into DDP's
-         all-reduce buckets (gradient_as_bucket_view=True, zeroed in place), so the buckets
-         add nothing (torch's default would keep a second 4·P copy)
+    DDP  (world > 1): every rank holds the weights and gradients; the gradients are views into
+         DDP's all-reduce buckets (gradient_as_bucket_view=True, zeroed in place), so the buckets
+         add nothing (torch's default would keep a second 4·P copy). The optimizer step is
+         sharded (`headlab.training.sharding`): each rank holds the state of its own share of
+         the parameters; counted is the busiest rank's (the deal of `sharding.owners`)
+    the optimizer step's temporaries, once the backward has freed the activations (so a device
+    holds the larger of the two, not both):
+        Muon        8 B per parameter of the largest stack of one shape a rank orthogonalises:
+                    the fp32 stacks of its gradients and momenta, alive together before the
+                    Newton–Schulz iteration (whose bf16 copies and Gram matrices take less);
+                    `muon_step` lets one shape's go before the next
+        exchange    (sharded) 4 B per parameter of the largest share: the buffer in which each
+                    rank in turn broadcasts its updated parameters
+        AdamW       nothing (torch's fused kernel updates in place)
+    held to what a step allocates, counted op by op, by tests/training/test_optimizer_memory.py
     FSDP (fully_shard per block and at the root): weights, gradients and optimizer state / W,
          plus the unsharded working set: the root's parameters (embedding, head, final norm)
          and two blocks (the one running and the one prefetched), 4 B weight + 4 B gradient each
@@ -55,6 +67,7 @@ from headlab.model.gpt import GPT
 from headlab.training.config import PARALLEL
 from headlab.training.flops import parameter_counts
 from headlab.training.optimizers import is_muon_matrix
+from headlab.training.sharding import owners
 
 STRATEGIES = PARALLEL  # TrainConfig.parallel
 USABLE_MEMORY_FRACTION = 0.9
@@ -82,10 +95,11 @@ class Memory:
     optimizer: float
     buffers: float  # FSDP's unsharded working set (DDP's buckets hold the gradients themselves)
     activations: float
+    transient: float = 0.0  # the optimizer step's temporaries, after the activations are freed
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.buffers + self.activations
+        return self.weights + self.gradients + self.optimizer + self.buffers + max(self.activations, self.transient)
 
 
 @functools.lru_cache(maxsize=64)
@@ -98,6 +112,41 @@ def _parameter_groups(config: ModelConfig) -> dict[str, int]:
     block = sum(p.numel() for p in model.blocks[0].parameters())
     return {"total": total, "muon": sum(p.numel() for n, p in model.named_parameters() if is_muon_matrix(n, p)),
             "block": block, "root": total - config.n_layer * block}
+
+
+MUON_STACK_BYTES = 4 + 4  # per parameter of one shape's stack: its fp32 gradients and momenta (muon_step)
+EXCHANGE_BYTES = 4  # per parameter of a share: the fp32 buffer a sharded step broadcasts it in
+
+
+@functools.lru_cache(maxsize=64)
+def rank_shares(config: ModelConfig, ranks: int, optimizer: str) -> tuple[dict[str, int], ...]:
+    """Per rank of a sharded DDP step (one rank: the whole step) under `optimizer`: the bytes of
+    optimizer state it holds, the parameters it steps, and the parameters of the largest stack
+    of one shape it orthogonalises (`headlab.training.sharding.owners`; Muon's matrices as the
+    memory model counts them, `is_muon_matrix`)."""
+    with torch.device("meta"):
+        model = GPT(config)
+    named = list(model.named_parameters())
+    matrices = [p for n, p in named if optimizer == "muon" and is_muon_matrix(n, p)]
+    orthogonalised = {id(p) for p in matrices}
+    owner = owners(matrices, [p for _, p in named if id(p) not in orthogonalised], ranks)
+    shares = []
+    for rank in range(ranks):
+        mine = [p for _, p in named if owner[id(p)] == rank]
+        stacks: dict[tuple, int] = {}
+        for p in mine:
+            if id(p) in orthogonalised:
+                stacks[tuple(p.shape)] = stacks.get(tuple(p.shape), 0) + p.numel()
+        shares.append({"state": sum((4 if id(p) in orthogonalised else 8) * p.numel() for p in mine),
+                       "params": sum(p.numel() for p in mine), "stack": max(stacks.values(), default=0)})
+    return tuple(shares)
+
+
+def step_transient_bytes(config: ModelConfig, ranks: int, optimizer: str) -> float:
+    """The optimizer step's temporaries on the busiest of `ranks` DDP ranks (module docstring)."""
+    shares = rank_shares(config, ranks, optimizer)
+    exchange = EXCHANGE_BYTES * max(share["params"] for share in shares) if ranks > 1 else 0
+    return float(max(exchange, max(MUON_STACK_BYTES * share["stack"] for share in shares)))
 
 
 def optimizer_state_bytes(config: ModelConfig, optimizer: str) -> int:
@@ -150,8 +199,10 @@ def memory_per_device(config: ModelConfig, micro_batch: int, world_size: int, st
     states = {"weights": 4.0 * groups["total"], "gradients": 4.0 * groups["total"],
               "optimizer": float(optimizer_state_bytes(config, optimizer))}
     activations = activation_bytes(config, micro_batch, dtype)
-    if strategy == "ddp":
-        return Memory(**states, buffers=0.0, activations=activations)  # the gradients are the buckets
+    if strategy == "ddp":  # the gradients are the buckets; the step is sharded
+        busiest = max(share["state"] for share in rank_shares(config, world_size, optimizer))
+        return Memory(**{**states, "optimizer": float(busiest)}, buffers=0.0, activations=activations,
+                      transient=step_transient_bytes(config, world_size, optimizer))
     unsharded = 8.0 * (groups["root"] + 2 * groups["block"])
     return Memory(**{k: v / world_size for k, v in states.items()}, buffers=unsharded, activations=activations)
 

@@ -26,10 +26,11 @@ Two options of the LRKV factors, for the question of what the recipe does to the
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from headlab.model.gpt import GPT
 from headlab.training.config import TrainConfig
@@ -68,86 +69,58 @@ def orthogonalize(update: torch.Tensor, steps: int = NEWTON_SCHULZ_STEPS, eps: f
     """Approximately U Vᵀ for each matrix G = U S Vᵀ in a batch (…, m, n), by the quintic
     Newton–Schulz iteration X ← a·X + (b·A + c·A²)·X with A = X Xᵀ, from X = G / ‖G‖_F (per matrix),
     iterated on the wide orientation in bfloat16 as torch.optim.Muon does; singular values end
-    near 1 (roughly within 0.5 to 1.5), which is all Muon asks of it."""
+    near 1 (roughly within 0.5 to 1.5), which is all Muon asks of it. A caller that holds no other
+    reference to `update` lets its memory go once the bfloat16 copy is made."""
     a, b, c = coefficients
-    tall = update.size(-2) > update.size(-1)
-    x = update.bfloat16().reshape(-1, *update.shape[-2:])
+    shape, dtype, tall = update.shape, update.dtype, update.size(-2) > update.size(-1)
+    x = update.bfloat16().reshape(-1, *shape[-2:])
+    del update
     if tall:
         x = x.mT
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
     for _ in range(steps):
         gram = x @ x.mT
         x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # fused as torch's addmm
-    return (x.mT if tall else x).reshape(update.shape).to(update.dtype)
-
-
-def orthogonalize_shared(stacks: list[torch.Tensor], group=None, **options) -> list[torch.Tensor]:
-    """`orthogonalize(stack, **options)` of each stack of matrices (k, …, m, n), with the work split
-    across the ranks of `group` (every rank holding the same stacks, as under DDP after the
-    gradient all-reduce): of each stack, rank r orthogonalises matrices r·s … r·s + s − 1
-    (s = ⌈k / ranks⌉; the last ranks' shares may be short or empty, padded with zeros, which stay
-    zero), then one all-gather of every stack's shares in bfloat16 brings all ranks every result.
-    Lossless: the iteration's output is bfloat16 already. None, or one rank: no split."""
-    if group is None or dist.get_world_size(group) == 1:
-        return [orthogonalize(stack, **options) for stack in stacks]
-    ranks, rank = dist.get_world_size(group), dist.get_rank(group)
-    shares = [-(-len(stack) // ranks) for stack in stacks]
-    own = []
-    for stack, share in zip(stacks, shares):
-        mine = stack[rank * share:(rank + 1) * share]
-        done = orthogonalize(mine, **options) if len(mine) else mine
-        padding = stack.new_zeros((share - len(mine), *stack.shape[1:]))
-        own.append(torch.cat([done, padding]).bfloat16().flatten())
-    own = torch.cat(own)
-    gathered = own.new_empty(ranks * own.numel())
-    dist.all_gather_single(gathered, own, group=group)
-    gathered = gathered.view(ranks, own.numel())
-    results, start = [], 0
-    for stack, share in zip(stacks, shares):
-        size = share * stack[0].numel()
-        every = gathered[:, start:start + size].reshape(ranks * share, *stack.shape[1:])
-        results.append(every[:len(stack)].to(stack.dtype))
-        start += size
-    return results
+    return (x.mT if tall else x).reshape(shape).to(dtype)
 
 
 @torch.no_grad()
 def muon_step(params: list[torch.Tensor], state, lr: float, weight_decay: float, momentum: float,
               nesterov: bool = True, steps: int = NEWTON_SCHULZ_STEPS, eps: float = 1e-7,
-              coefficients: tuple[float, float, float] = NEWTON_SCHULZ, split_across=None) -> None:
+              coefficients: tuple[float, float, float] = NEWTON_SCHULZ) -> None:
     """torch.optim.Muon's update of every parameter with a gradient, batched by shape: per matrix
     (or per trailing m × n slice of a stacked tensor), buf ← μ·buf + (1 − μ)·g,
     u = g + μ·(buf − g) (Nesterov; else buf), p ← (1 − lr·wd)·p − lr·√max(1, m/n)·NS(u). The
     parameters of one shape are stacked and orthogonalised in one batched Newton–Schulz call,
     so a step launches a few dozen kernels per shape instead of per matrix (a paper block's
-    matrices come in three or four shapes). `state` is the optimizer's per-parameter state.
-    With `split_across` (a process group whose ranks hold the same gradients: DDP), each rank
-    orthogonalises its share of every shape's matrices and one all-gather shares the results
-    (`orthogonalize_shared`); the momentum, kept whole on every rank, is cheap elementwise work."""
+    matrices come in three or four shapes), one shape after the other: the temporaries of one
+    shape's stack (8 B per parameter at their peak, `headlab.training.memory`) are gone before the
+    next. `state` is the optimizer's per-parameter state. A sharded step
+    (`headlab.training.sharding`) hides the gradients of the matrices other ranks step."""
     by_shape: dict[tuple, list[torch.Tensor]] = {}
     for p in params:
         if p.grad is not None:
             by_shape.setdefault((p.shape, p.dtype, p.device), []).append(p)
-    stacks = []
-    for same in by_shape.values():
+    for (shape, _, _), same in by_shape.items():
         grads = [p.grad for p in same]
-        buffers = [state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in same]
+        for p in same:
+            if "momentum_buffer" not in state[p]:  # made once, not a zero tensor per matrix and step
+                state[p]["momentum_buffer"] = torch.zeros_like(p)
+        buffers = [state[p]["momentum_buffer"] for p in same]
         torch._foreach_lerp_(buffers, grads, 1 - momentum)
-        stacks.append(torch.stack(grads).lerp_(torch.stack(buffers), momentum) if nesterov else torch.stack(buffers))
-    updates = orthogonalize_shared(stacks, split_across, steps=steps, eps=eps, coefficients=coefficients)
-    for ((shape, _, _), same), update in zip(by_shape.items(), updates):
+        update = orthogonalize(torch.stack(grads).lerp_(torch.stack(buffers), momentum) if nesterov
+                               else torch.stack(buffers), steps=steps, eps=eps, coefficients=coefficients)
         torch._foreach_mul_(same, 1 - lr * weight_decay)
         torch._foreach_add_(same, update.unbind(0), alpha=-lr * math.sqrt(max(1.0, shape[-2] / shape[-1])))
+        del update  # before the next shape's stacks
 
 
 class Muon(torch.optim.Muon):
     """torch.optim.Muon (same options, state and saved form, so runs saved by it resume) with
-    `muon_step`'s update batched by shape, and under DDP split across the ranks of `split_across`.
-    Its learning-rate scale is the original √max(1, m/n) only."""
+    `muon_step`'s update batched by shape. Its learning-rate scale is the original √max(1, m/n) only."""
 
-    def __init__(self, params, split_across=None, **options):
+    def __init__(self, params, **options):
         super().__init__(params, **options)
-        self.split_across = split_across  # not in the saved state: a run resumes under any number of ranks
         if any(group["adjust_lr_fn"] not in (None, "original") for group in self.param_groups):
             raise ValueError("headlab's Muon scales the learning rate as the original Muon only (adjust_lr_fn None)")
 
@@ -155,8 +128,7 @@ class Muon(torch.optim.Muon):
     def step(self, closure=None):
         for group in self.param_groups:
             muon_step(group["params"], self.state, group["lr"], group["weight_decay"], group["momentum"],
-                      group["nesterov"], group["ns_steps"], group["eps"], tuple(group["ns_coefficients"]),
-                      self.split_across)
+                      group["nesterov"], group["ns_steps"], group["eps"], tuple(group["ns_coefficients"]))
 
 
 class HeadwiseMuon(torch.optim.Optimizer):
@@ -164,10 +136,8 @@ class HeadwiseMuon(torch.optim.Optimizer):
     torch.optim.Muon, but each head's m × n slice is orthogonalised on its own, so no head's update
     is mixed with another's (`muon_step`)."""
 
-    def __init__(self, params, lr: float, weight_decay: float = 0.0, momentum: float = MUON_MOMENTUM,
-                 split_across=None):
+    def __init__(self, params, lr: float, weight_decay: float = 0.0, momentum: float = MUON_MOMENTUM):
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "momentum": momentum})
-        self.split_across = split_across
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dim() != 3:
@@ -176,55 +146,102 @@ class HeadwiseMuon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
-            muon_step(group["params"], self.state, group["lr"], group["weight_decay"], group["momentum"],
-                      split_across=self.split_across)
+            muon_step(group["params"], self.state, group["lr"], group["weight_decay"], group["momentum"])
 
 
-def make_optimizers(model: GPT, config: TrainConfig, split_across=None) -> list[torch.optim.Optimizer]:
+def make_optimizers(model: GPT, config: TrainConfig) -> list[torch.optim.Optimizer]:
     """The recipe's optimizers (module docstring). AdamW is torch's fused kernel (CPU and CUDA
     since torch 2.4): one pass over all parameters instead of a dozen per tensor, about 4 ms less
     per `cpu-small` step. Each group's `base_lr` is its configured rate, which the schedule scales.
-    `split_across`: the process group of DDP replicas, across which Muon splits its Newton–Schulz work."""
-    optimizers = _build_optimizers(model, config, split_across)
+    Under DDP the ranks share the step out (`headlab.training.sharding`)."""
+    optimizers = _build_optimizers(model, config)
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["base_lr"] = group["lr"]  # present from the start, so a saved state loads into a fresh optimizer
     return optimizers
 
 
-def _build_optimizers(model: GPT, config: TrainConfig, split_across) -> list[torch.optim.Optimizer]:
-    named = list(model.named_parameters())
+@dataclass(frozen=True)
+class ParamGroup:
+    """One group of parameters in the recipe's plan: which optimizer trains them, at which learning
+    rate and weight decay, and the TrainConfig fields those come from (None: no decay)."""
+
+    optimizer: str  # ADAMW, MUON or HEADWISE_MUON
+    names: tuple[str, ...]
+    lr_setting: str
+    lr: float
+    decay_setting: str | None
+    weight_decay: float
+
+
+ADAMW, MUON, HEADWISE_MUON = "AdamW", "Muon", "per-head Muon"
+
+
+def optimizer_plan(named: list[tuple[str, torch.Tensor]], config: TrainConfig) -> list[list[ParamGroup]]:
+    """Which optimizer trains which parameter (module docstring): per optimizer, its groups in the
+    order of its saved state, so a run saved by the same recipe resumes into the same groups. The one
+    place the recipe is decided: `_build_optimizers` makes the optimizers from it, and
+    `optimizer_table` shows it."""
+    def group(optimizer, chosen, lr_setting, decay_setting):
+        return ParamGroup(optimizer, tuple(n for n, _ in chosen), lr_setting, getattr(config, lr_setting),
+                          decay_setting, getattr(config, decay_setting) if decay_setting else 0.0)
+
     # LRKV's factors form a group of their own only when they are treated differently, so a run
     # saved by the default recipe resumes into the same optimizer groups.
     separate = (lambda n: is_lrkv_factor(n)) if not config.lrkv_factor_decay else (lambda n: False)
     if config.optimizer == "adamw":
-        groups = [{"params": [p for n, p in named if p.dim() >= 2 and not separate(n)],
-                   "weight_decay": config.weight_decay},
-                  {"params": [p for n, p in named if separate(n)], "weight_decay": 0.0},
-                  {"params": [p for n, p in named if p.dim() < 2], "weight_decay": 0.0}]
-        return [torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=ADAM_BETAS, fused=True)]
-    factor_decay = config.weight_decay if config.lrkv_factor_decay else 0.0
+        groups = [group(ADAMW, [(n, p) for n, p in named if p.dim() >= 2 and not separate(n)], "lr", "weight_decay"),
+                  group(ADAMW, [(n, p) for n, p in named if separate(n)], "lr", None),
+                  group(ADAMW, [(n, p) for n, p in named if p.dim() < 2], "lr", None)]
+        return [[g for g in groups if g.names]]
+    factor_decay = "weight_decay" if config.lrkv_factor_decay else None
     by_adamw = (lambda n: is_qk_matrix(n)) if not config.muon_qk else (lambda n: False)
     muon = [(n, p) for n, p in named if is_muon_matrix(n, p) and not by_adamw(n)]
-    muon_groups = [{"params": [p for n, p in muon if not separate(n)], "weight_decay": config.weight_decay},
-                   {"params": [p for n, p in muon if separate(n)], "weight_decay": 0.0}]
+    muon_groups = [group(MUON, [(n, p) for n, p in muon if not separate(n)], "matrix_lr", "weight_decay"),
+                   group(MUON, [(n, p) for n, p in muon if separate(n)], "matrix_lr", None)]
     qk = [(n, p) for n, p in named if is_muon_matrix(n, p) and by_adamw(n)]
-    headwise = [p for n, p in named if n.endswith(LRKV_B)] if config.lrkv_b_optimizer == "muon" else []
-    routed = {id(p) for g in muon_groups for p in g["params"]} | {id(p) for p in headwise} | {id(p) for _, p in qk}
-    other = [p for n, p in named if id(p) not in routed and not n.startswith(("wte.", "lm_head."))]
+    headwise = [(n, p) for n, p in named if n.endswith(LRKV_B)] if config.lrkv_b_optimizer == "muon" else []
+    routed = {n for g in muon_groups for n in g.names} | {n for n, _ in headwise} | {n for n, _ in qk}
+    other = [(n, p) for n, p in named if n not in routed and not n.startswith(("wte.", "lm_head."))]
     adam_groups = [
-        {"params": list(model.wte.parameters()), "lr": config.embedding_lr, "weight_decay": 0.0},
-        {"params": list(model.lm_head.parameters()), "lr": config.unembedding_lr, "weight_decay": 0.0},
-        {"params": other, "lr": config.lr, "weight_decay": 0.0},
-        {"params": [p for n, p in qk if not separate(n)], "lr": config.lr, "weight_decay": config.weight_decay},
-        {"params": [p for n, p in qk if separate(n)], "lr": config.lr, "weight_decay": 0.0},
+        group(ADAMW, [(n, p) for n, p in named if n.startswith("wte.")], "embedding_lr", None),
+        group(ADAMW, [(n, p) for n, p in named if n.startswith("lm_head.")], "unembedding_lr", None),
+        group(ADAMW, other, "lr", None),
+        group(ADAMW, [(n, p) for n, p in qk if not separate(n)], "lr", "weight_decay"),
+        group(ADAMW, [(n, p) for n, p in qk if separate(n)], "lr", None),
     ]
-    optimizers = [Muon([g for g in muon_groups if g["params"]], split_across, lr=config.matrix_lr,
-                       weight_decay=config.weight_decay),
-                  # the QK groups only when filled, so a run saved by the default recipe resumes
-                  torch.optim.AdamW(adam_groups[:3] + [g for g in adam_groups[3:] if g["params"]], betas=ADAM_BETAS,
-                                    fused=True)]
-    if headwise:
-        optimizers.append(HeadwiseMuon(headwise, lr=config.matrix_lr, weight_decay=factor_decay,
-                                       split_across=split_across))
+    # the QK groups only when filled, so a run saved by the default recipe resumes
+    plan = [[g for g in muon_groups if g.names], adam_groups[:3] + [g for g in adam_groups[3:] if g.names]]
+    return plan + ([[group(HEADWISE_MUON, headwise, "matrix_lr", factor_decay)]] if headwise else [])
+
+
+def _build_optimizers(model: GPT, config: TrainConfig) -> list[torch.optim.Optimizer]:
+    parameters = dict(model.named_parameters())
+    optimizers = []
+    for groups in optimizer_plan(list(parameters.items()), config):
+        torch_groups = [{"params": [parameters[n] for n in g.names], "lr": g.lr, "weight_decay": g.weight_decay}
+                        for g in groups]
+        kind = groups[0].optimizer if groups else MUON  # Muon's groups may all be empty (no block matrices)
+        if kind == ADAMW:
+            optimizers.append(torch.optim.AdamW(torch_groups, lr=config.lr, betas=ADAM_BETAS, fused=True))
+        elif kind == MUON:
+            optimizers.append(Muon(torch_groups, lr=config.matrix_lr, weight_decay=config.weight_decay))
+        else:
+            optimizers.append(HeadwiseMuon(torch_groups, lr=config.matrix_lr))
     return optimizers
+
+
+def optimizer_table(model_config, config: TrainConfig) -> list[dict]:
+    """`optimizer_plan` of a model of `model_config`, one row per parameter: parameter, optimizer,
+    lr_setting, lr, decay_setting, weight_decay. What trains each tensor, as the optimizers are
+    made from it."""
+    return [{"parameter": name, "optimizer": g.optimizer, "lr_setting": g.lr_setting, "lr": g.lr,
+             "decay_setting": g.decay_setting, "weight_decay": g.weight_decay}
+            for groups in optimizer_plan(meta_parameters(model_config), config) for g in groups for name in g.names]
+
+
+@functools.lru_cache(maxsize=64)
+def meta_parameters(model_config) -> list[tuple[str, torch.Tensor]]:
+    """The named parameters of a GPT of `model_config`, built on the meta device: names and shapes, no weights."""
+    with torch.device("meta"):
+        return list(GPT(model_config).named_parameters())

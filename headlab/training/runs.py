@@ -12,7 +12,7 @@ from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
 from headlab.runs.divergence import Divergence, run_divergence
 from headlab.runs.folder import load_weights
-from headlab.runs.layout import METRICS
+from headlab.runs.layout import METRICS, saved_train_config
 from headlab.runs.metrics import read_metrics
 from headlab.training.config import TrainConfig
 
@@ -48,5 +48,5 @@ def load_run(path: str | Path, device: str = "cpu") -> Run:
     run_dir = Path(path)
     weights = load_weights(run_dir)
     return Run(model=weights.model(device), model_config=weights.model_config,
-               train_config=TrainConfig.from_dict(weights.config["train"]), step=weights.step,
+               train_config=saved_train_config(run_dir, weights.config, TrainConfig), step=weights.step,
                metrics=read_metrics(run_dir / METRICS), path=run_dir, diverged=run_divergence(run_dir))

@@ -29,11 +29,11 @@ from tqdm.auto import tqdm
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus, random_windows, read_shards
 from headlab.model.config import ModelConfig
-from headlab.model.gpt import GPT, eval_mode
+from headlab.model.gpt import GPT, eval_mode, initial_model
 from headlab.runs.checkpoints import gather_training_state
 from headlab.runs.divergence import Divergence, is_diverged
 from headlab.runs.folder import RunFolder
-from headlab.training.compiling import compile_backend, compiled_forward
+from headlab.training.compiling import compile_backend, compiled_forward, first_step_compiling
 from headlab.training.config import TrainConfig
 from headlab.training.distributed import (
     Processes,
@@ -46,8 +46,10 @@ from headlab.training.distributed import (
     training_device,
     use_tf32_matmuls,
 )
+from headlab.training.flops import rank_training_flops
 from headlab.training.optimizers import make_optimizers
 from headlab.training.runs import Run
+from headlab.training.sharding import OptimizerStep
 
 
 class TrainingDiverged(RuntimeError):
@@ -234,28 +236,22 @@ def compiled_bucket_cap_mb(model: GPT) -> float:
     return max(block_bytes, dist._DEFAULT_FIRST_BUCKET_BYTES) / 2 ** 20
 
 
-def initial_model(model_config: ModelConfig, seed: int) -> GPT:
-    """The step-0 weights of a run of `model_config` with `seed`, drawn on the CPU as training
-    draws them (the global torch generator seeded with `seed`), so the random-initialisation
-    baseline of a run is its own first draw, whether or not its folder kept a step-0 snapshot."""
-    torch.manual_seed(seed)
-    return GPT(model_config)
-
-
 def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus, device: torch.device,
            ddp: Processes, folder: RunFolder, progress: bool,
            observe: Callable[[torch.nn.Module, int], None] | None = None) -> Run:
     model = initial_model(model_config, train_config.seed).to(device)  # the same on every rank, whatever their number
     sharded = ddp.world_size > 1 and train_config.parallel == "fsdp"
     say = print if ddp.is_main else (lambda message: None)
-    backend, not_compiled = compile_backend(train_config.compile, device)
+    backend, not_compiled = compile_backend(train_config.compile, device, train_config.dtype,
+                                            rank_training_flops(model_config, train_config, ddp.world_size))
     if not_compiled:
         say(not_compiled)
     if sharded:
         shard_per_block(model, train_config, backend)
     replicated = ddp.world_size > 1 and not sharded
-    # DDP replicas hold the same gradients: Muon splits its Newton–Schulz work across them
-    optimizers = make_optimizers(model, train_config, split_across=dist.group.WORLD if replicated else None)
+    optimizers = make_optimizers(model, train_config)
+    # DDP replicas hold the same gradients: each steps its share of the parameters (ZeRO-1)
+    step_optimizers = OptimizerStep(model, optimizers, dist.group.WORLD if replicated else None)
     generator = torch.Generator().manual_seed(train_config.seed)
     start_step = folder.start(model, optimizers, generator, ddp.world_size, device)
 
@@ -270,7 +266,9 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
             model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False,
             gradient_as_bucket_view=True, **buckets)
     synchronizing = _gradient_sync(step_model)
-    forward = step_model if sharded else compiled_forward(step_model, train_config.compile, backend, say)
+    # FSDP compiles each block (shard_per_block): its first step is compiled as compiled_forward's is
+    forward = (FirstStep(step_model) if sharded and backend else step_model if sharded
+               else compiled_forward(step_model, train_config.compile, backend, say))
 
     local_batch = train_config.batch_size // ddp.world_size
     n_micro = train_config.grad_accum
@@ -307,15 +305,13 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
         for micro, (micro_x, micro_y) in enumerate(zip(x.chunk(n_micro), y.chunk(n_micro))):
             with synchronizing(micro == n_micro - 1):  # ranks exchange gradients once, after the last
                 with autocast:
-                    _, micro_loss = forward(micro_x, micro_y)
+                    micro_loss = forward(micro_x, micro_y, loss_only=True)  # no logits kept (GPT.forward)
                 (micro_loss / n_micro).backward()
             loss += micro_loss.detach() / n_micro
-        torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
         loss = _global_mean(loss, ddp)
         divergence = torch.where(divergence[0].isnan() & ~loss.isfinite(),
                                  torch.stack((torch.full_like(loss, step), loss)), divergence)
-        for optimizer in optimizers:
-            optimizer.step()
+        step_optimizers(train_config.grad_clip)
         done = step + 1
         checkpoint_due = folder.checkpoint_due(done)
         if (done % train_config.log_every == 0 or done % train_config.eval_every == 0 or done == train_config.steps
@@ -350,6 +346,21 @@ def _train(model_config: ModelConfig, train_config: TrainConfig, corpus: Corpus,
     if run.final_val_loss is not None and is_diverged(run.final_val_loss, corpus.vocab_size):
         run.diverged = Divergence(run.step, run.final_val_loss, corpus.vocab_size)
     return run
+
+
+class FirstStep:
+    """`module`, its first call under `first_step_compiling` (FSDP's per-block compiles: a failure
+    there raises rather than leaving a block eager unseen)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module, self.first = module, True
+
+    def __call__(self, *args, **kwargs):
+        if not self.first:
+            return self.module(*args, **kwargs)
+        self.first = False
+        with first_step_compiling():
+            return self.module(*args, **kwargs)
 
 
 class _HiddenBar:

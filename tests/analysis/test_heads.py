@@ -27,9 +27,9 @@ import torch
 
 from conftest import tiny_model
 from headlab.analysis.attention_maps import recorded_attention
+from headlab.analysis.gram import frobenius_gram
 from headlab.analysis.heads import load_heads
 from headlab.analysis.layer_weights import LRKVWeights, MLAWeights
-from headlab.analysis.spectrum import frobenius_gram
 from headlab.schema import FAMILIES
 
 T = 6

@@ -13,11 +13,11 @@ from scipy.stats import spearmanr
 
 from conftest import tiny_model
 from headlab import preset, train, train_preset
+from headlab.analysis.gram import Factors, data_gram, frobenius_gram
 from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import InputMoments, encode_text, input_moments, second_moment_root
 from headlab.analysis.measures import measure_agreement
 from headlab.analysis.similarity import Analysis, analyze, concat
-from headlab.analysis.spectrum import Factors, data_gram, frobenius_gram
 from headlab.cli.main import main as cli_main
 from headlab.data.sources import synthetic_texts
 from headlab.schema import FAMILIES

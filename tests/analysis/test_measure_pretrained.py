@@ -75,7 +75,7 @@ def test_cli_data_measure_on_minilm(tmp_path, capsys):
     assert "MiniLM · qk · data · 12 heads" in capsys.readouterr().out
     assert set(Analysis.load(out).summary["measure"]) == {"data"}
     assert cli_main(["analyze", str(MINILM), "--measure", "data", "--out", str(out)]) == 2
-    assert "--measure data needs --text FILE" in capsys.readouterr().err
+    assert "--measure data (or both) needs --text FILE" in capsys.readouterr().err
 
 
 def test_the_minilm_checkpoint_has_one_name_wherever_it_is_read():

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from scipy.spatial.distance import jensenshannon
 from scipy.stats import spearmanr
 
-from headlab.analysis.measures import behaviour_summary, clipped_spectrum, measure_agreement, spearman
-from headlab.analysis.spectrum import similarity_spectrum
+from headlab.analysis.measures import behaviour_summary, measure_agreement, spearman
+from headlab.analysis.spectrum import clipped_spectrum, similarity_spectrum
 from headlab.report import plots
 from headlab.study.claims import compensation_onset, measure_claims, per_step_metrics, training_claims
 

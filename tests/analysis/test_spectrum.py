@@ -6,13 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from headlab.analysis.gram import Factors, frobenius_gram
 from headlab.analysis.spectrum import (
-    Factors,
     cosine_similarity,
     double_center,
     eigenspectrum,
     entropy_effective_rank,
-    frobenius_gram,
     n_components,
     participation_ratio,
     similarity_spectrum,

@@ -169,17 +169,51 @@ def test_the_wrapper_refuses_a_torch_older_than_2_9_before_anything_runs(tmp_pat
     assert "torch 2.8.0+cu128; headlab needs torch >= 2.9" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_the_wrapper_names_every_missing_base_dependency_in_one_line(tmp_path):
-    """A Python without scipy and seaborn (two of pyproject.toml's dependencies): gpu_check.sh
+def _without(tmp_path, *names: str) -> str:
+    """A PYTHONPATH on which each of `names` is a package whose import fails as a missing one's does."""
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named {name!r}\")\n")
+    return str(tmp_path)
+
+
+def test_the_wrapper_names_every_missing_module_the_check_uses_in_one_line(tmp_path):
+    """A Python without scipy and tqdm (two modules the check imports through headlab): gpu_check.sh
     names both in one line and exits with status 2 before any stage runs, no traceback."""
     import os
     import subprocess
 
-    for name in ("scipy", "seaborn"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named {name!r}\")\n")
     done = subprocess.run(["bash", str(SCRIPT.with_suffix(".sh")), "--smoke"], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(tmp_path)})
+                          timeout=600, env={**os.environ, "PYTHON": sys.executable,
+                                            "PYTHONPATH": _without(tmp_path, "scipy", "tqdm", "ipywidgets")})
     assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.splitlines() == [f"gpu_check.sh: {sys.executable} lacks headlab's base dependencies scipy, "
-                                        "seaborn: pip install scipy seaborn (or pip install -e . in the checkout)"]
+    assert done.stderr.splitlines() == [f"node_checks.py: {sys.executable} lacks scipy, tqdm, which the GPU checks "
+                                        "use: pip install scipy tqdm (or pip install -e . in the checkout)"]
+
+
+def test_the_checks_need_neither_ipywidgets_nor_the_figures_modules(tmp_path):
+    """The GPU image has no ipywidgets (nor, perhaps, matplotlib or seaborn): the wrapper's step that
+    refused such a node (exit status 2) lets it through; tests/cli/test_gpu_window.py runs the
+    window's stages without them."""
+    import os
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(SCRIPT.parent / "node_checks.py")], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH":
+                                           _without(tmp_path, "ipywidgets", "matplotlib", "seaborn")})
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+
+
+def test_the_variants_train_at_a_batch_the_card_holds(gpu_check):
+    """paper-128m's six variants at 16 sequences need more than a 16-24 GB card: halved until the
+    plan fits (a T4's 16 GB: 4); an 80 GB card keeps 16."""
+    from headlab.study.roles import comparison_variants
+    from headlab.training.memory import USABLE_MEMORY_FRACTION, memory_per_device
+
+    variants = gpu_check.sys.modules["gpu_variants"]
+    for gib in (16, 24):
+        fitting = variants.fitting_batch_size("paper-128m", 16, None, gib << 30)
+        assert 1 <= fitting < 16
+        assert all(memory_per_device(config, fitting, 1, "ddp", "muon", "bfloat16").total
+                   <= USABLE_MEMORY_FRACTION * (gib << 30) for config in comparison_variants("paper-128m"))
+    assert variants.fitting_batch_size("paper-128m", 16, None, 80 << 30) == 16

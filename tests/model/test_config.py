@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from headlab import GPT
-from headlab.model.config import FAMILY_FIELDS, PRESETS, ModelConfig, preset
+from headlab.model.config import PRESETS, ModelConfig, preset
+from headlab.model.reads import fields_read
 from headlab.schema import FAMILIES
 from headlab.study.roles import comparison_variants
 
@@ -75,22 +76,25 @@ def test_kv_cache_formula_per_family(attention):
     assert preset("cpu-small", attention).kv_cache_values_per_token() == KV_VALUES_PER_TOKEN[attention]
 
 
-# A value of each family field other than the tiny preset's, valid for every family
+# A value of each of these fields other than the tiny preset's, valid for every family: the family
+# knobs, and fields every family reads (a switch is turned the other way)
 OTHER_VALUES = {"n_kv_head": 1, "kv_rank": 2, "kv_residual_init": 0.5, "kv_latent_dim": 8, "rope_head_dim": 6,
-                "q_latent_dim": 10}
+                "q_latent_dim": 10, "qk_norm": None, "rope_base": 500.0, "mlp": "gelu", "n_layer": 1}
 
 
-@pytest.mark.parametrize("field", sorted(FAMILY_FIELDS))
-def test_a_family_field_changes_the_model_of_exactly_the_families_said_to_read_it(field, tokens):
-    """What `headlab sweep` trusts when it refuses an axis no trained role reads: the same seed draws
-    the same weights and logits under either value for every other family."""
+@pytest.mark.parametrize("field", sorted(OTHER_VALUES))
+def test_a_field_changes_the_model_of_exactly_the_families_whose_model_reads_it(field, tokens):
+    """What a study trusts when it refuses a setting no trained role reads (`fields_read`, recorded
+    as the model is built): the same seed draws the same weights and logits under either value for
+    every family whose model does not read it, and other ones for every family whose model does."""
     for attention in FAMILIES:
-        models = []
-        for config in (preset("tiny", attention), preset("tiny", attention, **{field: OTHER_VALUES[field]})):
+        models, base = [], preset("tiny", attention)
+        other = not getattr(base, field) if isinstance(getattr(base, field), bool) else OTHER_VALUES[field]
+        for config in (base, base.replace(**{field: other})):
             torch.manual_seed(0)
             models.append(GPT(config))
         states = [model.state_dict() for model in models]
         same = states[0].keys() == states[1].keys() and all(
             a.shape == b.shape and torch.equal(a, b) for a, b in zip(states[0].values(), states[1].values()))
         same = same and torch.equal(models[0](tokens)[0], models[1](tokens)[0])
-        assert same == (attention not in FAMILY_FIELDS[field]), attention
+        assert same == (field not in fields_read(base)), attention

@@ -2,7 +2,8 @@
 the headline `make docs` writes from them (docs/headline.md; here regenerated from the copy of those
 tables the package ships, headlab/study/shipped/cpu-small), quoted whole, and around it prose whose every
 number is one the headline states. A number from another study (the AdamW recipe, an ablation)
-belongs below the block, beside the benchmark that measured it."""
+belongs below the block, beside the benchmark that measured it. (The first screen and every other
+section marked with its sources: tests/docs/test_pages_agree.py.)"""
 
 from __future__ import annotations
 
@@ -35,16 +36,3 @@ def test_the_readme_quotes_the_headline_and_no_number_it_does_not_state(headline
     block = readme[readme.index("<!-- RESULTS"):readme.index("<!-- /RESULTS -->")]
     assert headline.strip() in block
     assert numbers(block.replace(headline.strip(), "")) - numbers(headline) == set()
-
-
-def test_the_first_screens_numbers_are_read_from_the_files_its_marker_names():
-    """The README's first screen (between its REGIME markers) quotes the regime study and its preset's
-    headline: every number in it is one that a file its opening marker names ("from A and B") states."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    opening = re.search(r"<!-- REGIME: from (.+?) -->", readme)
-    assert opening, "the first screen's opening marker names the files its numbers come from"
-    block = readme[opening.end():readme.index("<!-- /REGIME -->")]
-    sources = [ROOT / name.strip(" `") for name in re.split(r",| and ", opening.group(1)) if name.strip()]
-    stated = set().union(*(numbers(path.read_text(encoding="utf-8")) for path in sources))
-    text = re.sub(r"\]\([^)]*\)", "]", block)  # link targets (file names) are not quoted numbers
-    assert numbers(text) - stated == set()

@@ -15,16 +15,16 @@ import headlab.analysis.similarity
 import headlab.report.writer
 import headlab.study.stats
 import headlab.study.tables
+from doc_blocks import code_block, run_python
 from headlab.cli.main import main
 from headlab.model.gpt import GPT
-from headlab.report.paper_tables import rank_table
 from headlab.report.writer import DOCS_FIGURES, FIGURES, write_report
 from headlab.study.claims import claims, per_seed_metrics, rule_text
+from headlab.study.conclusions import CONCLUSIONS, rank_table, with_conclusions
 from headlab.study.paper import PAPER, SEED_SPECTRA
 from headlab.study.roles import comparison_roles
-from headlab.study.study import Study
 from headlab.study.table_files import SHIPPED, StudyTables, read_study_tables
-from headlab.study.tables import rope_ratio_table, tabulate_study
+from headlab.study.tables import rope_ratio_table
 
 pytestmark = pytest.mark.xdist_group("report_study")  # `study` trains runs: made once (conftest)
 
@@ -34,10 +34,14 @@ ROLES = comparison_roles("tiny")
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
+    """The README's way from runs to tables to report, run as written but for its budget: the tiny
+    preset for STEPS steps, 2 seeds, quiet, into a temporary folder."""
     out = tmp_path_factory.mktemp("report")
-    study = Study("tiny", STEPS, out)
-    runs = study.train(seeds=2, progress=False, log=lambda message: None)
-    return out, runs, write_report(tabulate_study(runs, study.load_corpus(), "tiny", out), out)
+    run = run_python(code_block("README.md", "from headlab.study import Study"), substitutes=[
+        ('Study("cpu-small", None, "runs/reproduce")', f'Study("tiny", {STEPS}, {str(out)!r})'),
+        ("study.train(seeds=3)", "study.train(seeds=2, progress=False, log=lambda message: None)"),
+        ('"cpu-small", study.folder', '"tiny", study.folder')])
+    return out, run["runs"], run["report"]
 
 
 def _report_row(text: str, section: str, name: str) -> list[str]:
@@ -322,17 +326,20 @@ def test_headlab_docs_writes_the_readme_figures_and_headline_table(study, tmp_pa
 def test_the_report_states_the_training_recipe_and_what_changed_from_the_preset(study):
     out, runs, report = study
     meta = read_study_tables(out).meta
-    assert meta["train"]["optimizer"] == "adamw" and meta["changed"] == {}
-    assert "Trained with AdamW (lr 0.003, weight decay 0.1 on every matrix, LRKV's factors U_h, B_h included)" in \
-        report.read_text()
-    muon = {**meta, "train": {**meta["train"], "optimizer": "muon", "lrkv_factor_decay": False},
+    assert meta["train"]["optimizer"] == "adamw" and meta["changed"] == {} and meta["unread"] == {}
+    text = report.read_text()
+    assert "Trained with AdamW; which optimizer trains which tensor of each variant" in text
+    assert "| Standard MHA, MQA, GQA (2 KV heads) | AdamW | 0.003 (lr) | 0.1 (weight_decay) | wte, attn.c_q, " \
+        "attn.c_k, attn.c_v, attn.c_proj, mlp.c_fc, mlp.c_proj, lm_head |" in text  # the plan: a row per group
+    # tables written before the plan was recorded: the recipe in words, as then
+    muon = {**meta, "optimizers": None, "train": {**meta["train"], "optimizer": "muon", "lrkv_factor_decay": False},
             "changed": {"optimizer": "muon", "lrkv_factor_decay": False}}
     text = headlab.report.writer.recipe_text(muon)
     assert "Muon on the blocks' matrices (lr 0.02" in text and "no weight decay on LRKV's factors" in text
     assert text.endswith("Changed from the preset `tiny`: `optimizer = muon`, `lrkv_factor_decay = False`.")
     qk_by_adamw = headlab.report.writer.recipe_text({**muon, "train": {**muon["train"], "muon_qk": False}})
-    assert "Muon on the blocks' matrices but W_Q, W_K (AdamW there, lr 0.003, weight decay 0.1: not the paper's " \
-        "recipe) (lr 0.02" in qk_by_adamw
+    assert "Muon on the blocks' matrices but those that form only queries or keys (AdamW there, lr 0.003, weight " \
+        "decay 0.1: not the paper's recipe; MLA's joint key/value latents stay on Muon) (lr 0.02" in qk_by_adamw
 
 
 def test_reproduce_set_replaces_preset_settings_and_records_them(tmp_path, capsys):
@@ -470,6 +477,7 @@ def test_headline_md_quotes_the_baseline_and_the_distance_to_the_seed_figure():
                  for _, g in mha.groupby("seed")]
     row = next(line for line in text.splitlines() if line.startswith("| Standard MHA | Standard MHA | Early (L=0)"))
     assert row.split("|")[-3].strip() == _spread(distances)  # d₁ ours, before d₁ random init
-    old = StudyTables({k: v for k, v in shipped.tables.items() if not k.startswith("init_")}, shipped.meta)
+    kept = {k: v for k, v in shipped.tables.items() if not k.startswith("init_") and k not in CONCLUSIONS}
+    old = StudyTables(with_conclusions(kept, shipped.meta), shipped.meta)  # as tables before init spectra read
     older = "\n".join(headlab.report.writer.headline_lines(old))
     assert "No random-initialisation baseline in these tables" in older and "| random init" not in older

@@ -4,13 +4,15 @@ import re
 
 import pytest
 import torch
+from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import counters
 
 from headlab import preset, train, train_preset
 from headlab.training import compiling, hardware
 from headlab.training import trainer as trainer_module
-from headlab.training.compiling import compile_backend
+from headlab.training.compiling import compile_backend, compiled_forward
 from headlab.training.config import TrainConfig
+from headlab.training.flops import rank_training_flops
 from headlab.training.hardware import measure_step
 
 CUDA = torch.device("cuda", 0)
@@ -28,6 +30,7 @@ def _without_triton(graph, example_inputs):
 def fresh_process(monkeypatch):
     """Each test starts as a new process would: no backend known to fail, no compiled frames."""
     monkeypatch.setattr(compiling, "UNAVAILABLE", set())
+    monkeypatch.setattr(compiling, "_SAID", set())
     torch.compiler.reset()
     yield
     torch.compiler.reset()
@@ -84,7 +87,7 @@ def test_a_compile_failing_at_the_first_step_falls_back_to_eager_with_one_line(m
     config = train_preset("tiny", steps=3, eval_every=3, device="cpu", compile="auto")
     eager = train(preset("tiny", "mha"), config.replace(compile="off"), "synthetic", progress=False)
     capsys.readouterr()
-    monkeypatch.setattr(trainer_module, "compile_backend", lambda requested, device: (FAILING_BACKEND, None))
+    monkeypatch.setattr(trainer_module, "compile_backend", lambda requested, device, *_: (FAILING_BACKEND, None))
     fallen_back = train(preset("tiny", "mha"), config, "synthetic", progress=False)
     said = capsys.readouterr().out.splitlines()
     assert len(said) == 1 and said[0].startswith(f"torch.compile ({FAILING_BACKEND}) failed at the first step (")
@@ -105,6 +108,112 @@ def test_the_timed_step_is_the_compiled_step_training_will_run(monkeypatch):
     counters.clear()
     measure_step(preset("tiny", "mha"), train_preset("tiny", device="cpu", compile="eager"), repeats=1)
     assert counters["stats"]["unique_graphs"] >= 1
-    monkeypatch.setattr(hardware, "compile_backend", lambda requested, device: (FAILING_BACKEND, None))
+    monkeypatch.setattr(hardware, "compile_backend", lambda requested, device, *_: (FAILING_BACKEND, None))
     measure_step(preset("tiny", "mha"), train_preset("tiny", device="cpu", compile="auto"), repeats=1)
     assert compiling.UNAVAILABLE == {FAILING_BACKEND}
+
+
+def test_auto_trains_bf16_eager_on_a_gpu_without_native_bf16_saying_so_once(monkeypatch):
+    """Below compute capability 8.0 inductor skips a bf16 graph (SkipFrame) and the run trains eager
+    without a word: "auto" does not compile it, and says why."""
+    _gpu(monkeypatch, (7, 5), triton=True)
+    backend, reason = compile_backend("auto", CUDA, "bfloat16")
+    assert backend is None and "no native bf16" in reason and "\n" not in reason
+    assert compile_backend("auto", CUDA, "bfloat16") == (None, None)  # said once per process
+    assert compile_backend("auto", CUDA, "float32") == ("inductor", None)
+    assert compile_backend("inductor", CUDA, "bfloat16") == ("inductor", None)  # asked for by name
+
+
+@pytest.mark.parametrize("gpu", ["Tesla T4", "NVIDIA H100 80GB HBM3"])
+def test_auto_compiles_only_runs_long_enough_for_compiling_to_pay(monkeypatch, gpu):
+    """The cpu presets train for seconds on a GPU; compiling them would cost minutes (Colab)."""
+    _gpu(monkeypatch, (7, 5) if "T4" in gpu else (9, 0), triton=True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
+    for name in ("cpu-small", "cpu-small-adamw-qk", "cpu-deep"):
+        config = train_preset(name)
+        backend, reason = compile_backend("auto", CUDA, config.dtype, rank_training_flops(preset(name), config))
+        assert backend is None and (reason is None or "less than the 300 s" in reason), name
+    paper = train_preset("paper-128m")
+    assert compile_backend("auto", CUDA, "float32", rank_training_flops(preset("paper-128m"), paper)) == \
+        ("inductor", None)
+    assert compile_backend("inductor", CUDA, "float32", 1.0) == ("inductor", None)
+
+
+class Small(torch.nn.Module):
+    """A model defined outside torch (dynamo compiles such a forward; torch.nn's own it steps into)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.inner, self.outer = torch.nn.Linear(width, width), torch.nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.outer(torch.nn.functional.gelu(self.inner(x)))
+
+
+def _watched(backend: str, requested: str, said: list[str], width: int = 4):
+    """A small model compiled as a run compiles its model (`compiled_forward`), and its eager twin."""
+    torch.manual_seed(0)
+    module = Small(width)
+    return compiled_forward(module, requested, backend, said.append), module
+
+
+def _step(forward, x: torch.Tensor) -> list[torch.Tensor]:
+    """Loss and gradients of one training step through `forward`."""
+    module = forward.eager if hasattr(forward, "eager") else forward
+    module.zero_grad(set_to_none=True)
+    loss = forward(x).square().mean()
+    loss.backward()
+    return [loss.detach(), *(p.grad for p in module.parameters())]
+
+
+def test_a_backward_that_fails_to_compile_falls_back_to_eager_with_one_line():
+    """AOT autograd compiles the backward lazily, at the first backward, out of the fallback's
+    reach (the run would end there): the first step compiles it with the forward, so its failure
+    is caught there too, and the step is the eager step."""
+    def failing_backward(graph, example_inputs):
+        raise RuntimeError("no kernel for this backward")
+
+    torch._dynamo.register_backend(aot_autograd(fw_compiler=lambda graph, inputs: graph, bw_compiler=failing_backward),
+                                   name="headlab_test_failing_backward")
+    said, x = [], torch.randn(3, 4)
+    forward, eager = _watched("headlab_test_failing_backward", "auto", said)
+    assert all(torch.equal(a, b) for a, b in zip(_step(forward, x), _step(eager, x)))
+    assert len(said) == 1 and "failed at the first step (" in said[0] and "no kernel for this backward" in said[0]
+
+
+def test_a_model_that_dynamo_skips_is_said_not_trained_silently_eager():
+    """inductor raises SkipFrame for bf16 on a T4: dynamo then runs the model eager, in silence."""
+    @torch._dynamo.register_backend(name="headlab_test_skipping")
+    def skipping(graph, example_inputs):
+        raise torch._dynamo.exc.SkipFrame("BF16 is not supported")
+
+    said = []
+    forward, _ = _watched("headlab_test_skipping", "headlab_test_skipping", said)
+    _step(forward, torch.randn(3, 4))
+    assert len(said) == 1 and said[0].startswith("torch.compile (headlab_test_skipping) compiled nothing")
+
+
+def _compiled_versions(module: torch.nn.Module) -> int:
+    return len(torch._dynamo.eval_frame._debug_get_cache_entry_list(type(module).forward.__code__))
+
+
+def test_a_study_compiles_every_model_past_torchs_recompile_limit(monkeypatch):
+    """A study's models (six variants, more under FSDP's per-block compiles) each add compiled
+    versions of the same code: past torch's recompile limit the later ones trained eager in silence."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    said = []
+    for width in (2, 3, 4):
+        forward, module = _watched("eager", "eager", said, width)
+        _step(forward, torch.randn(3, width))
+    assert _compiled_versions(module) == 3 and said == []
+
+
+def test_a_model_past_the_recompile_limit_trains_eager_saying_so(monkeypatch):
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    monkeypatch.setattr(compiling, "FIRST_STEP_RECOMPILE_LIMIT", 1)
+    said = []
+    for width in (2, 3):
+        forward, module = _watched("eager", "eager", said, width)
+        _step(forward, torch.randn(3, width))
+    assert _compiled_versions(module) == 1
+    assert len(said) == 1 and said[0].startswith("torch.compile (eager) hit its recompile limit")

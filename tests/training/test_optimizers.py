@@ -1,6 +1,8 @@
 """The recipe's optimizers: which parameter each one updates and with what decay, and per-head
 Muon, whose orthogonalisation must be torch's Muon applied to each head's matrix alone."""
 
+import itertools
+
 import pytest
 import torch
 from torch.optim._muon import _zeropower_via_newtonschulz
@@ -8,8 +10,9 @@ from torch.optim._muon import _zeropower_via_newtonschulz
 from headlab.model.config import preset
 from headlab.model.gpt import GPT
 from headlab.schema import FAMILIES
-from headlab.training.config import FAMILY_TRAIN_FIELDS, TrainConfig, train_preset
+from headlab.training.config import TrainConfig, train_preset
 from headlab.training.optimizers import HeadwiseMuon, Muon, is_lrkv_factor, make_optimizers, orthogonalize
+from headlab.training.reads import train_setting_reaches
 
 TINY = TrainConfig(steps=4, batch_size=2)
 
@@ -76,16 +79,26 @@ def test_the_lrkv_factors_lose_their_weight_decay_only_when_asked(optimizer):
     assert groups == ([2] if optimizer == "adamw" else [1, 3])  # the default recipe's groups, so old runs resume
 
 
-@pytest.mark.parametrize("field,value", [("lrkv_factor_decay", False), ("lrkv_b_optimizer", "muon")])
-def test_a_family_training_field_changes_the_optimizers_of_exactly_the_families_said_to_read_it(field, value):
-    """What `headlab sweep` trusts when it refuses an axis no trained role reads (`FAMILY_TRAIN_FIELDS`)."""
-    recipe = TINY.replace(optimizer="muon")
-    for attention in FAMILIES:
-        model = GPT(preset("tiny", attention))
-        steps = [[(type(o).__name__, {k: v for k, v in g.items() if k != "params"}, [id(p) for p in g["params"]])
-                  for o in make_optimizers(model, config) for g in o.param_groups]
-                 for config in (recipe, recipe.replace(**{field: value}))]
-        assert (steps[0] == steps[1]) == (attention not in FAMILY_TRAIN_FIELDS[field]), attention
+CHANGES = [("lrkv_factor_decay", False), ("lrkv_b_optimizer", "muon"), ("lr", 0.01), ("muon_qk", False),
+           ("matrix_lr", 0.05), ("embedding_lr", 0.1)]
+
+
+@pytest.mark.parametrize("optimizer,field,value", [("muon", *change) for change in CHANGES] + [
+    ("adamw", *change) for change in CHANGES if change[0] not in ("lrkv_b_optimizer", "muon_qk")])  # Muon's alone
+def test_a_training_field_changes_the_optimizers_of_exactly_the_families_it_is_said_to_reach(optimizer, field, value):
+    """What a study trusts when it refuses a setting no trained role reads (`train_setting_reaches`,
+    from the plan the optimizers are made from): the optimizers made under either value differ
+    for exactly the families it is said to reach, under AdamW (where Muon's settings reach none)
+    and under Muon, with headlab's norms and nanochat's parameter-free ones (lr then reaches LRKV's B_h alone)."""
+    recipe = TINY.replace(optimizer=optimizer)
+    changed = recipe.replace(**{field: value})
+    for attention, arch in itertools.product(FAMILIES, ("headlab", "nanochat")):
+        model = GPT(preset("tiny", attention, arch=arch))
+        treated = [{name: (type(o).__name__, {k: v for k, v in g.items() if k != "params"})
+                    for o in make_optimizers(model, config) for g in o.param_groups
+                    for name, p in model.named_parameters() if any(p is q for q in g["params"])}
+                   for config in (recipe, changed)]  # how each parameter is stepped (an empty group steps none)
+        assert (treated[0] != treated[1]) == train_setting_reaches(field, model.config, recipe), (attention, arch)
 
 
 def test_per_head_muon_on_b_takes_exactly_the_b_tensors():

@@ -21,7 +21,14 @@ from headlab.training.hardware import (
     measure_step,
     parse_devices,
 )
-from headlab.training.memory import GiB, PlanError, activation_bytes, memory_per_device, optimizer_state_bytes
+from headlab.training.memory import (
+    GiB,
+    PlanError,
+    activation_bytes,
+    memory_per_device,
+    optimizer_state_bytes,
+    rank_shares,
+)
 from headlab.training.plan import format_plan, study_plan
 
 
@@ -52,9 +59,12 @@ def test_memory_per_device_matches_hand_computed_bytes_on_tiny():
     assert activation_bytes(config, 2, "bfloat16") == 2 * 32 * (2 * per_layer_bf16 + head_bf16)
 
     ddp = memory_per_device(config, 2, 2, "ddp", "adamw", "float32")
-    # gradient_as_bucket_view: the gradients are DDP's buckets, no second copy
-    assert (ddp.weights, ddp.gradients, ddp.optimizer, ddp.buffers) == (4 * 41120, 4 * 41120, 8 * 41120, 0)
-    assert ddp.total == 16 * 41120 + activation_bytes(config, 2, "float32")
+    # gradient_as_bucket_view: the gradients are DDP's buckets, no second copy; each rank holds the
+    # AdamW state of its share of the parameters (the sharded step), the busiest rank's counted
+    shares = [share["state"] for share in rank_shares(config, 2, "adamw")]
+    assert sum(shares) == 8 * 41120 and max(shares) - min(shares) <= 8 * 256 * 32  # balanced within the embedding
+    assert (ddp.weights, ddp.gradients, ddp.optimizer, ddp.buffers) == (4 * 41120, 4 * 41120, max(shares), 0)
+    assert ddp.total == 8 * 41120 + max(shares) + activation_bytes(config, 2, "float32")  # the activations > the step's
     assert memory_per_device(config, 2, 1, "ddp", "adamw", "float32").buffers == 0  # no buckets alone
     fsdp = memory_per_device(config, 2, 2, "fsdp", "adamw", "float32")
     assert (fsdp.weights, fsdp.optimizer) == (2 * 41120, 4 * 41120)
@@ -229,6 +239,20 @@ def test_under_torchrun_only_rank_0_times_the_steps_of_the_notice(monkeypatch, t
     assert study.training_notice().startswith("training 6 of 6 runs") and len(timed) == 6
 
 
+def test_a_rerun_times_only_the_variants_it_still_trains(monkeypatch, tmp_path):
+    """Timing a variant compiles it on a GPU: a rerun that finishes one run times that one only."""
+    from headlab.study import study as study_module
+
+    timed = []
+    monkeypatch.setattr(study_module, "measure_step", lambda variant, *args, **kwargs: timed.append(variant.label) or
+                        StepTime(0.1, 0.0, 0.01, 1))
+    study = study_module.Study("tiny", 10, tmp_path / "study")
+    left = {(seed, role): 700 if (seed, role) == (1, "mqa") else 0 for seed in range(2) for role in study.roles}
+    monkeypatch.setattr(study_module.Study, "steps_left", lambda self, seeds: left)
+    assert study.training_notice(seeds=2).startswith("training 1 of 12 runs")
+    assert timed == [study.roles["mqa"].label]
+
+
 def test_every_setup_a_plan_suggests_is_one_the_command_line_can_choose_and_it_fits(capsys):
     """paper-6.3b with the preset's Muon on 8 x H100 does not fit under DDP: each suggestion names
     the options that choose it, `headlab reproduce` accepts them, and the plan under them fits."""
@@ -253,7 +277,8 @@ def test_every_setup_a_plan_suggests_is_one_the_command_line_can_choose_and_it_f
 
 def test_muons_orthogonalisation_is_counted_per_rank_in_the_wall_time():
     """torch.optim.Muon runs 5 Newton–Schulz iterations per matrix, 4·m²·n + 2·m³ FLOPs each
-    (m <= n); DDP ranks split each shape's matrices, the busiest rank taking ⌈k / ranks⌉ of them."""
+    (m <= n); DDP ranks share the matrices out, each shape's dealt round-robin, the deal going on
+    from one shape to the next."""
     from headlab.training.flops import muon_flops_per_step
 
     config = preset("tiny", "mha")  # per block: q, k, v, out 32 x 32, MLP 128 x 32 and 32 x 128
@@ -262,8 +287,8 @@ def test_muons_orthogonalisation_is_counted_per_rank_in_the_wall_time():
     h100s = parse_devices("8xH100")
     muon = study_plan([config], train_preset("tiny", optimizer="muon"), h100s, mfu=0.5).variants[0]
     adamw = study_plan([config], train_preset("tiny"), h100s, mfu=0.5).variants[0]
-    # 8 square matrices and 2 of each wide shape over 8 ranks: one of each shape on the busiest rank
-    assert muon_flops_per_step(config, 8) == 5 * (square + 2 * wide)
+    # 8 square matrices and 2 of each wide shape over 8 ranks: a square one each, the wide ones on ranks 0-3
+    assert muon_flops_per_step(config, 8) == 5 * (square + wide)
     assert muon_flops_per_step(config, 2) == 5 * (4 * square + 2 * wide)
     assert muon.flops["optimizer"] == 40 * muon_flops_per_step(config, 8) and adamw.flops["optimizer"] == 0
     assert muon.wall_s == pytest.approx((muon.flops["total"] / 8 + muon.flops["optimizer"]) / (0.5 * h100s.peak_flops))

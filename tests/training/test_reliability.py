@@ -68,12 +68,12 @@ def _interrupt_at_step(monkeypatch, step: int):
     """GPT.forward raises on its `step`-th training call (0-based)."""
     original, calls = GPT.forward, {"n": 0}
 
-    def forward(self, idx, targets=None, cache=None):
+    def forward(self, idx, *args, **kwargs):
         if self.training:
             calls["n"] += 1
             if calls["n"] - 1 == step:
                 raise _Interrupt
-        return original(self, idx, targets, cache)
+        return original(self, idx, *args, **kwargs)
 
     monkeypatch.setattr(GPT, "forward", forward)
 
@@ -364,8 +364,9 @@ def test_10_non_finite_and_out_of_range_numbers_are_refused_at_construction(make
 
 def test_10_divergence_before_any_checkpoint_does_not_claim_one(tmp_path, corpus, monkeypatch):
     original = GPT.forward
-    monkeypatch.setattr(GPT, "forward", lambda self, idx, targets=None, cache=None: (
-        lambda out: (out[0], out[1] * float("nan")))(original(self, idx, targets, cache)))
+    monkeypatch.setattr(GPT, "forward", lambda self, idx, targets=None, cache=None, loss_only=False: (
+        original(self, idx, targets, cache, loss_only=True) * float("nan") if loss_only
+        else (lambda out: (out[0], out[1] * float("nan")))(original(self, idx, targets, cache))))
     with pytest.raises(TrainingDiverged, match="loss is nan at step 0; no checkpoint was written before it"):
         train(preset("tiny", "gqa"), TINY, corpus, out=tmp_path / "run", progress=False)
 

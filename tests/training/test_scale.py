@@ -62,7 +62,10 @@ def test_the_paper_128m_shape_runs_end_to_end_on_a_cpu(tmp_path, isolated_cache)
     assert study.train_config().dtype == "bfloat16"
     try:
         runs = study.train(seeds=1, progress=False, log=lambda message: None)
-        report = write_report(tabulate_study(runs, study.load_corpus(), study.preset, study.folder), study.folder)
+        # 2 steps of 32 tokens teach a 128M model nothing (measured: 7.07 -> 7.09 nats/token at lr 1e-3, and 7.03
+        # after 6 steps at 3e-3): a study would refuse them, so this pipeline test says it does not ask
+        tables = tabulate_study(runs, study.load_corpus(), study.preset, study.folder, learning_checked=False)
+        report = write_report(tables, study.folder)
         assert [r.role for r in runs] == ["mha", "mla"]
         for r in runs:
             assert (r.config.n_layer, r.config.n_head, r.config.head_dim, r.config.d_model) == (12, 6, 128, 768)
@@ -77,6 +80,7 @@ def test_the_paper_128m_shape_runs_end_to_end_on_a_cpu(tmp_path, isolated_cache)
         assert titles == ["Early Layer (L=0)", "Middle Layer (L=6)", "Late Layer (L=11)"]
         text = report.read_text()
         assert "`hf:json` (bpe:1024 tokens)" in text and "Shakespeare" not in text
+        assert "Whether each run learned was not checked" in text
         assert "val loss (nats/token)" in text and "val bits/byte" in text and "nats/byte" not in text
         assert (study.folder / "figures" / "spectra_uncentered.png").stat().st_size > 1000
     finally:

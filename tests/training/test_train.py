@@ -71,15 +71,16 @@ def _fail_at_step(monkeypatch, step_to_fail: int, make_nan: bool = False):
     original = GPT.forward
     calls = {"n": 0}
 
-    def forward(self, idx, targets=None, cache=None):
-        logits, loss = original(self, idx, targets, cache)
-        if self.training:
-            if calls["n"] == step_to_fail:
-                if not make_nan:
-                    raise _Interrupt
-                loss = loss * float("nan")
-            calls["n"] += 1
-        return logits, loss
+    def forward(self, idx, targets=None, cache=None, loss_only=False):
+        if not self.training:
+            return original(self, idx, targets, cache, loss_only)
+        loss = original(self, idx, targets, cache, loss_only=True)  # training asks for the loss alone
+        if calls["n"] == step_to_fail:
+            if not make_nan:
+                raise _Interrupt
+            loss = loss * float("nan")
+        calls["n"] += 1
+        return loss
 
     monkeypatch.setattr(GPT, "forward", forward)
 

@@ -62,17 +62,22 @@ def test_a_damaged_token_cache_is_refused_on_every_rank_with_one_line(token_cach
 
 def _resumed_on_rank(out):
     """Resume the finished run in `out` on this rank; the checkpoint files it hashed, and its weights."""
-    hashed, read_bytes, verify = [], manifest_module.Manifest.read_bytes, manifest_module.Manifest.verify
+    manifest = manifest_module.Manifest
+    hashed, read_bytes, opened, verify = [], manifest.read_bytes, manifest.opened, manifest.verify
 
     def counted_read(self, name, verify=True):
         hashed.extend([name] if verify else [])
         return read_bytes(self, name, verify)
 
+    def counted_opened(self, name, verify=True):
+        hashed.extend([name] if verify else [])
+        return opened(self, name, verify)
+
     def counted_verify(self, name):
         hashed.append(name)
         return verify(self, name)
 
-    manifest_module.Manifest.read_bytes, manifest_module.Manifest.verify = counted_read, counted_verify
+    manifest.read_bytes, manifest.opened, manifest.verify = counted_read, counted_opened, counted_verify
     run = train(preset("tiny", "mha"), _config(), "synthetic", out=out, resume=True, progress=False)
     return [name for name in hashed if name.startswith("checkpoint-")], run.model.state_dict()
 

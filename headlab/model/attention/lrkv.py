@@ -28,6 +28,7 @@ class LowRankKVAttention(nn.Module):
         super().__init__()
         h, d, dh, r = config.n_head, config.d_model, config.head_dim, config.kv_rank
         self.n_head, self.head_dim, self.rank, self.qk_norm = h, dh, r, config.qk_norm
+        self.residual_init = config.kv_residual_init  # read as the module is built, as every setting of a model is
         self.c_q = nn.Linear(d, h * dh, bias=False)
         self.k_shared = nn.Linear(d, dh, bias=False)  # W^K_shared
         self.v_shared = nn.Linear(d, dh, bias=False)  # W^V_shared

@@ -25,7 +25,7 @@ A table must hold one `mla_rope` setting (see `headlab.analysis`): filter it fir
 
 Modules: `style` (titles, sizes, saving), `colours` (the palette: colours, markers), `methods` (order), `checks`
 (a figure's table checked), `panels` (layer panels, lines, legend, titles), and the figures:
-`spectra`, `heatmaps`, `training`, `cache`, `sweep`.
+`spectra`, `heatmaps`, `training`, `cache`, `sweep`, `real_checkpoints`.
 """
 
 from headlab.package import lazy_exports
@@ -38,6 +38,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "headlab.report.plots.colours": ("palette",),
     "headlab.report.plots.methods": ("method_order", "table_methods", "table_palette"),
     "headlab.report.plots.panels": ("layer_roles", "layer_title"),
+    "headlab.report.plots.real_checkpoints": ("real_checkpoint_spectra",),
     "headlab.report.plots.spectra": ("cumulative_variance_figure", "effective_rank_figure", "measures_figure",
                                      "spectra_figure"),
     "headlab.report.plots.heatmaps": ("similarity_heatmaps",),

@@ -12,6 +12,7 @@ from matplotlib.collections import PathCollection
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.path import Path
 from matplotlib.textpath import TextPath
 from matplotlib.transforms import Affine2D
@@ -31,17 +32,24 @@ PANEL = 2.7  # inches: the side of one heatmap
 MARGINS = {"left": 0.75, "right": 1.2, "top": 0.75, "bottom": 0.65}
 GAPS = (0.45, 0.8)  # inches between heatmaps: across (the next one's head numbers), down (head numbers, label, title)
 BAR = (0.35, 0.18, 0.8)  # the colour bar: its gap from the heatmaps and width (inches), its share of their height
+# A cell of a dead head (its form is zero: similarity undefined, NaN), drawn unlike any value: on the
+# diverging scale white is 0, which a dead head is not
+UNDEFINED_CELL = {"facecolor": "0.62", "hatch": "////", "edgecolor": "white", "linewidth": 0.5}
+UNDEFINED_LABEL = "dead head:\nform zero,\nundefined"
 
 
 def heatmap(ax, matrix: pd.DataFrame, annotate: bool, numbered: tuple[bool, bool] = (True, True)) -> None:
-    """`matrix` (head i down, head j across) as square cells on the −1…1 diverging scale,
-    head 0 at the top left, with each value written in the cell when `annotate` (white on dark
-    cells); its heads numbered below and on the left as `numbered` says. Drawn with plain
+    """`matrix` (head i down, head j across) as square cells on the −1…1 diverging scale (an
+    undefined cell, a dead head's, grey and hatched: `UNDEFINED_CELL`), head 0 at the top left,
+    with each value written in the cell when `annotate` (white on dark cells, none on undefined
+    ones); its heads numbered below and on the left as `numbered` says. Drawn with plain
     matplotlib: seaborn's heatmap draws the figure again to test its labels for overlap, which
     costs more than the rest of the figure."""
     values = matrix.to_numpy(dtype=float)
     n_rows, n_cols = values.shape
     mesh = ax.pcolormesh(values, cmap=HEATMAP_CMAP, vmin=-1, vmax=1, edgecolors="white", linewidth=0.5)
+    for i, j in zip(*np.nonzero(np.isnan(values))):  # a dead head's row and column: undefined, not 0 (white)
+        ax.add_patch(Rectangle((j, i), 1, 1, **UNDEFINED_CELL))
     ax.set(xlim=(0, n_cols), ylim=(n_rows, 0), aspect="equal")
     ax.grid(False)
     for spine in ax.spines.values():
@@ -54,19 +62,26 @@ def heatmap(ax, matrix: pd.DataFrame, annotate: bool, numbered: tuple[bool, bool
         ax.add_collection(cell_values(ax, values, mesh.cmap(mesh.norm(values))[..., :3]), autolim=False)
 
 
+def undefined_legend(fig) -> None:
+    """The legend of the undefined cells (`UNDEFINED_CELL`), under the colour bar."""
+    fig.legend(handles=[Patch(**UNDEFINED_CELL, label=UNDEFINED_LABEL)], loc="lower right", fontsize=7,
+               frameon=False, handlelength=1.4, handleheight=1.4, bbox_to_anchor=(1.0, 0.0))
+
+
 def cell_values(ax, values: np.ndarray, colours: np.ndarray) -> PathCollection:
     """Each value of `values`, to two decimals, centred in its cell of `ax` (cell (i, j) spans
     j…j + 1 across, i…i + 1 down), white on cells whose colour (`colours`, RGB) is dark: one
     collection of the texts' outlines, each distinct text laid out once (`value_outline`). As
     Text artists they took half of a heatmaps figure's drawing time, each laid out and rasterised
     on its own; outlines look the same at this size (in an SVG they are paths, not text)."""
-    dark = relative_luminance(colours) <= DARK_CELL
-    rows, columns = np.indices(values.shape)
-    outlines = [value_outline(f"{round(value, 2) + 0.0:.2f}") for value in values.ravel()]  # + 0.0: no "-0.00"
-    return PathCollection(outlines, offsets=np.column_stack([columns.ravel() + 0.5, rows.ravel() + 0.5]),
+    defined = ~np.isnan(values.ravel())  # an undefined cell is hatched (`UNDEFINED_CELL`), not written
+    dark = (relative_luminance(colours) <= DARK_CELL).ravel()[defined]
+    rows, columns = (axis.ravel()[defined] for axis in np.indices(values.shape))
+    outlines = [value_outline(f"{round(value, 2) + 0.0:.2f}") for value in values.ravel()[defined]]  # no "-0.00"
+    return PathCollection(outlines, offsets=np.column_stack([columns + 0.5, rows + 0.5]),
                           offset_transform=ax.transData,
                           transform=Affine2D().scale(1 / 72) + ax.figure.dpi_scale_trans,  # points to pixels
-                          facecolors=np.where(dark.ravel()[:, None], to_rgba("white"), to_rgba(VALUE_COLOUR)),
+                          facecolors=np.where(dark[:, None], to_rgba("white"), to_rgba(VALUE_COLOUR)),
                           linewidths=0, label=CELL_VALUES)
 
 
@@ -112,7 +127,8 @@ def similarity_heatmaps(similarity: pd.DataFrame, layer: int, circuit: str = "qk
                         palette: Mapping[str, str] | None = None, annotate: bool | None = None) -> Figure:
     """One H × H head-similarity heatmap per method at `layer` (the paper's Figs. 6 and 18), on a
     diverging colour scale fixed to −1…1 with one shared colour bar; titles name the method (in
-    its colour). annotate: write each cell's value (default: when H ≤ 8). Heads of different
+    its colour); dead heads' cells grey and hatched, named in a legend under the colour bar.
+    annotate: write each cell's value (default: when H ≤ 8). Heads of different
     seeds do not correspond, so the table must hold one seed.
 
     similarity: model, layer, circuit, head_i, head_j, value.
@@ -137,6 +153,8 @@ def similarity_heatmaps(similarity: pd.DataFrame, layer: int, circuit: str = "qk
                 numbered=(bottom_row or not alike, left_column or not alike))
         ax.set_title(method, color=methods.colors[method], fontweight="bold")
         ax.set(xlabel="head j" if bottom_row else "", ylabel="head i" if left_column else "")
+    if data["value"].isna().any():
+        undefined_legend(fig)
     bar = fig.colorbar(axes[0].collections[0], cax=bar_axes, ticks=[-1, -0.5, 0, 0.5, 1])
     bar.set_label("1 − Jensen–Shannon distance" if circuit == "pattern" else "cosine similarity")
     fig.suptitle(figure_title(f"Head similarity matrices, layer L={layer}", 1, circuit, data), fontweight="bold")

@@ -22,21 +22,7 @@ from headlab.report.plots.style import (
     NotebookFigure,
 )
 from headlab.schema import BEHAVIOUR, VIEWS
-
-
-def layer_roles(layers: Iterable[int]) -> dict[str, int]:
-    """The early, middle and late layer among `layers` (numbered from 0): the first, the one at
-    index len // 2 and the last; for 12 layers 0, 6 and 11, the paper's 128M choice. A role is
-    given only to a layer no earlier role has: two layers are Early and Late, one is Early."""
-    available = sorted({int(layer) for layer in layers})
-    if not available:
-        raise ValueError("no layers to choose from")
-    roles = {"Early": available[0], "Late": available[-1], "Middle": available[len(available) // 2]}
-    distinct = {}
-    for role, layer in roles.items():
-        if layer not in distinct.values():
-            distinct[role] = layer
-    return {role: distinct[role] for role in ("Early", "Middle", "Late") if role in distinct}
+from headlab.study.paper import layer_roles
 
 
 def layer_title(layer: int, layers: Iterable[int]) -> str:

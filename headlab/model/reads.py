@@ -1,0 +1,42 @@
+"""Which settings a model reads: the ModelConfig fields that `GPT(config)` looks at while it builds
+its modules, recorded as it builds them (on the meta device: no weights are made), so what a
+family reads is what its code reads, never a list kept beside it.
+
+    fields_read(preset("tiny", "mha"))   # frozenset({'vocab_size', 'n_head', ...}): no 'n_kv_head'
+
+Every module reads its settings as it is built and keeps them (LRKV its residual scale too), so
+construction sees every read; tests/model/test_config.py checks that a field outside the set
+leaves the model's weights and outputs as they were.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import fields
+
+import torch
+
+from headlab.model.config import ModelConfig
+from headlab.model.gpt import GPT
+
+FIELDS = frozenset(f.name for f in fields(ModelConfig))
+
+
+@functools.lru_cache(maxsize=256)
+def fields_read(config: ModelConfig) -> frozenset[str]:
+    """The fields of `config` that a GPT of it reads while it is built (its shape, its family's
+    knobs, its initialisation): a field outside this set changes nothing in the model."""
+    read: set[str] = set()
+
+    class Reading(ModelConfig):
+        def __getattribute__(self, name):
+            if name in FIELDS:
+                read.add(name)
+            return object.__getattribute__(self, name)
+
+    probe = object.__new__(Reading)  # the same values, validated already as `config`
+    for name in FIELDS:
+        object.__setattr__(probe, name, getattr(config, name))
+    with torch.device("meta"):
+        GPT(probe)
+    return frozenset(read)

@@ -1,0 +1,52 @@
+"""A study's conclusions (claims with their data, seed distances, baselines, the spreads the report
+quotes) are tables the study computes once: written beside its other tables, read back as written,
+and computed when read for tables written before studies kept them (the shipped demo tables)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from headlab.study.conclusions import CONCLUSIONS, DISPLAY, conclusions
+from headlab.study.stats import HIGHER, LOWER, UNDECIDED, WITHIN
+from headlab.study.table_files import SHIPPED, read_study_tables, write_study_tables
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return read_study_tables(SHIPPED)
+
+
+def test_tables_written_before_studies_kept_conclusions_get_them_when_read(shipped):
+    assert not any((SHIPPED / f"{name}.csv").exists() for name in CONCLUSIONS)  # the shipped folder predates them
+    assert set(CONCLUSIONS) <= set(shipped.tables)  # it has init spectra, LRKV and the measures: every one
+    claims = shipped["claims"]
+    assert set(claims["section"]) == {"comparison", "rule", "margins", "training", "measures"}
+
+
+def test_conclusions_written_once_are_read_back_as_computed(shipped, tmp_path):
+    write_study_tables(shipped, tmp_path)
+    again = read_study_tables(tmp_path)
+    computed = conclusions({k: v for k, v in shipped.tables.items() if k not in CONCLUSIONS}, shipped.meta)
+    for name in CONCLUSIONS:
+        assert (tmp_path / f"{name}.csv").is_file()
+        if name in DISPLAY:  # text as the report prints it, an empty cell included
+            assert again[name].equals(computed[name]), name
+        else:
+            pd.testing.assert_frame_equal(again[name].reset_index(drop=True), computed[name].reset_index(drop=True),
+                                          check_dtype=False, check_names=False, check_exact=False,
+                                          rtol=1e-12)
+
+
+def test_a_claims_data_says_what_its_sentence_says(shipped):
+    rows = shipped["claims"][shipped["claims"]["section"] == "comparison"]
+    assert len(rows) == 5 + 6 + 6 + 7  # loss of 5 variants, either rank of 6 (MLA both ways), centering of 7
+    words = {WITHIN: ("equal to", "unchanged"), UNDECIDED: ("undecided",), HIGHER: ("higher", "raises"),
+             LOWER: ("lower",)}
+    for row in rows.itertuples():
+        assert any(word in row.sentence for word in words[row.verdict]), row.sentence
+        assert (abs(row.difference) + row.half_width < row.margin) == (row.verdict == WITHIN)
+        shown = f"{row.difference:+.2f} ± {row.half_width:.2f}" if row.verdict in (WITHIN, UNDECIDED) else \
+            f"by {abs(row.difference):.2f} ± {row.half_width:.2f}"
+        assert shown in row.sentence or row.metric == "val_loss", (shown, row.sentence)
+        assert row.seeds == 3 and row.role != "mha" or row.metric == "centering"
