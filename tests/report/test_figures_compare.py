@@ -86,10 +86,10 @@ def test_titles_name_the_recipe_and_the_view(tables):
     """Two studies of one shape under two recipes, or one model under two views, never share a title."""
     muon, adamw = (with_recipe(StudyTables(tables, {"train": train})) for train in (MUON, ADAMW_QK))
     titles = [plots.spectra_figure(t["spectra"].assign(measure="frobenius")).get_suptitle() for t in (muon, adamw)]
-    assert titles[0].endswith("\nMuon split, weights, mean of 2 seeds")
-    assert titles[1].endswith("\nAdamW on W_Q, W_K, weights, mean of 2 seeds")
+    assert titles[0].endswith("\nMuon split (the paper's recipe) · weights view, mean of 2 seeds")
+    assert titles[1].endswith("\nAdamW on W_Q, W_K (not the paper's) · weights view, mean of 2 seeds")
     views = [plots.spectra_figure(tables["spectra"].assign(measure=m)).get_suptitle() for m in ("frobenius", "data")]
-    assert views[0] != views[1] and views[1].endswith("\ndata-aware weights, mean of 2 seeds")
+    assert views[0] != views[1] and views[1].endswith("\ndata-aware weights view, mean of 2 seeds")
     assert recipe_name({"train": {"optimizer": "adamw"}}) == "AdamW"
     assert recipe_name({"train": {"optimizer": "muon"}}) == "Muon split"  # tables from before muon_qk: Muon's
     assert recipe_name({}) == "recipe not recorded"
@@ -107,7 +107,7 @@ def test_the_explorer_switches_between_recipes_and_draws_each_ones_baseline(tabl
     assert explorer.choices["recipe"].options == ("Muon split", "AdamW on W_Q, W_K")
     assert explorer.choices["recipe"] in explorer.children
     (fig,) = explorer.figures
-    assert "\nMuon split, weights" not in fig.get_suptitle() and "Muon split" in fig.get_suptitle()
+    assert "\nMuon split (the paper's recipe) · weights" not in fig.get_suptitle() and "Muon split" in fig.get_suptitle()
     assert len(dashed(fig.axes[0])) == 6  # the random-init baseline, drawn in the explorer too
     explorer.view.value = "effective rank"
     before = explorer.figures[0].axes[0].get_lines()[0].get_ydata()

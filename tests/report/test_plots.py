@@ -359,7 +359,7 @@ def test_similarity_heatmaps(tables):
 def test_attention_map_heatmaps_name_their_measure(tables):
     pattern = tables["similarity"].assign(circuit="pattern")
     fig = plots.similarity_heatmaps(pattern, layer=2, circuit="pattern")
-    assert fig.get_suptitle() == "Head similarity matrices, layer L=2 — behaviour (attention maps), 1 seed"
+    assert fig.get_suptitle() == "Head similarity matrices, layer L=2 — behaviour view (attention maps), 1 seed"
     assert fig.axes[-1].get_ylabel() == "1 − Jensen–Shannon distance"
 
 

@@ -187,18 +187,18 @@ def test_every_analysis_choice_column_gets_a_control_that_filters(tables):
         return ax.get_lines()[FIGURE_ORDER.index(model)].get_ydata()
 
     fig = drawn(explorer)
-    assert fig.get_suptitle().endswith("\nweights, MLA: RoPE part included, 1 seed")
+    assert fig.get_suptitle().endswith("\nweights view, MLA: RoPE part included, 1 seed")
     assert len(line_colours(fig.axes[0])) == 6  # one line per method, not one per choice
     frobenius = first_line("Standard MHA")
     assert [line.get_gid() for line in fig.axes[0].get_lines() if line.get_gid()][:1] == ["seed:Standard MHA"]
     explorer.choices["measure"].value = "data"
-    assert drawn(explorer).get_suptitle().endswith("\ndata-aware weights, MLA: RoPE part included, 1 seed")
+    assert drawn(explorer).get_suptitle().endswith("\ndata-aware weights view, MLA: RoPE part included, 1 seed")
     assert first_line("Standard MHA") == pytest.approx(frobenius + 0.5)
     assert not [line for line in drawn(explorer).axes[0].get_lines() if line.get_gid()]  # the paper's are weights
     explorer.choices["mla_rope"].value = "excluded"
     assert len(line_colours(drawn(explorer).axes[0])) == 6  # models without the choice stay drawn
     explorer.view.value = "effective rank"
-    assert drawn(explorer).get_suptitle().endswith("\ndata-aware weights, MLA: latent only (RoPE part excluded), "
+    assert drawn(explorer).get_suptitle().endswith("\ndata-aware weights view, MLA: latent only (RoPE part excluded), "
                                                    "1 seed")
 
 

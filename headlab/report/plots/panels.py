@@ -18,6 +18,7 @@ from headlab.report.plots.style import (
     CIRCUIT_TITLES,
     MLA_ROPE_TITLES,
     PANEL_SIZE,
+    RECIPE_TITLES,
     TITLE_LINE,
     NotebookFigure,
 )
@@ -79,14 +80,16 @@ def figure_legend(fig: Figure, methods: Methods, extra: Sequence = (), n_seeds: 
 
 def figure_title(text: str, n_seeds: int | None, circuit: str = "qk", data: pd.DataFrame | None = None) -> str:
     """`text`, then what is drawn: the recipe the models were trained with (`data`'s one `recipe`,
-    `headlab.study.table_files.with_recipe`), the view (`data`'s one `measure`, named by `VIEWS`:
-    weights, data-aware weights, or behaviour, as the circuit "pattern" is), the circuit when it is neither QK nor
-    attention maps, which definition of MLA's heads `data` holds (its one `mla_rope` setting, when
-    it has an MLA row), then how many seeds are shown (unless `n_seeds` is None: a measurement that
-    seeds do not enter). On one line after a dash, or on a second line past `TITLE_LINE` characters."""
-    notes = [] if data is None else [single(data, "recipe")]
-    view = VIEWS.get(single(data, "measure")) if data is not None else None
-    notes.append(VIEWS[BEHAVIOUR] if circuit == "pattern" else view)
+    `headlab.study.table_files.with_recipe`, named by `RECIPE_TITLES`: whether it is the paper's)
+    · the view (`data`'s one `measure`, named by `VIEWS`: weights, data-aware weights, or behaviour,
+    as the circuit "pattern" is), the circuit when it is neither QK nor attention maps, which
+    definition of MLA's heads `data` holds (its one `mla_rope` setting, when it has an MLA row),
+    then how many seeds are shown (unless `n_seeds` is None: a measurement that seeds do not
+    enter). On one line after a dash, or on a second line past `TITLE_LINE` characters."""
+    recipe = None if data is None else single(data, "recipe")
+    view = VIEWS[BEHAVIOUR] if circuit == "pattern" else None if data is None else VIEWS.get(single(data, "measure"))
+    drawn = [RECIPE_TITLES.get(recipe, recipe) if recipe else None, view_title(view) if view else None]
+    notes = [" · ".join(note for note in drawn if note)]
     if circuit not in ("qk", "pattern"):
         notes.append(CIRCUIT_TITLES.get(circuit, circuit))
     settings = [] if data is None or "mla_rope" not in data.columns else \
@@ -99,6 +102,12 @@ def figure_title(text: str, n_seeds: int | None, circuit: str = "qk", data: pd.D
     if not shown:
         return text
     return f"{text} — {shown}" if len(text) + len(shown) + 3 <= TITLE_LINE else f"{text}\n{shown}"
+
+
+def view_title(view: str) -> str:
+    """A view's name in a title: "weights view", "behaviour view (attention maps)"."""
+    name, _, detail = view.partition(" (")
+    return f"{name} view ({detail}" if detail else f"{name} view"
 
 
 def single(data: pd.DataFrame, column: str) -> str | None:
