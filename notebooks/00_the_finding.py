@@ -85,7 +85,6 @@ import pandas as pd
 from headlab.report import plots
 from headlab.report.paper_tables import recipe_text, seed_figure_spectra
 from headlab.schema import FLAGSHIP_MLA_ROPE
-from headlab.study.seed_distance import seed_distance
 from headlab.study.table_files import read_shipped, recipe_name, with_recipe
 
 studies = {name: with_recipe(read_shipped(name)) for name in RECIPES}
@@ -109,8 +108,9 @@ plots.spectra_figure(seed_figure_spectra(), kind="uncentered")  # colours by rol
 # matrix, AdamW on the embedding and the head), drawn the same way on an axis from 0 to H. Solid:
 # the trained runs (mean over 3 seeds, the band their range). Dashed: the same runs at step 0,
 # random initialisation. Bars at index 1: the paper's λ₁ from the figure above, per method, its
-# layers 0, 6 and 11 matched to our first, middle and last. The trained spectra hardly leave their
-# random start: the heads' QK forms share almost no direction, far below the paper's bars.
+# layers 0, 6 and 11 matched to our first, middle and last. In the first layer, where the paper's
+# heads share most, every method's trained λ₁ lies far below the paper's bar and nearer its dashed
+# random start (the numbers are in the tables below).
 
 # %%
 def flagship(tables, name):
@@ -130,71 +130,127 @@ spectra(RECIPES[0])
 # ## Ours, with AdamW on W_Q and W_K
 # The same study, changed in one place: the query and key projections are trained by AdamW, every
 # other matrix still by Muon (the preset `cpu-small-adamw-qk`). Now every method's spectrum drops
-# sharply from index 1 to 2 in the first layer, as in the paper's figure, and less in the later ones.
+# from index 1 to 2 in the first layer, as in the paper's figure, and less in the later ones.
 
 # %%
 spectra(RECIPES[1])
 
 # %% [markdown]
 # ## Method by method: λ₁ beside the paper's and random initialisation
-# The first eigenvalue of each method in each panel: the paper's (read off), ours at random
-# initialisation and trained under each recipe (mean ± sd over seeds). The shape's drop is where
-# λ₁ leaves its random-init value; how close each method comes to the paper's λ₁, and whether the
-# methods fall in the paper's order, is a separate question: the last line gives the rank
-# correlation (Spearman) of our six λ₁ with the paper's in each panel.
+# Each study's distance to the seed figure, as the study tabulated it (`distance_table`): per
+# method and panel, the paper's λ₁ (read off), ours trained and at random initialisation (mean ±
+# sd over seeds), and d₁, the L1 distance between our spectrum and the seed's, each divided by its
+# sum (0: the same shape; at most 2). The line printed above each table gives the range of λ₁ over
+# the six methods in the first layer. Read the differences between methods against the ± columns:
+# an ordering smaller than the spread over seeds is not one.
 
 # %%
-def first_eigenvalues(tables):
-    """λ₁ per role, panel and state (trained, init), one row per seed (`seed_distance`)."""
-    panels = plots.layer_roles(tables["spectra"]["layer"])
-    distances = seed_distance(tables["spectra"], tables["init_spectra"], panels, FLAGSHIP_MLA_ROPE)
-    return distances.assign(recipe=recipe_name(tables.meta))
+def first_layer(recipe):
+    """The range over methods of the seed-mean λ₁ in the first panel: trained, random init, the paper's."""
+    rows = studies[recipe]["seed_distance"].query("panel == 'Early'")
+    means = rows.groupby(["state", "role"])["first_eigenvalue"].mean()
+    span = lambda values: f"{values.min():.2f}–{values.max():.2f}"
+    return (f"{recipe} ({recipe_name(studies[recipe].meta)}), first layer: λ₁ {span(means['trained'])} trained, "
+            f"{span(means['init'])} at random init; the paper's {span(rows['seed_first_eigenvalue'])}")
 
 
-rows = pd.concat([first_eigenvalues(tables) for tables in studies.values()], ignore_index=True)
-trained = rows[rows["state"] == "trained"]
-init = rows[(rows["state"] == "init") & (rows["recipe"] == rows["recipe"].iloc[0])]  # one draw: the seeds' step 0
-spread = lambda values: f"{values.mean():.2f} ± {values.std():.2f}"
-table = pd.concat([
-    trained.groupby(["panel", "model"], sort=False)["seed_first_eigenvalue"].first().rename("paper λ₁"),
-    init.groupby(["panel", "model"], sort=False)["first_eigenvalue"].agg(spread).rename("random init"),
-    trained.pivot_table(index=["panel", "model"], columns="recipe", values="first_eigenvalue", aggfunc=spread,
-                        sort=False)], axis=1)
-table
+print(first_layer(RECIPES[0]))
+studies[RECIPES[0]]["distance_table"]
 
 # %%
-means = trained.groupby(["recipe", "panel", "model"], sort=False)[["first_eigenvalue", "seed_first_eigenvalue"]].mean()
-correlation = means.groupby(["recipe", "panel"], sort=False).apply(
-    lambda panel: panel["first_eigenvalue"].corr(panel["seed_first_eigenvalue"], method="spearman"))
-correlation.unstack("panel").round(2)
+print(first_layer(RECIPES[1]))
+studies[RECIPES[1]]["distance_table"]
+
+# %% [markdown]
+# The shape (the drop after λ₁) is one question; whether the methods fall in the paper's order is
+# another. The rank correlation (Spearman) of our six seed-mean λ₁ with the paper's, per panel: 1
+# would be the paper's order, 0 none, −1 the reverse. With six methods a correlation this far from
+# 1 says the order does not follow the paper's.
+
+# %%
+def order_against_paper(recipe):
+    trained = studies[recipe]["seed_distance"].query("state == 'trained'")
+    means = trained.groupby(["panel", "role"], sort=False)[["first_eigenvalue", "seed_first_eigenvalue"]].mean()
+    return means.groupby("panel", sort=False).apply(
+        lambda panel: panel["first_eigenvalue"].corr(panel["seed_first_eigenvalue"], method="spearman"))
+
+
+pd.DataFrame({recipe_name(studies[recipe].meta): order_against_paper(recipe) for recipe in RECIPES}).T.round(2)
+
+# %% [markdown]
+# ## The effective rank, beside Table 3
+# The paper's Table 3 gives each method's effective rank as % of H (uncentered and centered); the
+# study's `rank_table` sets ours (mean ± sd over seeds of the layer mean, the range over layers in
+# brackets) beside it, with the random-init value of the same runs. Under the paper's recipe every
+# rank sits within two points of its random-init value, the ceiling; with AdamW on W_Q and W_K the
+# uncentered ranks fall below it, all but MLA's latent-only row (the paper's definition of its heads).
+
+# %%
+pd.concat({recipe_name(studies[recipe].meta): studies[recipe]["rank_table"].set_index(["role", "ours"])
+           for recipe in RECIPES}, names=["recipe"])
+
+# %% [markdown]
+# ## The data-aware view
+# The weights view above compares the heads' QK forms W_Q,h W_K,hᵀ as matrices. The data-aware
+# view weights the same forms by the second moments Σ of each layer's actual inputs (validation
+# tokens): it asks how alike the heads score real tokens. Each figure: effective rank (% of H) per
+# layer in three views, weights, data-aware and behaviour (the heads' attention maps). Dashed in
+# the weights panel: random initialisation (the study keeps the weights' baseline only; the
+# data-aware view at random init is step 0 of the next section); bars there: Table 3 (the paper
+# measured the weights only). Under either recipe the data-aware ranks lie far below the weights':
+# the inputs carry directions that the heads' scores share.
+
+# %%
+def views(recipe):
+    tables = studies[recipe]
+    return plots.measures_figure(tables["measures"], kind="uncentered", palette=colours,
+                                 init=flagship(tables, "init_summary"), paper=True)
+
+
+views(RECIPES[0])
+
+# %%
+views(RECIPES[1])
 
 # %% [markdown]
 # ## The mechanism, through training
-# Two views of Standard MHA's first layer as it trains. The weights view is the one above: the
-# similarity of the heads' QK forms W_Q,h W_K,hᵀ. The data-aware view weights the same forms by
-# the second moments of the layer's actual inputs: it asks how alike the heads score real tokens.
-# Under either recipe the data-aware λ₁ climbs steeply in the first hundred steps and ends near the
-# paper's λ₁: the inputs carry a direction that every head's scores share. Under Muon the weights
-# view stays near its random start; with AdamW on W_Q and W_K it rises with the data-aware one, and
-# the gap between the two views closes by almost half. The regime study (science/regime_study.md)
-# measured this in runs retrained with a probe that reads the whole model at each snapshot; the
-# table is shipped with headlab (means over 3 seeds, at the page's precision).
+# Both views of Standard MHA's first layer as it trains, from step 0 (random initialisation) to
+# the last: λ₁ of the weights view and of the data-aware view, under each recipe, beside the
+# paper's λ₁. The regime study (science/regime_study.md) measured this in runs retrained with a
+# probe that reads the whole model at each snapshot; the table is shipped with headlab (means over
+# 3 seeds, at the page's precision, without their spread: read it for its large movements only).
+# Printed below the table: where each recipe starts and ends.
 
 # %%
 through = read_shipped(THROUGH_TRAINING)
 print(through.meta["note"])
-plots.views_through_training_figure(through["through_training"])
+rows = through["through_training"]
+for recipe, run in rows.groupby("recipe", sort=False):
+    first, last = run.iloc[0], run.iloc[-1]
+    print(f"{recipe}: weights λ₁ {first['weights_lambda1']:.2f} → {last['weights_lambda1']:.2f}, data-aware λ₁ "
+          f"{first['data_aware_lambda1']:.2f} → {last['data_aware_lambda1']:.2f} (steps {first['step']}–{last['step']})")
+plots.views_through_training_figure(rows)
+
+# %% [markdown]
+# Under either recipe the data-aware λ₁ climbs within the first hundred steps, from its random-init
+# value to about 4.5 of 6 by the end: the layer's inputs carry a direction that every head's scores
+# share. The weights view is where the recipes part: under Muon it stays near its random start; with
+# AdamW on W_Q and W_K it rises in the first hundred steps and stays above Muon's, so the gap between
+# the two views is smaller at the end.
 
 # %% [markdown]
 # ## What it means, and where to go next
 # At our scale the paper's recipe does not give the paper's figure: Muon, which orthogonalises each
-# update of W_Q and W_K, keeps the heads' forms as unlike each other as they were drawn, while the
-# inputs they read have a shared direction that AdamW lets the forms take up. The regime study
-# varies one setting at a time under Muon (batch, length, weight decay, head width, context,
-# vocabulary, architecture) and finds none that moves λ₁ near the paper's. To go further:
+# update of W_Q and W_K, keeps the heads' forms about as unlike each other as they were drawn,
+# while the inputs they read have a shared direction that AdamW lets the forms take up. The regime
+# study varies one setting at a time under Muon (batch, length, weight decay, head width, context,
+# vocabulary, architecture) and finds none that moves λ₁ near the paper's. With AdamW on W_Q and
+# W_K the figure takes the seed figure's shape, a drop after λ₁, but not its order of methods nor
+# its sizes (the tables above). To go further:
 #
 # * train either study yourself: `headlab reproduce` (`make demo`), or `headlab reproduce --preset
 #   cpu-small-adamw-qk --out runs/qk`;
-# * notebook 03 shows any study folder (`RUNS = "../runs/qk"`) with every figure beside the paper
-#   and the random-init baseline, and switches between the two recipes in its explorer;
+# * notebook 03 shows any finished study folder (`RUNS = "../runs/qk"`) or the tables shipped for a
+#   preset (`PRESET = "cpu-small-adamw-qk"`), with every figure beside the paper and the random-init
+#   baseline, and switches between the two recipes in its explorer;
 # * the regime study's page, science/regime_study.md, has every measurement and command.
