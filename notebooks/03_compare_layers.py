@@ -91,8 +91,7 @@ import torch
 from headlab.report import plots
 from headlab.report.widgets import explore
 from headlab.report.paper_tables import recipe_text
-from headlab.study.conclusions import rank_table
-from headlab.study.claims import measure_claims, per_seed_metrics, per_seed_ranks, per_step_metrics, training_claims
+from headlab.study.claims import measure_claims, per_seed_ranks, per_step_metrics, training_claims
 from headlab.study.notebook import NotebookStudy
 from headlab.schema import FLAGSHIP_MLA_ROPE
 from headlab.study.table_files import recipes_beside, stack_recipes, with_recipe
@@ -118,7 +117,9 @@ VARIANTS = STUDY.variants
 
 # %%
 tables = with_recipe(study_tables(STUDY, SEEDS, train=SMALL, stand_in=STUDY.stand_in))  # both settings of mla_rope
-print(f"{tables.meta['preset']}, {len(tables.meta['seeds'])} seed(s), {tables.meta['steps']} steps. "
+shown = ("the tables shipped with headlab" if "shipped" in tables.meta else
+         f"the study in {relpath(STUDY.folder)}")  # relative to this notebook: no absolute path in its outputs
+print(f"showing {shown}: {tables.meta['preset']}, {len(tables.meta['seeds'])} seed(s), {tables.meta['steps']} steps. "
       f"{recipe_text(tables.meta)}")
 training = tables["training"]
 flagship = {name: tables[name][tables[name]["mla_rope"] == FLAGSHIP_MLA_ROPE]
@@ -136,10 +137,10 @@ layers
 # at index 1: the paper's λ₁ in its Fig. 11 (the seed figure, 128M), per method, its L = 0, 6 and 11
 # matched to our early, middle and late layers. With `SMALL = True` the models are barely trained
 # and every line stays near its dashed start. Trained the paper's way (the Muon split of `make demo`)
-# the `cpu-small` runs stay there too: their λ₁ at L = 0 is about 1.2 against 5.0 in the paper, and
-# their effective ranks sit at the random-init ceiling. With AdamW on W_Q and W_K
-# (`PRESET = "cpu-small-adamw-qk"`) every spectrum drops from index 1 to 2 as in the seed figure;
-# notebook 00 tells that finding.
+# the `cpu-small` runs stay far below the paper's marks: Standard MHA's λ₁ at L = 0 is 1.21 ± 0.03
+# against 1.02 at random initialisation and 5.0 in the paper, and their effective ranks sit at the
+# random-init ceiling. With AdamW on W_Q and W_K (`PRESET = "cpu-small-adamw-qk"`) every spectrum
+# drops from index 1 to 2 in the first layer, as in the seed figure; notebook 00 tells that finding.
 
 # %%
 plots.spectra_figure(flagship["spectra"], kind="uncentered", palette=colours, init=flagship["init_spectra"],
@@ -185,7 +186,7 @@ plots.effective_rank_figure(flagship["summary"], kind="centered", palette=colour
 # `cpu-small`, so differences near it are small by construction.
 
 # %%
-rank_table(tables["summary"], per_seed_metrics(tables["summary"], training), tables["init_summary"])
+tables["rank_table"]  # the study's own table (headlab.study.conclusions), with the random-init value beside each rank
 
 # %% [markdown]
 # ## Inside one layer
