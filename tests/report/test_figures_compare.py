@@ -107,7 +107,8 @@ def test_the_explorer_switches_between_recipes_and_draws_each_ones_baseline(tabl
     assert explorer.choices["recipe"].options == ("Muon split", "AdamW on W_Q, W_K")
     assert explorer.choices["recipe"] in explorer.children
     (fig,) = explorer.figures
-    assert "\nMuon split (the paper's recipe) · weights" not in fig.get_suptitle() and "Muon split" in fig.get_suptitle()
+    title = fig.get_suptitle()
+    assert "\nMuon split (the paper's recipe) · weights" not in title and "Muon split" in title
     assert len(dashed(fig.axes[0])) == 6  # the random-init baseline, drawn in the explorer too
     explorer.view.value = "effective rank"
     before = explorer.figures[0].axes[0].get_lines()[0].get_ydata()
