@@ -57,7 +57,7 @@ def sampled(study: str, timing: pd.DataFrame) -> str:
     other = known.iloc[0]
     estimate = other["cpu_seconds"] * here["sample_cpu_seconds"] / other["sample_cpu_seconds"]
     return (f" Timed afterwards, together on the same machine, the same runs of both recipes ({here['sample']}, "
-            f"trained and analysed by `headlab reproduce`): {RECIPES.get(study, study)} "
+            f"their training by `headlab reproduce` under `/usr/bin/time`): {RECIPES.get(study, study)} "
             f"{here['sample_cpu_seconds']:,.0f} CPU-s, {RECIPES.get(other.name, other.name)} "
             f"{other['sample_cpu_seconds']:,.0f}; so this study took about {estimate:,.0f} CPU-s, about "
             f"{estimate / 2 / 60:.0f} min on two free cores.")
