@@ -239,6 +239,38 @@ plots.views_through_training_figure(rows)
 # the two views is smaller at the end.
 
 # %% [markdown]
+# ## Models nobody here trained
+# Is the seed's shape what trained attention looks like near the paper's size, whoever trains it?
+# Three checkpoints trained by others, read from their registry packages (notebook 05 and
+# science/real_checkpoints.md have the rest): **SmolLM2-135M-Instruct** (GQA, 9 heads, trained with
+# AdamW), **Gemma 3 270M** (MQA, 4 heads, QK-norm) and **all-MiniLM-L6-v2** (a 12-head BERT encoder),
+# at their early, middle and late layers, in both views, each beside random Gaussian weights of the
+# same shapes. Their head counts differ from the seed's 6, so λ₁ is also given "at six heads": the
+# λ₁ six heads sharing the same pairwise cosine would have, 1 + 5(λ₁ − 1)/(H − 1).
+
+# %%
+from headlab.study.real_tables import panel_first_eigenvalues, read_real_tables
+
+real = read_real_tables()
+first = panel_first_eigenvalues(real)
+seed = first["seed figure λ₁, sum 6 (read)"].str.split().str[0].astype(float)  # "3.06 (3.0)": scaled (as read)
+print(f"the seed figure's λ₁ for the same families and panels (scaled to sum 6): {seed.min():.2f}–{seed.max():.2f}")
+for view, rows in first.groupby("view", sort=False):
+    print(f"{view} view: λ₁ at six heads {rows['λ₁ at six heads'].min():.2f}–{rows['λ₁ at six heads'].max():.2f} "
+          f"over the nine panels; random weights of the same shapes "
+          f"{rows['random, at six heads'].min():.2f}–{rows['random, at six heads'].max():.2f}")
+plots.real_checkpoint_spectra(real["spectra"], real["models"])
+
+# %% [markdown]
+# In the paper's weights view none of the three has the seed's shape: λ₁ at the early and late layers
+# stays well below the seed's, and after λ₁ their eigenvalues stay near 1 where the seed's fall to
+# about half (only the middle layers come near the seed's λ₁); their effective ranks land on Table
+# 3's scale (notebook 05). The data-aware view has the shape, in part from the inputs alone (random
+# forms under the same inputs rise above 1 too). SmolLM2 was trained with AdamW, so at this size
+# AdamW on W_Q, W_K is not enough for the seed's shape in the weights view: what our small models
+# show under AdamW may be a small-model effect.
+
+# %% [markdown]
 # ## What it means, and where to go next
 # At our scale the paper's recipe does not give the paper's figure: Muon, which orthogonalises each
 # update of W_Q and W_K, keeps the heads' forms about as unlike each other as they were drawn,
@@ -253,4 +285,6 @@ plots.views_through_training_figure(rows)
 # * notebook 03 shows any finished study folder (`RUNS = "../runs/qk"`) or the tables shipped for a
 #   preset (`PRESET = "cpu-small-adamw-qk"`), with every figure beside the paper and the random-init
 #   baseline, and switches between the two recipes in its explorer;
-# * the regime study's page, science/regime_study.md, has every measurement and command.
+# * the regime study's page, science/regime_study.md, has every measurement and command;
+# * notebook 05 and science/real_checkpoints.md: the real checkpoints layer by layer, and our six
+#   methods at the paper's layout (12 layers, panels L = 0 / 6 / 11) under both recipes.
