@@ -13,7 +13,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 00 · The finding: when do our heads look like the paper's?
 #
