@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import settings
 
+from cpu_seconds import CpuSeconds
 from headlab import GPT, preset
 from headlab.io import Manifest, file_digest
 from headlab.runs.checkpoints import save_checkpoint
@@ -113,6 +114,12 @@ def threads(request):
     torch.set_num_threads(request.param)
     yield request.param
     torch.set_num_threads(1)
+
+
+def pytest_configure(config):
+    """The CPU-seconds of every test, the notebooks included (a plugin, not this conftest's hooks,
+    which pytest calls only for the tests under tests/)."""
+    config.pluginmanager.register(CpuSeconds(), "headlab_cpu_seconds")
 
 
 def pytest_collection_finish(session):
