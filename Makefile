@@ -41,10 +41,11 @@ browser:
 demo: $(STAMP)
 	$(PY) -m headlab reproduce --out runs/reproduce --jobs $(JOBS)
 
-# make demo's tables (not its runs) into the package (headlab/study/demo_tables/), so notebooks installed
-# without the repository (Colab) show its results untrained; commit them with the notebooks.
+# make demo's tables (not its runs) into the package (headlab/study/shipped/cpu-small/), so notebooks installed
+# without the repository (Colab) show its results untrained; commit them with the notebooks. Another
+# study's go beside them, under its preset: scripts/ship_tables.py runs/qk (cpu-small-adamw-qk).
 ship-demo: $(STAMP)
-	$(PY) scripts/ship_demo_tables.py runs/reproduce
+	$(PY) scripts/ship_tables.py runs/reproduce
 
 # The README's figures and headline table (docs/) from make demo's tables, in seconds.
 docs: $(STAMP)

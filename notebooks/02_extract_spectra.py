@@ -81,13 +81,16 @@ if IN_COLAB and importlib.util.find_spec("headlab") is None:
 #   study, read from its tables. With `SMALL = True` those of the six tiny runs (one seed, made
 #   here); with `SMALL = False` the 3-seed `cpu-small` study of `make demo`: its tables in
 #   `runs/reproduce` if it has finished, else the copy shipped inside headlab (the line printed says
-#   which, and the commit that trained them). Full mode never trains: it takes seconds.
+#   which and why, and the commit that trained them). Full mode never trains: it takes seconds.
+#   `RUNS` shows any finished study folder instead, its preset and recipe read from the folder;
+#   `PRESET` another preset's study (e.g. `"cpu-small-adamw-qk"`, shipped too), as in notebook 03.
 
 # %% tags=["parameters"]
 # In a saved notebook, the line printed below names the mode its outputs were made in.
 SMALL = True  # True: tiny models, seconds (CI). False: the cpu-small study's tables and MiniLM's weights, no training
-SEEDS = None  # runs per variant (seeds 0, 1, ...); None: 1 in small mode, make demo's 3 in full mode
-RUNS = None  # None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
+SEEDS = None  # runs per variant (seeds 0, 1, ...); None: every seed the study has (1 in small mode, 3 in full)
+RUNS = None  # a study folder; None: make demo's runs/reproduce (full) or runs/notebooks/small/<settings> (small)
+PRESET = None  # e.g. "cpu-small-adamw-qk"; None: the preset RUNS' study records, else tiny (small) or cpu-small (full)
 SOURCE = None  # the weights taken apart by hand; None: the tiny Standard MHA (small) or all-MiniLM-L6-v2 (full)
 
 # %%
@@ -110,8 +113,8 @@ from headlab.analysis.spectrum import cosine_similarity, similarity_spectrum
 
 if SMALL:
     torch.set_num_threads(1)  # tiny tensors: more threads only add synchronisation overhead
-STUDY = NotebookStudy.choose(SMALL, RUNS)
-SEEDS = SEEDS or (1 if SMALL else 3)
+STUDY = NotebookStudy.choose(SMALL, RUNS, PRESET)
+SEEDS = SEEDS or STUDY.seeds or (1 if SMALL else 3)
 if SOURCE is None and SMALL:  # notebook 01's tiny runs: trained here in seconds where it has not left them
     runs = STUDY.train(SEEDS, progress=False)
     SOURCE = next(run.folder for run in runs if run.role == "mha" and run.seed == 0)
@@ -162,11 +165,11 @@ one.spectra.query("layer == 0 and circuit == 'qk'")
 # centered, the mean over seeds.
 
 # %%
-tables = study_tables(STUDY, SEEDS, train=SMALL)
+tables = study_tables(STUDY, SEEDS, train=SMALL, stand_in=STUDY.stand_in)
 flagship = {name: tables[name][tables[name]["mla_rope"] == FLAGSHIP_MLA_ROPE] for name in ("summary", "similarity")}
 colours = plots.table_palette(tables["summary"])  # the colours of every figure of notebooks 02 and 03
 qk = flagship["summary"].query("circuit == 'qk'")
-print(f"{STUDY.preset}, {tables['summary']['seed'].nunique()} seed(s) per variant. {recipe_text(tables.meta)}")
+print(f"{tables.meta['preset']}, {tables['summary']['seed'].nunique()} seed(s) per variant. {recipe_text(tables.meta)}")
 qk.pivot_table(index="model", columns=["kind", "layer"], values="effective_rank_pct_of_heads", sort=False).reindex(
     columns=["uncentered", "centered"], level="kind").round(1)
 

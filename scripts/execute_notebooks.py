@@ -3,7 +3,8 @@ metadata (`headlab.mode`), so a saved notebook says what made its outputs.
 
     python scripts/execute_notebooks.py small notebooks/*.ipynb   # make notebooks: CI's settings
     python scripts/execute_notebooks.py full notebooks/*.ipynb    # make notebooks-full: SMALL = False,
-                                                                  # against make demo's runs/reproduce
+                                                                  # make demo's runs/reproduce, or its shipped
+                                                                  # tables where it is not there (they say so)
 
 The mode is set like papermill's parameter injection, offline with nbclient: `SMALL = ...` and a
 line printing the mode are appended to the `parameters` cell for the run, and the cell's source is

@@ -23,7 +23,7 @@ from execute_notebooks import execute
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NAMES = ("02_extract_spectra.ipynb", "03_compare_layers.ipynb")
-SHIPPED_NOTE = "reading the demo study's tables shipped with headlab"
+SHIPPED_NOTE = "showing instead the cpu-small tables shipped with headlab"
 
 
 def printed(path: Path) -> str:

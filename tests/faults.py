@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import resource
@@ -20,9 +21,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from headlab.io import being_written
+from headlab.io import MANIFEST_NAMES, being_written
 
-MANIFESTS = ("manifest.json", "analysis.json", "study.json", "docs.json", "sweep.json")
+MANIFESTS = tuple(sorted(MANIFEST_NAMES))
+FIELDS = ("files", "intended", "retired", "discard", "staging")  # a manifest's records of a write
+STATES = ("no content", "true", "false")  # what a forged record says of the file it names
 
 
 # ---- edits of files and folders ----------------------------------------------------------------
@@ -93,6 +96,50 @@ def list_in_manifest(folder: Path, field: str, name) -> bool:
         return False
     return edit_json(manifest, lambda payload: payload["discard"].append(name) if field == "discard"
                      else payload["files"].__setitem__(name, {"bytes": 1, "sha256": "0" * 64}))
+
+
+def forge_entry(folder: Path, field: str, name: str, state: str) -> bool:
+    """Record `name` (a path below `folder`) in `field` of the manifest of `folder`, as a hostile
+    hand would: with no content (an `intended` entry written before its bytes; elsewhere a name
+    alone), the true record of what is there now (its size and SHA-256, or for `staging` its
+    inode), or a false one. False if there is no readable manifest."""
+    manifest = manifest_of(folder)
+    if manifest is None:
+        return False
+    path = folder / name
+    if field == "staging":
+        inode = os.lstat(path).st_ino if os.path.lexists(path) else 1
+        record = None if state == "no content" else inode if state == "true" else inode + 1
+    elif state == "no content":
+        record = None
+    elif state == "true" and path.is_file() and not path.is_symlink():
+        record = {"bytes": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    else:
+        record = {"bytes": 7, "sha256": hashlib.sha256(b"another").hexdigest()}
+
+    def change(payload: dict) -> None:
+        if field == "discard":
+            payload["discard"].append(name)
+        else:
+            payload.setdefault(field, {})[name] = record
+    return edit_json(manifest, change)
+
+
+def hub_layout(files: Path, cache: Path, repo: str, commit: str) -> Path:
+    """The files of folder `files` put into Hub cache `cache` as the Hub lays a download out:
+    each file's bytes in `repo`/blobs/<sha256>, `repo`/snapshots/`commit`/<file> a relative link
+    to it, `repo`/refs/main naming the commit. Returns the repository folder."""
+    folder = cache / repo
+    snapshot = folder / "snapshots" / commit
+    (folder / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True)
+    (folder / "refs").mkdir(exist_ok=True)
+    (folder / "refs" / "main").write_text(commit)
+    for file in sorted(files.iterdir()):
+        digest = hashlib.sha256(file.read_bytes()).hexdigest()
+        shutil.copyfile(file, folder / "blobs" / digest)
+        (snapshot / file.name).symlink_to(Path("..", "..", "blobs", digest))
+    return folder
 
 
 def edit_study_meta(folder: Path, **fields) -> bool:

@@ -6,20 +6,24 @@ judge the difference by the invariants of `headlab.io`.
     check(before, Tree.read(root), status, err)
 
 - The exit status is 0, 2 or 130, and an error is one line `headlab: error: ...` on stderr.
-- A file no manifest listed (a user's, a hostile edit's) is never changed or removed, and no new
-  file appears outside a folder that holds a headlab manifest (after the command).
+- headlab replaces or deletes a file only while its bytes are what a manifest recorded for that
+  name (in `files`, `retired` or `intended`), or a temporary whose inode a manifest recorded when
+  headlab made it (`staging`), or what a manifest's save killed midway leaves (named by the
+  bytes of the manifest it was replacing): a name alone (a `discard` or content-less `intended` entry, a file
+  named like a temporary) licenses nothing. A manifest owns nothing inside a sub-folder that holds
+  a manifest of its own: its entries naming a path there are no licence (a study's record of a
+  run's file).
 - A file a manifest listed with matching content ("good") stays as it was, unless the folder's
   manifest afterwards lists a complete, verified state (every listed file present and matching,
   or matching the new version it records as being written before renaming it into place): a
   verified new version replaced it. A manifest itself changes only into one that verifies.
-- A file a manifest records as being written (its `intended`, the write-ahead record) may change
-  only into a verified listed file or the new version recorded for it.
-- A file a manifest names as being written (its `discard`) may change only into a verified
-  listed file, or anything inside a folder the manifest records headlab made; one it retired
-  (superseded, recorded with its hash) may be deleted while it matches. A folder that appears
+- A file recorded as being written (`intended`, with its new bytes) may change only into a
+  verified listed file or that new version; one retired (superseded, recorded with its hash) may
+  be deleted while it matches. A log headlab appends to keeps the prefix its manifest recorded.
+- No new file appears outside a folder that holds a headlab manifest; a folder that appears
   holding nothing (a writer killed after making it) is no file.
-Locks (their text names the last holder) and headlab's temporaries of a killed write are not
-content; a run's starts.jsonl may only grow."""
+Locks (their text names the last holder) are not content, and new temporaries are not (a write
+killed midway leaves one); a run's starts.jsonl may only grow."""
 
 from __future__ import annotations
 
@@ -33,9 +37,9 @@ from pathlib import Path
 from typing import Callable
 
 from headlab.cli.main import main
-from headlab.io import LOCK, TEMPORARY
+from headlab.io import LOCK, MANIFEST_NAMES, TEMPORARY
 
-MANIFESTS = ("manifest.json", "analysis.json", "study.json", "docs.json", "sweep.json")
+MANIFESTS = tuple(sorted(MANIFEST_NAMES))
 APPEND_ONLY = ("starts.jsonl",)  # a run's log of its starts: headlab only appends to it, never rewrites it
 
 
@@ -57,8 +61,12 @@ def snapshot(root: Path, skip: Callable[[Path], bool] = lambda path: False) -> d
 
 
 def not_content(path: Path) -> bool:
-    """A lock (its text names the last holder) or a temporary of a killed write."""
-    return path.name == LOCK or bool(TEMPORARY.match(path.name))
+    """A lock (its text names the last holder)."""
+    return path.name == LOCK
+
+
+def is_temporary(name: str) -> bool:
+    return bool(TEMPORARY.match(Path(name).name))
 
 
 @dataclass
@@ -70,36 +78,62 @@ class Tree:
     pending: set[str]  # names below root a manifest lists as being written (its `discard`)
     retired: dict[str, str]  # name below root -> SHA-256 of a file a manifest retired (to be deleted)
     made: set[str]  # folders below root a manifest records headlab made (its `folders`)
-    intended: dict[str, str | None]  # name below root -> SHA-256 of the version being written (None: not yet known)
+    intended: dict[str, str]  # name below root -> SHA-256 of the version being written
     logs: dict[str, bytes]  # the content of every `APPEND_ONLY` file
+    staged: dict[str, int]  # temporary below root -> the inode a manifest recorded when headlab made it
+    inodes: dict[str, int]  # temporary below root -> its inode now
+    prefixes: dict[str, bool]  # listed name not matching -> whether its recorded prefix is intact (a grown log)
 
     @classmethod
     def read(cls, root: Path) -> "Tree":
         entries = snapshot(root, skip=not_content)
-        listed, complete, pending, retired, made, intended = {}, set(), set(), {}, set(), {}
+        listed, complete, pending, retired, made, intended, staged, sizes = {}, set(), set(), {}, set(), {}, {}, {}
+        manifests = {Path(name).parent.as_posix() for name in entries if Path(name).name in MANIFESTS}
         for name, digest in entries.items():
             path = Path(name)
             if path.name not in MANIFESTS or digest.startswith("->") or digest == "folder":
                 continue
+            folder = path.parent.as_posix()
+
+            def own(records) -> list[tuple[str, str]]:
+                """(name, name below root) of each name `records` lists, but those inside a sub-folder
+                holding a manifest of its own: no licence to touch them."""
+                kept = []
+                for f in records:
+                    parts = f.split("/") if isinstance(f, str) else []
+                    subfolders = {(path.parent / "/".join(parts[:i])).as_posix() for i in range(1, len(parts))}
+                    if parts and not subfolders & manifests:
+                        kept.append((f, (path.parent / f).as_posix()))
+                return kept
             try:
                 payload = json.loads((root / name).read_text())
-                folder = path.parent.as_posix()
-                recorded = {(path.parent / f).as_posix(): e["sha256"] for f, e in payload["files"].items()}
-                pending |= {(path.parent / f).as_posix() for f in payload["discard"] if isinstance(f, str)}
-                retired.update({(path.parent / f).as_posix(): e["sha256"]
-                                for f, e in payload.get("retired", {}).items()})
-                made |= {(path.parent / f).as_posix() for f in payload.get("folders", []) if isinstance(f, str)}
-                writing = {(path.parent / f).as_posix(): e and e["sha256"]
-                           for f, e in payload.get("intended", {}).items()}
+                files, intended_ = payload["files"], payload.get("intended", {})
+                recorded = {full: files[f]["sha256"] for f, full in own(files)}
+                size = {full: files[f]["bytes"] for f, full in own(files)}
+                every = {(path.parent / f).as_posix(): e["sha256"] for f, e in files.items()}  # the whole state
+                waiting = {full for _, full in own(payload["discard"])}
+                gone = {full: payload["retired"][f]["sha256"] for f, full in own(payload.get("retired", {}))}
+                folders = {full for _, full in own(payload.get("folders", []))}
+                writing = {full: intended_[f]["sha256"] for f, full in own(intended_) if intended_[f]}
+                temporaries = {full: payload["staging"][f] for f, full in own(payload.get("staging", {}))}
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # a manifest a hostile edit made unreadable lists nothing
             listed.update(recorded)
+            sizes.update(size)
+            pending |= waiting
+            retired.update(gone)
+            made |= folders
             intended.update(writing)
-            if all(entries.get(f) in (sha, writing.get(f)) for f, sha in recorded.items()):
+            staged.update(temporaries)
+            if all(entries.get(f) in (sha, writing.get(f)) for f, sha in every.items()):
                 complete.add(folder)
         logs = {name: (root / name).read_bytes() for name, digest in entries.items()
                 if Path(name).name in APPEND_ONLY and not digest.startswith("->") and digest != "folder"}
-        return cls(root, entries, listed, complete, pending, retired, made, intended, logs)
+        inodes = {name: os.lstat(root / name).st_ino for name in entries if is_temporary(name)}
+        staged.update({name: inodes[name] for name in inodes if killed_save(root, name)})
+        prefixes = {name: prefix_matches(root / name, sizes[name], sha) for name, sha in listed.items()
+                    if entries.get(name) not in (sha, None, "folder") and not entries[name].startswith("->")}
+        return cls(root, entries, listed, complete, pending, retired, made, intended, logs, staged, inodes, prefixes)
 
     def owned(self, name: str) -> bool:
         """Whether `name` lies in a folder holding a headlab manifest (or is one)."""
@@ -112,7 +146,45 @@ class Tree:
 
     def as_intended(self, name: str) -> bool:
         """Whether `name` holds the new version its manifest records as being written."""
-        return self.intended.get(name) is not None and self.entries.get(name) == self.intended[name]
+        return name in self.intended and self.entries.get(name) == self.intended[name]
+
+    def recorded(self, name: str) -> bool:
+        """Whether the bytes at `name` are ones a manifest recorded for that name."""
+        digest = self.entries.get(name)
+        return digest is not None and digest in (self.listed.get(name), self.retired.get(name), self.intended.get(name))
+
+
+def killed_save(root: Path, name: str) -> bool:
+    """Whether temporary `name` is what a write killed before its record was saved leaves: named
+    by the first 8 hex digits of the SHA-256 of the bytes of the manifest (of the nearest folder
+    holding one) on disk, followed by the name of its file below that folder (none: the manifest's
+    own save; no manifest: of nothing)."""
+    match = TEMPORARY.match(Path(name).name)
+    if match is None:
+        return False
+    target = Path(name).parent / match.group(1)
+    for folder in target.parents:
+        manifests = [folder / m for m in MANIFESTS if (root / folder / m).is_file()]
+        if manifests or target.name in MANIFESTS and folder == target.parent:
+            for manifest in manifests or [target]:
+                current = (root / manifest).read_bytes() if (root / manifest).is_file() else b""
+                own = target.relative_to(folder).as_posix()
+                suffix = b"" if target == manifest else b"\0" + own.encode()
+                tokens = {hashlib.sha256(current + suffix).hexdigest()[:8]}
+                if target == manifest:  # a new folder's claim, killed before its manifest was there
+                    tokens.add(hashlib.sha256(b"").hexdigest()[:8])
+                if Path(name).name in {f".{target.name}.{token}.tmp" for token in tokens}:
+                    return True
+            return False
+    return False
+
+
+def prefix_matches(path: Path, size, sha: str) -> bool:
+    """Whether the first `size` bytes of `path` hash to `sha` (a log headlab appended to since)."""
+    if not isinstance(size, int) or size < 0:
+        return False
+    with open(path, "rb") as file:
+        return hashlib.sha256(file.read(size)).hexdigest() == sha
 
 
 def check(before: Tree, after: Tree, status: int, err: str) -> list[str]:
@@ -128,6 +200,10 @@ def check(before: Tree, after: Tree, status: int, err: str) -> list[str]:
             continue
         if name in before.logs and after.logs.get(name, b"").startswith(before.logs[name]):
             continue  # appended to
+        if is_temporary(name) and not before.recorded(name):  # a temporary headlab made and recorded, still its own
+            if name not in before.staged or before.staged[name] != before.inodes.get(name):
+                broken.append(f"{name}, named like a temporary but not one a manifest recorded, changed or vanished")
+            continue
         if Path(name).name in MANIFESTS:  # the state's record: replaced by a verified one, or was not verified
             folder = Path(name).parent.as_posix()
             if folder in after.complete or folder not in before.complete:
@@ -140,14 +216,19 @@ def check(before: Tree, after: Tree, status: int, err: str) -> list[str]:
                 broken.append(f"good {name} changed or vanished without a verified new version")
         elif name in before.retired and digest == before.retired[name] and name not in after.entries:
             continue  # a file headlab wrote and retired, deleted as its manifest said
-        elif name in before.intended and (after.good(name) or after.as_intended(name)):
-            continue  # being written: replaced by a version its manifest verifies
-        elif name in before.pending and any(p.as_posix() in before.made for p in Path(name).parents):
-            continue  # being written in a folder headlab made: rewritten (and superseded) by headlab
-        elif name not in before.listed and not (name in before.pending and after.good(name)):
-            broken.append(f"{name}, which headlab did not write, changed or vanished")
+        elif before.recorded(name) and (after.good(name) or after.as_intended(name)):
+            continue  # its bytes recorded as headlab's: replaced by a version its manifest verifies
+        elif before.prefixes.get(name) and (after.good(name) or after.prefixes.get(name)):
+            continue  # a log headlab appended to beyond what its manifest recorded: the recorded part kept
+        elif name in before.pending and name not in before.listed and after.good(name):
+            continue  # a log being written before its manifest lists it, now listed and verified
+        else:
+            broken.append(f"{name}, whose bytes no manifest recorded, changed or vanished")
     for name in after.entries.keys() - before.entries.keys():
-        empty_folder = after.entries[name] == "folder" and not any(n.startswith(name + "/") for n in after.entries)
+        if is_temporary(name):
+            continue  # what a write killed midway leaves: not content
+        empty_folder = after.entries[name] == "folder" and not any(n.startswith(name + "/") and not is_temporary(n)
+                                                                   for n in after.entries)
         if not after.owned(name) and not empty_folder:  # a writer killed after making its folder leaves it empty
             broken.append(f"{name} appeared outside every headlab folder")
     return broken

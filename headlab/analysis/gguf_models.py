@@ -38,7 +38,8 @@ def gguf_heads(source, label: str | None = None) -> ModelHeads:
     """The heads of the GGUF checkpoint `source` names, through its Hugging Face layout."""
     path = gguf_path(source)
     checkpoint = open_gguf(path)
-    return from_hf(hf_config(checkpoint), hf_tensors(checkpoint), label or gguf_label(path))
+    named = Path(source) if Path(source).suffix == ".gguf" else path  # not its blob, in a Hub cache
+    return from_hf(hf_config(checkpoint), hf_tensors(checkpoint), label or gguf_label(named))
 
 
 def _model_config(config: dict):

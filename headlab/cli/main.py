@@ -10,6 +10,7 @@ import traceback
 
 from headlab.cli import commands
 from headlab.cli.parser import DEBUG_ENV, parse_arguments, path_problem, printable
+from headlab.cli.resources import encodable_output, memory_message, one_line_warnings, out_of_memory
 from headlab.io.files import silence_stdout
 from headlab.training.distributed import FailedOnAnotherRank, abandon, in_process_group, launched_processes
 
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 def run(args) -> int:
     """Run the parsed command `args` (what `parse_arguments` returns): its status, every error one line."""
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    encodable_output()
+    one_line_warnings()
     try:
         problem = path_problem(args)  # `python -m headlab` tells it before torch loads; a call in-process here
         if problem:
@@ -44,10 +47,12 @@ def run(args) -> int:
     except BrokenPipeError:  # stdout closed by its reader: not a disk problem, nothing to say
         silence_stdout()
         return EXIT_CLOSED_OUTPUT
-    except USER_ERRORS as error:  # bad values (also inside parsed JSON), files, folders in use, full disks
+    except (MemoryError, *USER_ERRORS) as error:  # bad values (also in parsed JSON), files, folders in use, full disks
         if debug and not in_process_group():
             raise
-        status = _say(error, _one_line(error), EXIT_INPUT, debug)
+        doing = f"running {getattr(args, 'command', 'the command')}"
+        message = memory_message(error, doing) if out_of_memory(error) else _one_line(error)
+        status = _say(error, message, EXIT_INPUT, debug)
     except Exception as error:  # a defect: still one line, said to be a bug
         if debug and not in_process_group():
             raise

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
+import math
 import os
 import re
 import secrets
@@ -24,9 +26,9 @@ CHUNK = 1 << 24
 BUFFER = 1 << 20
 
 
-def temporary_path(path: Path) -> Path:
-    """A fresh hidden name beside `path` that `Manifest.remove_leftovers` recognises."""
-    return path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
+def temporary_path(path: Path, token: str | None = None) -> Path:
+    """A hidden name beside `path`: `.<name>.<token>.tmp`, the token 8 random hex digits unless given."""
+    return path.with_name(f".{path.name}.{token or secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
 
 
 def fsync_path(path: Path) -> None:
@@ -81,43 +83,62 @@ class HashingFile:
         return {"bytes": self.size, "sha256": self.digest.hexdigest()}
 
 
-def stage_file(path: Path, write: Callable[[HashingFile], None]) -> tuple[Path, dict]:
-    """Write the content of `path` through `write(file)` into a new temporary beside it; returns
-    the temporary and the manifest entry (size and SHA-256, hashed as it was written). `path`
-    itself is not touched until `commit_file`."""
-    path = Path(path)
-    tmp = temporary_path(path)
+def open_temporary(path: Path, token: str | None = None) -> tuple[Path, HashingFile]:
+    """A new temporary beside `path` (never one already there, never through a link), open for
+    `fill`. `path` itself is not touched until `commit_file`."""
+    tmp = temporary_path(Path(path), token)
     try:
-        file = HashingFile(tmp)
-        try:
-            write(file)
-            file.flush()
-            os.fsync(file.fd)
-        except Exception:
-            if file.failure is not None:
-                raise file.failure from None
-            raise
-        finally:
-            os.close(file.fd)
+        return tmp, HashingFile(tmp)
+    except OSError as error:  # named by the file being written, not by its temporary
+        raise OSError(error.errno, error.strerror, str(path)) from None
+
+
+def fill(file: HashingFile, write: Callable[[HashingFile], None]) -> dict:
+    """Write the content of a temporary from `open_temporary` through `write(file)`, flush it to
+    disk and close it; returns its manifest entry (size and SHA-256, hashed as it was written).
+    A failure of the disk is raised as the disk said it, even where the writer (torch) rewords it."""
+    try:
+        write(file)
+        file.flush()
+        os.fsync(file.fd)
+    except Exception:
+        if file.failure is not None:
+            raise file.failure from None
+        raise
+    finally:
+        os.close(file.fd)
+    return file.entry
+
+
+def stage_file(path: Path, write: Callable[[HashingFile], None], token: str | None = None) -> tuple[Path, dict]:
+    """Write the content of `path` through `write(file)` into a new temporary beside it; returns
+    the temporary and the manifest entry. A failure removes the temporary (this process made it)."""
+    tmp, file = open_temporary(path, token)
+    try:
+        return tmp, fill(file, write)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return tmp, file.entry
 
 
 def commit_file(tmp: Path, path: Path) -> None:
-    """Rename a staged temporary over `path` (a link there is replaced, never followed)."""
+    """Rename a staged temporary over `path` (a link there is replaced, never followed). A refusal
+    (an immutable file, a folder in the way) names `path`, not the temporary, which is removed."""
     try:
         os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise OSError(error.errno, error.strerror, str(path)) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_path(Path(path).parent)
 
 
-def write_file(path: Path, write: Callable[[HashingFile], None]) -> dict:
-    """Write `path` atomically through `write(file)`; returns its manifest entry."""
-    tmp, entry = stage_file(path, write)
+def write_file(path: Path, write: Callable[[HashingFile], None], token: str | None = None) -> dict:
+    """Write `path` atomically through `write(file)` (its temporary named by `token`, if given);
+    returns its manifest entry."""
+    tmp, entry = stage_file(path, write, token)
     commit_file(tmp, path)
     return entry
 
@@ -182,6 +203,24 @@ def descriptor_digest(fd: int) -> str:
         digest.update(chunk)
         offset += len(chunk)
     return digest.hexdigest()
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:40]} is beyond the range of a float")
+    return value
+
+
+def parse_json(data: bytes | str, where) -> object:
+    """The JSON value of `data`, read from `where` (named in the error). Refused, in one line: text
+    that is not JSON in UTF-8, nesting too deep to read, an integer too long for Python to convert,
+    and a number beyond the range of a float (1e400, which Python would read as infinity: headlab
+    writes infinity as `Infinity`, never so)."""
+    try:
+        return json.loads(data, parse_float=_finite)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{where} is not valid JSON: {str(error)[:200]}") from None
 
 
 def held_path(fd: int, path: Path) -> Path:

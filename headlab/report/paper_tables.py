@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from headlab.study.cells import cell_text
-from headlab.study.paper import PAPER
+from headlab.study.paper import PAPER, PAPER_PANELS, SEED_SPECTRA
 
 
 def cache_table(cache: pd.DataFrame) -> pd.DataFrame:
@@ -16,6 +16,19 @@ def cache_table(cache: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame([{"role": row.role, "ours": row.model, "KV values/token/layer": row.kv_values_per_token,
                           "% of MHA": row.kv_cache_pct, "paper (128M)": PAPER[row.role].label,
                           "paper % of MHA": PAPER[row.role].kv_cache_pct} for row in cache.itertuples()])
+
+
+def seed_figure_spectra() -> pd.DataFrame:
+    """The seed figure (the paper's Fig. 11 at 128M, `SEED_SPECTRA`, read off by eye) as a spectra
+    table, so `plots.spectra_figure` draws it as it draws ours: model (the paper's label), role,
+    layer (0, 6, 11), circuit "qk", measure "frobenius", kind "uncentered", index, eigenvalue, and
+    recipe "paper 128M (Fig. 11, read off)"."""
+    rows = [{"model": PAPER[role].label, "role": role, "layer": PAPER_PANELS[panel], "circuit": "qk",
+             "measure": "frobenius", "kind": "uncentered", "index": index, "eigenvalue": value,
+             "recipe": "paper 128M (Fig. 11, read off)"}
+            for role, curves in SEED_SPECTRA.items() for panel, curve in curves.items()
+            for index, value in enumerate(curve.eigenvalues(), start=1)]
+    return pd.DataFrame(rows)
 
 
 def markdown_table(frame: pd.DataFrame, decimals: int) -> str:

@@ -3,6 +3,8 @@
     from headlab.report.widgets import explore
     explore(analysis)                      # an Analysis, or {"similarity": ..., "spectra": ..., "summary": ...}
     explore(analysis, training=training)   # adds a "loss curves" view (model, tokens, val_loss)
+    explore(stack_recipes([tables, *recipes_beside(tables)]), training=...)  # a study and the shipped
+                                           # tables of its other recipes: a Recipe control switches them
 
 The controls choose the methods (a checkbox each, beside the method's colour), the view, uncentered
 or centered spectra, the layers (any one, or its early, middle and late layers together) and one value of every
@@ -10,7 +12,9 @@ analysis choice the tables vary over: every text column of the summary table bes
 `kind` (`circuit`, and e.g. `measure` or `mla_rope` when an analysis option added them) with more
 than one value, and the training `step` of per-step tables
 (`headlab.analysis.snapshots.analyze_snapshots`). Controls that do nothing in the current view are
-disabled. Every change redraws
+disabled. With a study's random-initialisation tables (`init_spectra`, `init_summary`) the
+spectra and effective-rank views draw that baseline dashed, and, on the QK weights, the paper's
+values (the seed figure's λ₁, Table 3), as the report's figures do. Every change redraws
 the chosen plots; the explorer draws once when it is created (on the uncentered spectra, the
 flagship figure), so a headless run (nbmake, nbconvert) shows a figure.
 
@@ -52,6 +56,8 @@ from matplotlib.figure import Figure
 from headlab.report import plots
 
 TABLES = ("similarity", "spectra", "summary")
+INIT_TABLES = ("init_spectra", "init_summary")  # a study's random-initialisation baseline, if given
+TITLED = ("mla_rope", "measure", "recipe")  # choices every figure's title names itself (`plots.panels.figure_title`)
 SUMMARY_COLUMNS = ("model", "layer", "circuit")  # what the explorer reads itself to build its controls
 NOT_CHOICES = ("model", "role", "kind")  # text columns of the summary with controls of their own (a role names a model)
 VIEWS = ("spectra", "heatmaps", "effective rank", "cumulative variance")
@@ -220,8 +226,9 @@ class Explorer(widgets.VBox):
         """Enable the controls the current view uses, disable the others."""
         view = self.view.value
         self.kind.disabled = view not in USES_KIND
-        for control in (self.layers, *self.choices.values()):
-            control.disabled = view == LOSS_VIEW
+        for column, control in self.choices.items():  # the loss curves are of one study: its recipe applies
+            control.disabled = view == LOSS_VIEW and (self.training is None or column not in self.training.columns)
+        self.layers.disabled = view == LOSS_VIEW
 
     def render(self) -> None:
         """Show the figures of the controls' current state (drawn now, or kept from before) in the
@@ -254,9 +261,13 @@ class Explorer(widgets.VBox):
 
     def _draw(self, chosen: list[str]) -> list[Figure]:
         """The figures of the current view for the `chosen` methods."""
-        if self.view.value == LOSS_VIEW:
-            return [plots.loss_curves_figure(self.training[self.training["model"].isin(chosen)], palette=self.palette)]
         fixed = {column: control.value for column, control in self.choices.items() if column != "circuit"}
+        if self.view.value == LOSS_VIEW:
+            keep = self.training["model"].isin(chosen)
+            for column, value in fixed.items():  # a recipe: the runs of one study
+                if column in self.training.columns:
+                    keep &= self.training[column] == value
+            return [plots.loss_curves_figure(self.training[keep], palette=self.palette)]
 
         def rows(table: pd.DataFrame) -> pd.DataFrame:
             keep = table["model"].isin(chosen)
@@ -265,22 +276,35 @@ class Explorer(widgets.VBox):
                     keep &= (table[column] == value) | table[column].isna()
             return table[keep]
 
-        view, layers = self.view.value, list(self.layers.value)
+        view, layers, kind, circuit = self.view.value, list(self.layers.value), self.kind.value, self.circuit.value
         spectra, summary, similarity = (rows(self.tables[name]) for name in ("spectra", "summary", "similarity"))
-        common = {"circuit": self.circuit.value, "palette": self.palette}
+        init_spectra, init_summary = (self._baseline(rows(self.tables[name]), circuit, kind) if name in self.tables
+                                      else None for name in INIT_TABLES)
+        # the paper's values are of the QK weights (Frobenius): no mark beside another circuit or view
+        paper = circuit == "qk" and set(summary.get("measure", pd.Series(["frobenius"])).dropna()) <= {"frobenius"}
+        common = {"circuit": circuit, "palette": self.palette}
         if view == "spectra":
-            figures = [plots.spectra_figure(spectra, kind=self.kind.value, layers=layers, **common)]
+            figures = [plots.spectra_figure(spectra, kind=kind, layers=layers, init=init_spectra,
+                                            seed_figure=paper and kind == "uncentered", **common)]
         elif view == "cumulative variance":
-            figures = [plots.cumulative_variance_figure(spectra, kind=self.kind.value, layers=layers, **common)]
+            figures = [plots.cumulative_variance_figure(spectra, kind=kind, layers=layers, **common)]
         elif view == "effective rank":
-            figures = [plots.effective_rank_figure(summary, kind=self.kind.value, highlight_layers=layers, **common)]
+            figures = [plots.effective_rank_figure(summary, kind=kind, highlight_layers=layers, init=init_summary,
+                                                   paper=paper, **common)]
         else:
             figures = [plots.similarity_heatmaps(similarity, layer, **common) for layer in layers]
         shown = [f"{choice_name(column)}: {value}" for column, value in fixed.items()
-                 if len(self.choices[column].options) > 1 and column != "mla_rope"]  # plots' titles name MLA's
+                 if len(self.choices[column].options) > 1 and column not in TITLED]
         for fig in figures if shown else ():  # a saved image names the choices it was drawn with
             fig.suptitle(f"{fig.get_suptitle()} ({', '.join(shown)})")
         return figures
+
+    @staticmethod
+    def _baseline(table: pd.DataFrame, circuit: str, kind: str) -> pd.DataFrame | None:
+        """The rows of a random-initialisation table for `circuit` and `kind`, None where it has none
+        (a study keeps the QK weights' baseline only)."""
+        chosen = table[(table["circuit"] == circuit) & (table["kind"] == kind)]
+        return chosen if len(chosen) else None
 
     def figure_bundle(self) -> dict:
         """The figures shown as one PNG (or the reason there is none), as a display bundle: made
@@ -311,7 +335,8 @@ def combined_layers_label(roles: dict[str, int]) -> str:
 
 def explore(analysis, training: pd.DataFrame | None = None) -> Explorer:
     """Interactive view of an analysis: `analysis` is a `headlab.analysis.Analysis` (or anything
-    with .similarity, .spectra and .summary DataFrames) or a dict of those three tables;
+    with .similarity, .spectra and .summary DataFrames) or a dict of those three tables, and of a
+    study's `init_spectra` and `init_summary` if it has them (the random-initialisation baseline);
     `training` (model, tokens, val_loss) adds a validation-loss view. Display the result (the
     last expression of a cell) to use it."""
     if isinstance(analysis, Mapping):
@@ -326,4 +351,4 @@ def explore(analysis, training: pd.DataFrame | None = None) -> Explorer:
         absent = [] if table is None else [c for c in columns if c not in table.columns]
         if absent:
             raise ValueError(f"the {name} table is missing column(s) {', '.join(absent)}")
-    return Explorer({name: tables[name] for name in TABLES}, training)
+    return Explorer({name: tables[name] for name in (*TABLES, *INIT_TABLES) if name in tables}, training)

@@ -26,7 +26,7 @@ from headlab.report.paper_tables import cache_table, markdown_table, optimizer_l
 from headlab.schema import BEHAVIOUR, KINDS
 from headlab.study.claims import MARGINS
 from headlab.study.paper import SEED_HEADS
-from headlab.study.table_files import MANIFEST, STUDY, StudyTables, loss_unit
+from headlab.study.table_files import MANIFEST, STUDY, StudyTables, loss_unit, with_recipe
 
 FIGURES = ("spectra_uncentered", "spectra_centered", "cumulative_variance", "effective_rank_uncentered",
            "effective_rank_centered", "similarity_heatmaps", "loss_curves", "loss_vs_cache")
@@ -43,11 +43,12 @@ def draw_figures(tables: StudyTables, manifest: Manifest, folder: str | None, na
                  ) -> list[Path]:
     """The figures `names` of the report's main part (default: all), at the flagship `mla_rope`, as
     PNG and SVG in subfolder `folder` (None: the top) of `manifest`'s folder; returns the PNG paths."""
+    tables = with_recipe(tables)  # every figure's title names the recipe
     flagship = tables.meta["flagship_mla_rope"]
     chosen = {name: tables[name][tables[name]["mla_rope"] == flagship] for name in ("spectra", "summary", "similarity")}
     spectra, summary, similarity = chosen["spectra"], chosen["summary"], chosen["similarity"]
-    init = init_table(tables, "init_spectra")
-    init = None if init is None else init[init["mla_rope"] == flagship]
+    init, init_summary = (None if table is None else table[table["mla_rope"] == flagship]
+                          for table in (init_table(tables, "init_spectra"), init_table(tables, "init_summary")))
     training = tables["training"]
     colours = plots.table_palette(summary)
     shown = list(plots.layer_roles(summary["layer"]).values())
@@ -58,14 +59,14 @@ def draw_figures(tables: StudyTables, manifest: Manifest, folder: str | None, na
                                                    seed_figure=True),
         "spectra_centered": plots.spectra_figure(spectra, kind="centered", palette=colours, init=init),
         "cumulative_variance": plots.cumulative_variance_figure(spectra, kind="centered", palette=colours),
-        "effective_rank_uncentered": plots.effective_rank_figure(summary, kind="uncentered", palette=colours),
-        "effective_rank_centered": plots.effective_rank_figure(summary, kind="centered", palette=colours),
+        **{f"effective_rank_{kind}": plots.effective_rank_figure(summary, kind=kind, palette=colours, init=init_summary,
+                                                                 paper=True) for kind in KINDS},
         "similarity_heatmaps": plots.similarity_heatmaps(
             similarity[similarity["seed"] == similarity["seed"].min()].drop(columns="seed"), layer=middle,
             palette=colours),
         "loss_curves": plots.loss_curves_figure(training, palette=colours),
-        "loss_vs_cache": plots.loss_vs_cache_figure(final[["model", "seed", "kv_cache_pct", "val_loss", "loss_unit"]],
-                                                    palette=colours),
+        "loss_vs_cache": plots.loss_vs_cache_figure(
+            final[["model", "seed", "kv_cache_pct", "val_loss", "loss_unit", "recipe"]], palette=colours),
     }
     return [plots.save_figure(figures[name], manifest, figure_name(folder, name)) for name in names]
 
@@ -214,9 +215,11 @@ def measures_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     """'Do the measures agree?': the three views' ranks, their agreement and `measure_claims`."""
     summary, agreement = tables["measures"], tables["measure_agreement"]
     colours = plots.table_palette(summary)
+    labelled, init = with_recipe(tables), init_table(tables, "init_summary")
+    init = None if init is None else init[init["mla_rope"] == tables.meta["flagship_mla_rope"]]
     for kind in KINDS:
-        plots.save_figure(plots.measures_figure(summary, kind=kind, palette=colours), manifest,
-                          f"{FIGURES_FOLDER}/measures_{kind}")
+        plots.save_figure(plots.measures_figure(labelled["measures"], kind=kind, palette=colours, init=init,
+                                                paper=True), manifest, f"{FIGURES_FOLDER}/measures_{kind}")
     clipped = summary.loc[summary["measure"] == BEHAVIOUR, "negative_mass"]
     shown = agreement.assign(pair=agreement["measure_a"] + " vs " + agreement["measure_b"])[
         ["model", "kind", "pair", "n_points", "spearman"]]

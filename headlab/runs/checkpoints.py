@@ -21,9 +21,9 @@ so any number of processes, sharded or not, can resume a checkpoint.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule
 
-from headlab.io import Manifest, fsync_path
+from headlab.io import Manifest, fsync_path, parse_json
 from headlab.runs.layout import CHECKPOINT_PREFIX, FORMAT, MANIFEST, METRICS, run_manifest
 from headlab.runs.metrics import MetricsLog
 from headlab.runs.optimizer_state import load_named_state, named_state
@@ -96,10 +96,11 @@ def checkpoint_of(manifest: Manifest) -> Checkpoint | None:
     current = manifest.meta.get("checkpoint")
     if current is None:
         return None
-    try:
-        return Checkpoint(manifest, current["folder"], int(current["step"]))
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"{manifest.path} names no readable checkpoint ({error}): write the run again") from None
+    step = current.get("step") if isinstance(current, dict) else None
+    if type(step) is not int or step < 0 or not isinstance(current.get("folder"), str):
+        raise ValueError(f"{manifest.path} names no readable checkpoint (a folder and a whole step ≥ 0; it says "
+                         f"{str(current)[:80]}): write the run again")
+    return Checkpoint(manifest, current["folder"], step)
 
 
 def has_checkpoint(run_dir: str | Path) -> bool:
@@ -195,7 +196,12 @@ def save_checkpoint(run_dir: Path, weights: dict[str, torch.Tensor], optimizer_s
         if not committed:
             with contextlib.suppress(OSError):  # a full disk: the next start removes what is listed
                 manifest.remove_leftovers()
-    manifest.remove_leftovers()
+    try:
+        manifest.remove_leftovers()  # a file it cannot delete is kept on record and warned about
+    except OSError as error:  # the step is saved: a superseded checkpoint left behind stops nothing
+        warnings.warn(f"the step-{step} checkpoint is saved, but the one it supersedes could not be removed "
+                      f"({os.strerror(error.errno) if error.errno else error}); the next checkpoint tries again",
+                      stacklevel=2)
 
 
 def _describe_write_error(error: BaseException, folder: Path, needed: int) -> str:
@@ -222,7 +228,8 @@ def parse_weights(data: bytes, where: Path) -> tuple[dict[str, torch.Tensor], di
     try:
         weights = parse_safetensors(data)
         header_size = int.from_bytes(data[:8], "little")
-        metadata = json.loads(data[8:8 + header_size]).get("__metadata__") or {}
+        header = parse_json(data[8:8 + header_size], where)
+        metadata = (header.get("__metadata__") if isinstance(header, dict) else None) or {}
     except (SafetensorError, OSError, ValueError) as error:
         raise _unreadable_weights(where, error) from error
     _check_format(metadata, where)

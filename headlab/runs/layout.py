@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from headlab.data.bpe import TOKENIZER_FILE
-from headlab.io import Manifest, read_regular
+from headlab.io import Manifest, parse_json, read_regular
 from headlab.model.config import ModelConfig
 from headlab.package import installed_version
 
@@ -71,10 +71,7 @@ def write_run_config(manifest: Manifest, model_config: ModelConfig, train_config
 def read_config(run_dir: str | Path) -> dict:
     """A run's config.json, verified against its manifest: {"model", "train", "data", ...}."""
     path = Path(run_dir) / CONFIG
-    try:
-        payload = json.loads(run_manifest(run_dir).read_bytes(CONFIG))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from error
+    payload = parse_json(run_manifest(run_dir).read_bytes(CONFIG), path)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT or "model" not in payload:
         raise ValueError(f"{path} is not a headlab run config (no format='{FORMAT}' and 'model' entry)")
     check_known_fields(payload, "model", ModelConfig, path)

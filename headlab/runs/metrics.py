@@ -10,7 +10,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from headlab.io import append_line, atomic_write_bytes, mismatch, read_regular
+from headlab.io import append_line, mismatch, parse_json, read_regular
 from headlab.runs.layout import METRICS, run_manifest
 
 
@@ -41,7 +41,7 @@ class MetricsLog:
     def reset(self) -> None:
         self.records, self.digest, self.size = [], hashlib.sha256(), 0
         if self.path is not None and self.write:
-            atomic_write_bytes(self.path, b"")
+            run_manifest(self.path.parent).replace_log(self.path.name, b"")
 
     def truncate_after(self, step: int) -> None:
         """Keep the records up to `step`, the current checkpoint's: the part of the file its
@@ -49,7 +49,7 @@ class MetricsLog:
         if self.path is not None:
             data, verified = _metrics_bytes(self.path)
             if self.write:
-                atomic_write_bytes(self.path, data[:verified])
+                run_manifest(self.path.parent).replace_log(self.path.name, data[:verified])
             self.records = [r for r in _parse_metrics(self.path, data[:verified]) if r["step"] <= step]
             self.digest, self.size = hashlib.sha256(data[:verified]), verified
 
@@ -80,12 +80,11 @@ def _parse_metrics(path: Path, data: bytes) -> list[dict]:
     records = []
     for number, line in enumerate(lines, start=1):
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
+            record = parse_json(line, f"{path} line {number}")
+        except ValueError as error:
             if number == len(lines):
                 break
-            raise ValueError(f"{path} line {number} is not a JSON record ({error.msg}): the metrics are corrupt; "
-                             "repair or delete that line") from None
+            raise ValueError(f"{error}: the metrics are corrupt; repair or delete that line") from None
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):
             raise ValueError(f"{path} line {number} is not a metrics record (a JSON object with an integer "
                              "'step'): repair or delete that line")

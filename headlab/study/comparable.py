@@ -62,6 +62,10 @@ def check_alike(runs: list, preset_name: str) -> None:
     for r in runs:
         train_config, data = trained_as(r)
         steps = checkpoint_step(r.folder) if r.held is None else r.held.step
+        if steps < train_config.steps:
+            raise ValueError(f"run {shown_path(r.folder)} stopped at step {steps:,} of its {train_config.steps:,}: an "
+                             "unfinished run is not compared; finish it first (rerunning the same reproduce or train "
+                             "command resumes it)")
         recipe = {k: v for k, v in asdict(train_config).items() if k not in NOT_RECIPE}
         described.append((r, {"steps": steps, "tokens per step": train_config.batch_size * r.config.seq_len,
                               "recipe": recipe, "data": data.get("sha256")}))
@@ -91,8 +95,8 @@ def check_alike(runs: list, preset_name: str) -> None:
 
 
 def unequal(run, first, differ: str, amounts: str) -> None:
-    raise ValueError(f"runs that differ in more than their attention cannot be compared: {shown_path(run.folder)} and "
-                     f"{shown_path(first.folder)} differ in {differ}{amounts}: train them as one study (headlab "
+    raise ValueError(f"runs that differ in {differ}{amounts}, not only in their attention, cannot be compared: "
+                     f"{shown_path(run.folder)} and {shown_path(first.folder)}: train them as one study (headlab "
                      "reproduce, Study.train)")
 
 

@@ -75,6 +75,9 @@ class GridPoint:
                      train_overrides=self.train_overrides, only=only)
 
 
+NOT_TRAINED = (*EXECUTION_FIELDS, "log_every")  # a sweep over these would train identical points
+
+
 def grid(preset_name: str, lengths: list[float] = (1.0,), depths: list[int] | None = None,
          fields: dict[str, list] | None = None, only: tuple[str, ...] | None = None) -> list[GridPoint]:
     """Every combination of training length (multiples of the preset's steps), depth (n_layer;
@@ -102,13 +105,13 @@ def grid(preset_name: str, lengths: list[float] = (1.0,), depths: list[int] | No
             point = GridPoint(preset_name, float(length), model, training)
             study = point.study(Path("."), only)  # refuses a bad value, naming the field, for every role
             # the configs as they store the values (-0.0 is 0.0, 1e-3 is 0.001): what the runs train,
-            # not how they execute (on which device, compiled or not: the same runs)
-            trained = {k: v for k, v in asdict(study.train_config(0)).items() if k not in EXECUTION_FIELDS}
+            # not how they execute (on which device, compiled or not) or how often they log: the same runs
+            trained = {k: v for k, v in asdict(study.train_config(0)).items() if k not in NOT_TRAINED}
             same = (tuple(study.variants), tuple(trained.items()))
             if same in seen:
                 raise ValueError(f"grid points {seen[same]} and {point.key} train the same runs ({point.steps} "
-                                 f"steps, same settings; {', '.join(EXECUTION_FIELDS)} say how a run executes, not "
-                                 "what it trains): give distinct lengths and values")
+                                 f"steps, same settings; {', '.join(NOT_TRAINED)} say how a run executes or logs, "
+                                 "not what it trains): give distinct lengths and values")
             seen[same] = point.key
             points.append(point)
     return points

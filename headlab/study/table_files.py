@@ -7,9 +7,15 @@ loads neither the trainer nor torch.
 
 Which tables a study has and how they are computed: `headlab.study.tables`.
 
-headlab ships the tables of `make demo`'s study (not its runs) as package data in `SHIPPED`, with
-the commit and settings that produced them in their meta (`shipped`; scripts/ship_demo_tables.py
-copies them there), so a notebook installed without the repository (Colab) shows them untrained.
+headlab ships the tables of finished studies (not their runs) as package data, one folder per
+study under `SHIPPED_ROOT`, named by its preset (`shipped_folder`): `make demo`'s (`DEMO_PRESET`,
+also `SHIPPED`) and the same study with AdamW on W_Q, W_K (`cpu-small-adamw-qk`), each with the
+commit and settings that produced it in its meta (`shipped`; scripts/ship_tables.py copies them
+there), so a notebook installed without the repository (Colab) shows them untrained. A folder
+there holds a study's tables (study.json), for a pretrained checkpoint an analysis's (analysis.json,
+`headlab.analysis.similarity.Analysis.load`), or a science page's small table (tables.json: the
+regime study's two views through training, `regime-through-training`); `shipped_names` lists them
+all, `read_shipped` reads any.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from headlab.analysis.tables import load_tables, save_tables
+from headlab.io import Manifest
 from headlab.model.config import PRESETS, ModelConfig
 from headlab.study.claims import BYTE_LOSS_UNIT
 from headlab.study.conclusions import DISPLAY, with_conclusions
@@ -28,7 +35,92 @@ MANIFEST = "study.json"  # the study folder's manifest: its tables, with hashes
 STUDY = "a study folder"
 # A sweep folder: <folder>/sweep.csv listed in <folder>/sweep.json (besides its points' study folders).
 SWEEP_MANIFEST, SWEEP = "sweep.json", "a sweep folder"
-SHIPPED = Path(__file__).resolve().parent / "demo_tables"  # the demo study's tables, inside the package
+SHIPPED_ROOT = Path(__file__).resolve().parent / "shipped"  # tables shipped inside the package, a folder each
+DEMO_PRESET = "cpu-small"  # make demo's study
+SHIPPED = SHIPPED_ROOT / DEMO_PRESET  # make demo's tables, inside the package
+# What a shipped folder may hold, by its manifest: a study's tables, an analysis of one model (a pretrained
+# checkpoint: `Analysis.save`), or tables of another kind (a science page's, e.g. the regime study's probe).
+SHIPPED_MANIFESTS = {MANIFEST: STUDY, "analysis.json": "an analysis folder", "tables.json": "a folder of tables"}
+
+
+def shipped_folder(name: str, root: Path | None = None) -> Path:
+    """The folder of the tables shipped as `name` (a study's preset, or a checkpoint's name) under
+    `root` (default `SHIPPED_ROOT`); a ValueError naming the shipped ones if there is none."""
+    names = shipped_names(root)
+    if name not in names:
+        raise ValueError(f"no tables named {name!r} ship with headlab: choose one of {', '.join(names) or 'none'}")
+    return (root or SHIPPED_ROOT) / name
+
+
+def shipped_names(root: Path | None = None) -> list[str]:
+    """The names of the tables shipped under `root` (default `SHIPPED_ROOT`): its folders holding a
+    manifest of `SHIPPED_MANIFESTS`, in name order."""
+    root = root or SHIPPED_ROOT
+    return sorted(p.name for p in root.iterdir() if any((p / m).is_file() for m in SHIPPED_MANIFESTS)) \
+        if root.is_dir() else []
+
+
+def read_shipped(name: str, root: Path | None = None) -> StudyTables:
+    """The tables shipped as `name` (`shipped_names`) and their meta, each table verified against its
+    manifest; a study's also against its meta (`read_study_tables`)."""
+    folder = shipped_folder(name, root)
+    manifest = next(m for m in SHIPPED_MANIFESTS if (folder / m).is_file())
+    if manifest == MANIFEST:
+        return read_study_tables(folder)
+    return StudyTables(*load_tables(folder, manifest, SHIPPED_MANIFESTS[manifest]))
+
+
+def recipe_name(meta: dict) -> str:
+    """A study's training recipe in a few words, for figure titles (`recipe_text` says it in full):
+    "Muon split" (the paper's: Muon on the blocks' matrices, AdamW on the rest), "AdamW on W_Q, W_K"
+    (that split with W_Q and W_K taken from Muon), "AdamW" (AdamW everywhere); "recipe not recorded"
+    for tables written before studies recorded it."""
+    train = meta.get("train")
+    if not isinstance(train, dict):
+        return "recipe not recorded"
+    if train.get("optimizer") != "muon":
+        return "AdamW"
+    # muon_qk is absent from tables written before it was an option: Muon trained W_Q, W_K then
+    return "Muon split" if train.get("muon_qk", True) else "AdamW on W_Q, W_K"
+
+
+def with_recipe(tables: StudyTables) -> StudyTables:
+    """`tables` with a `recipe` column (`recipe_name` of their meta) in every table of methods (a
+    `model` column), so that a figure's title names the recipe and tables of two recipes can be
+    stacked (the explorer then offers the recipe as a choice)."""
+    recipe = recipe_name(tables.meta)
+    return StudyTables({name: table.assign(recipe=recipe) if "model" in table.columns else table
+                        for name, table in tables.tables.items()}, tables.meta)
+
+
+SHAPE = ("n_layer", "n_head", "d_model", "head_dim", "corpus", "tokenizer", "steps", "seeds")  # what recipes share
+
+
+def recipes_beside(tables: StudyTables, root: Path | None = None) -> list[StudyTables]:
+    """The studies shipped with headlab (under `root`, default `SHIPPED_ROOT`) that differ from
+    `tables` in their recipe alone: the same `SHAPE` (model, corpus, steps, seeds), another
+    `recipe_name`; in name order. What the explorer sets beside a study to switch recipes."""
+    beside = []
+    for name in shipped_names(root):
+        if not ((root or SHIPPED_ROOT) / name / MANIFEST).is_file():
+            continue  # an analysis of one model: no recipe to switch to
+        other = read_study_tables((root or SHIPPED_ROOT) / name)
+        if (all(other.meta.get(key) == tables.meta.get(key) for key in SHAPE)
+                and recipe_name(other.meta) != recipe_name(tables.meta)):
+            beside.append(other)
+    return beside
+
+
+def stack_recipes(studies: list[StudyTables]) -> dict[str, pd.DataFrame]:
+    """The tables the studies all have, each study's rows marked with its recipe (`with_recipe`) and
+    stacked, for the explorer (which then offers the recipe as a choice). Studies of two recipes of
+    one name cannot be told apart: a ValueError."""
+    recipes = [recipe_name(study.meta) for study in studies]
+    if len(set(recipes)) != len(recipes):
+        raise ValueError(f"studies of the recipes {', '.join(recipes)} cannot be stacked: a recipe appears twice")
+    names = [name for name in studies[0].tables if all(name in study.tables for study in studies)]
+    labelled = [with_recipe(study) for study in studies]
+    return {name: pd.concat([study[name] for study in labelled], ignore_index=True) for name in names}
 
 
 def loss_unit(tokenizer: str) -> str:
@@ -62,6 +154,17 @@ def read_study_tables(folder: str | Path) -> StudyTables:
         raise ValueError(f"{Path(folder) / MANIFEST} says {problem} (edited by hand?): the report would state what "
                          "the study is not; write the study's tables again (headlab reproduce)")
     return StudyTables(with_conclusions(tables, meta), meta)
+
+
+def study_meta(folder: str | Path) -> dict | None:
+    """The meta of the study whose tables `folder` holds, read from its study.json (the tables are not
+    read: `read_study_tables` verifies them); None where the folder has no study.json, or one that
+    lists no tables yet (a study whose runs are still training). A study.json that is not a study
+    folder's manifest is a ValueError."""
+    if not (Path(folder) / MANIFEST).is_file():
+        return None
+    meta = Manifest.read(Path(folder), MANIFEST, STUDY).meta
+    return meta.get("meta") if isinstance(meta.get("meta"), dict) and "tables" in meta else None
 
 
 def unsupported_meta(tables: dict[str, pd.DataFrame], meta: dict) -> str | None:

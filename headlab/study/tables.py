@@ -29,8 +29,8 @@ The meta (study.json) records the preset, the model's shape, the corpus and toke
 training recipe (`train`: every TrainConfig field that moves a number) and each setting changed
 from the preset (`changed`), the analysis options, and how long training and analysis took.
 
-headlab ships the tables of `make demo`'s study as package data (`table_files.SHIPPED`);
-`study_tables` reads them where nothing of the study is on disk yet.
+headlab ships the tables of some studies as package data, a folder per preset
+(`table_files.shipped_folder`); `study_tables` reads them where nothing of the study is on disk yet.
 """
 
 from __future__ import annotations
@@ -61,7 +61,13 @@ from headlab.study.conclusions import conclusions
 from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
 from headlab.study.study import DivergedRuns, Study, StudyRun, settings_key
-from headlab.study.table_files import SHIPPED, StudyTables, loss_unit, read_study_tables, write_study_tables
+from headlab.study.table_files import (
+    SHIPPED_ROOT,
+    StudyTables,
+    loss_unit,
+    read_study_tables,
+    write_study_tables,
+)
 from headlab.training.config import TrainConfig, train_preset
 from headlab.training.optimizers import optimizer_table
 from headlab.training.reads import model_setting_reaches, train_change_reaches
@@ -372,17 +378,20 @@ def are_tables_of(tables: StudyTables, study: Study, seeds: int) -> bool:
     return all(tables.meta.get(key) == value for key, value in wanted.items())
 
 
-def shipped_tables(study: Study, seeds: int, folder: Path | None = None) -> StudyTables | None:
-    """The tables shipped with headlab in `folder`, if they are of `study`'s runs and of every
-    setting behind them (`settings_key`, which scripts/ship_demo_tables.py records), else None.
-    `folder`: where to look (default `SHIPPED`). Tables that cannot be read as shipped (edited,
-    deleted) are a damaged installation, and the error says so."""
+def shipped_tables(study: Study, seeds: int, root: Path | None = None) -> StudyTables | None:
+    """The tables shipped with headlab for `study`'s preset (the folder named so under `root`, default
+    `SHIPPED_ROOT`), if they are of `study`'s runs and of every setting behind them (`settings_key`,
+    which scripts/ship_tables.py records), else None. Tables that cannot be read as shipped
+    (edited, deleted) are a damaged installation, and the error says so."""
+    root = root or SHIPPED_ROOT
+    if not (root / study.preset).is_dir():
+        return None
     try:
-        tables = read_study_tables(folder or SHIPPED)
+        tables = read_study_tables(root / study.preset)
     except ValueError as error:
-        raise ValueError(f"the demo study's tables shipped with headlab are damaged, so is this installation of "
+        raise ValueError(f"the {study.preset} tables shipped with headlab are damaged, so is this installation of "
                          f"headlab ({error}): reinstall headlab (pip install --force-reinstall headlab; in a checkout, "
-                         "git checkout headlab/study/demo_tables)") from None
+                         f"git checkout headlab/study/shipped/{study.preset})") from None
     meta = tables.meta
     same = (are_tables_of(tables, study, seeds)
             and (meta["corpus"], meta["tokenizer"]) == (study.corpus, study.tokenizer)
@@ -408,29 +417,49 @@ def tabulated_from(tables: StudyTables, study: Study, seeds: int) -> bool:
                    for folder, (config, train_config) in folders.items())
 
 
-def study_tables(study: Study, seeds: int, log=print, train: bool = True) -> StudyTables:
+def study_tables(study: Study, seeds: int, log=print, train: bool = True, stand_in: bool = True) -> StudyTables:
     """The tables of `study` for seeds 0 … seeds − 1: read from its folder when `headlab reproduce`
     (or an earlier call) left them for exactly these runs, else, where nothing of the study is
     on disk yet, the ones shipped with headlab for the same settings (`shipped_tables`), else
     trained (finished runs reused) and tabulated into the folder. What the notebooks start from.
 
-    train False: never train; without finished tables in the folder (a study under way, or none),
-    the shipped ones, else a ValueError saying how to make them. Notebooks 02 and 03 in full mode,
-    which show results and leave training to notebook 01 and `make demo`."""
+    train False: never train; a finished study's tables are shown, also where its runs are no longer
+    beside them (`log` says so); without finished tables, the shipped ones, else a ValueError saying
+    how to make them. Notebooks 02 and 03 in full mode, which show results and leave training to
+    notebook 01 and `make demo`.
+    stand_in False: shipped tables never stand in for the study (a folder the user named): a folder
+    without the study's finished tables is a ValueError. Where they do stand in, `log` says why."""
+    why = f"no study in {shown_path(study.folder)}"
     try:
         tables = read_study_tables(study.folder)
-        if tabulated_from(tables, study, seeds):
-            return tables
     except ValueError:
-        pass  # no tables yet (or incomplete ones): make them
+        tables = None  # no tables yet (or incomplete ones): make them
+    if tables is not None:
+        try:
+            if tabulated_from(tables, study, seeds):
+                return tables
+        except ValueError:
+            pass  # a run they were made from is gone or unreadable
+        shown = {"preset": tables.meta.get("preset"), "seeds": len(tables.meta.get("seeds", []))}
+        if not train and are_tables_of(tables, study, seeds) and not (study.folder / "runs").exists():
+            log(f"{shown_path(study.folder)} holds the tables of a {study.preset} study without its runs: shown as "
+                "written")
+            return tables
+        why = (f"{shown_path(study.folder)} holds {shown['seeds']} seed(s) of a {shown['preset']} study, not "
+               f"{seeds} of {study.preset}" if shown != {"preset": study.preset, "seeds": seeds} else
+               f"the tables in {shown_path(study.folder)} are not of the runs beside them (changed since)")
+    elif (study.folder / "runs").exists():
+        why = f"the study in {shown_path(study.folder)} is not finished (no tables yet)"
     begun = (study.folder / "runs").exists()
-    if (not begun or not train) and (tables := shipped_tables(study, seeds)):
-        log(f"{'no finished study' if begun else 'no study'} in {shown_path(study.folder)}: reading the demo study's "
-            f"tables shipped with headlab ({tables.meta['shipped']['note']}); nothing is trained")
-        return tables
+    if not stand_in and not train:
+        raise ValueError(f"{why}: nothing to show (finish it with headlab reproduce --out {shown_path(study.folder)}, "
+                         "or leave RUNS = None for the tables shipped with headlab)")
+    if stand_in and (not begun or not train) and (shipped := shipped_tables(study, seeds)):
+        log(f"{why}: showing instead the {study.preset} tables shipped with headlab "
+            f"({shipped.meta['shipped']['note']}); nothing is trained")
+        return shipped
     if not train:
-        raise ValueError(f"no tables of {seeds} seed(s) of the {study.preset} study in {study.folder} and none "
-                         "shipped with headlab for its settings: train them first (notebook 01 with SMALL = False, "
-                         "or make demo)")
+        raise ValueError(f"{why}, and no {study.preset} tables of {seeds} seed(s) ship with headlab for its "
+                         "settings: train them first (notebook 01 with SMALL = False, or headlab reproduce)")
     runs = study.train(seeds, progress=False, log=log)
     return tabulate_study(runs, study.load_corpus(), study.preset, study.folder)

@@ -104,3 +104,15 @@ def test_the_attention_map_view_gets_its_spectrum_and_effective_rank(runs, tmp_p
             pytest.approx(first, abs=0.005)
     assert [name for name, _ in drawn] == ["spectra_uncentered", "spectra_uncentered_pattern"]
     assert pd.api.types.is_float_dtype(result.spectra["eigenvalue"])
+
+
+@pytest.mark.parametrize("content", ["", " \n\t\n"], ids=["empty", "blank"])
+def test_a_text_file_without_text_is_named_in_one_line(runs, tmp_path, capsys, content):
+    text = tmp_path / "empty.txt"
+    text.write_text(content)
+    assert main(["analyze", str(runs / "mqa"), "--measure", "data", "--text", str(text),
+                 "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"headlab: error: --text {text}: the file holds no text (the data-aware view and the attention " \
+                  "maps are measured on it)\n"
+    assert not (tmp_path / "a").exists()

@@ -69,6 +69,13 @@ def listed_tables(folder: Path) -> dict[str, str]:
 HOSTILE_NAMES = st.sampled_from([".", "./", "..", "", "../outside.txt", "notes.md", "figures", "runs",
                                  "checkpoint-00000004", "/etc/passwd", "a//b", "report.md"])
 
+# (folder, name or pattern below it) a forged record names: headlab's files, a user's, one named
+# like a temporary, and a nested run's manifest and weights (not the study's to touch)
+FORGED = st.sampled_from([("study", "report.md"), ("study", "notes.md"), ("study", ".report.md.0123abcd.tmp"),
+                          ("study", "runs/*/manifest.json"), ("study", "runs/*/checkpoint-*/model.safetensors"),
+                          ("run", "config.json"), ("run", "checkpoint-*/model.safetensors"),
+                          ("docs", "headline.md")])
+
 
 class Disk(RuleBasedStateMachine):
     """One scratch root: box/run, box/study, box/analysis, box/docs, and user files around them."""
@@ -199,6 +206,19 @@ class Disk(RuleBasedStateMachine):
     def edit_manifest(self, folder, field, name):
         faults.list_in_manifest(self.box / folder, field, name)
 
+    @rule(record=FORGED, field=st.sampled_from(faults.FIELDS), state=st.sampled_from(faults.STATES))
+    def forge_entry(self, record, field, state):
+        """A record of a write forged in a manifest, naming a file of its folder or of a run inside it."""
+        folder, pattern = record
+        found = sorted((self.box / folder).glob(pattern))
+        name = found[0].relative_to(self.box / folder).as_posix() if found else pattern
+        faults.forge_entry(self.box / folder, field, name, state)
+
+    @rule(where=st.sampled_from(["study/.report.md.0123abcd.tmp", "run/.config.json.0123abcd.tmp",
+                                 "study/figures/.spectra_uncentered.png.0123abcd.tmp"]))
+    def users_file_named_like_a_temporary(self, where):
+        faults.users_file(self.box / where)
+
     @rule(preset=st.sampled_from(["paper-6.3b", "cpu-small", "nope"]), shape=st.booleans())
     def edit_study_meta(self, preset, shape):
         """A hand states another preset in study.json, maybe with that preset's shape too."""
@@ -248,6 +268,11 @@ PINNED = [
     [("killed_after_a_write", {"command": "fresh_reproduce", "nth": 1,
                                "file": "fresh/figures/spectra_uncentered.png"})],
     [("killed_after_a_write", {"command": "fresh_sweep", "nth": 1, "file": "fresh_sweep/figures/sweep.png"})],
+    # issue 45: a study's forged record deleted its run's manifest; a user's file named like a temporary was deleted
+    [("users_file_named_like_a_temporary", {"where": "study/.report.md.0123abcd.tmp"}),
+     ("forge_entry", {"record": ("study", "runs/*/manifest.json"), "field": "retired", "state": "true"}),
+     ("forge_entry", {"record": ("study", "runs/*/checkpoint-*/model.safetensors"), "field": "retired",
+                      "state": "true"}), ("report", {})],
 ]
 
 

@@ -113,8 +113,9 @@ def legend_labels(fig: Figure) -> list[str]:
 
 
 def line_colours(ax) -> list[str]:
-    """Colours of the method lines (those with markers; reference lines have none)."""
-    return [to_hex(line.get_color()) for line in ax.get_lines() if line.get_marker() not in ("None", None, "")]
+    """Colours of the method lines (those with markers; reference lines have none, the paper's marks a gid)."""
+    return [to_hex(line.get_color()) for line in ax.get_lines()
+            if line.get_marker() not in ("None", None, "") and not line.get_gid()]
 
 
 # ---- order and colours -----------------------------------------------------------------------
@@ -358,7 +359,7 @@ def test_similarity_heatmaps(tables):
 def test_attention_map_heatmaps_name_their_measure(tables):
     pattern = tables["similarity"].assign(circuit="pattern")
     fig = plots.similarity_heatmaps(pattern, layer=2, circuit="pattern")
-    assert fig.get_suptitle() == "Head similarity matrices, layer L=2 — attention maps, 1 seed"
+    assert fig.get_suptitle() == "Head similarity matrices, layer L=2 — behaviour view (attention maps), 1 seed"
     assert fig.axes[-1].get_ylabel() == "1 − Jensen–Shannon distance"
 
 

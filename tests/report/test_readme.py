@@ -1,6 +1,6 @@
 """The README's results block (between its RESULTS markers) states only what make demo's tables say:
 the headline `make docs` writes from them (docs/headline.md; here regenerated from the copy of those
-tables the package ships, headlab/study/demo_tables), quoted whole, and around it prose whose every
+tables the package ships, headlab/study/shipped/cpu-small), quoted whole, and around it prose whose every
 number is one the headline states. A number from another study (the AdamW recipe, an ablation)
 belongs below the block, beside the benchmark that measured it. (The first screen and every other
 section marked with its sources: tests/docs/test_pages_agree.py.)"""

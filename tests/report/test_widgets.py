@@ -25,6 +25,8 @@ import headlab.report.widgets
 from headlab.report.widgets import NO_METHOD, choice_columns, collection_paused, explore, stacked_png
 
 THREE_PANELS = ["Early Layer (L=0)", "Middle Layer (L=2)", "Late Layer (L=3)"]
+# The uncentered QK spectra of methods with a role carry the seed figure's λ₁, and the panels name its layers
+SEED_PANELS = [f"{panel} · paper L={layer}" for panel, layer in zip(THREE_PANELS, (0, 6, 11))]
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +48,8 @@ def drawn(explorer):
 def test_draws_the_flagship_figure_on_creation(explorer):
     fig = drawn(explorer)
     assert fig.get_suptitle() == "Eigenvalue spectra of head similarity matrices (uncentered) — 1 seed"
-    assert [ax.get_title() for ax in fig.axes] == THREE_PANELS
-    assert legend_labels(fig) == FIGURE_ORDER
+    assert [ax.get_title() for ax in fig.axes] == SEED_PANELS
+    assert legend_labels(fig) == [*FIGURE_ORDER, "paper 128M, Fig. 11: λ₁ (read off)"]
     assert list(explorer.children[-2:]) == [explorer.layers, explorer.status] and explorer.status.value == ""
 
 
@@ -68,11 +70,11 @@ def test_every_control_redraws(explorer):
     explorer.layers.value = (1,)
     assert [ax.get_title() for ax in redrawn().axes] == ["Layer (L=1)"]
     explorer.layers.value = (3,)
-    assert [ax.get_title() for ax in redrawn().axes] == ["Late Layer (L=3)"]
+    assert [ax.get_title() for ax in redrawn().axes] == [SEED_PANELS[2]]
     explorer.layers.value = (0, 2, 3)
-    assert [ax.get_title() for ax in redrawn().axes] == THREE_PANELS
+    assert [ax.get_title() for ax in redrawn().axes] == SEED_PANELS
     explorer.layers.value = (2,)
-    assert [ax.get_title() for ax in redrawn().axes] == ["Middle Layer (L=2)"]
+    assert [ax.get_title() for ax in redrawn().axes] == [SEED_PANELS[1]]
 
     explorer.methods["MQA"].value = False
     fig = redrawn()
@@ -109,7 +111,7 @@ def test_no_method_selected_draws_nothing(explorer):
     assert explorer.figure_bundle() == {"text/plain": NO_METHOD}
     explorer.methods["GQA (3 KV heads)"].value = True
     fig = drawn(explorer)
-    assert legend_labels(fig)[:2] == ["GQA (3 KV heads)", "layers 0, 2, 3"]
+    assert legend_labels(fig)[:3] == ["GQA (3 KV heads)", "paper 128M, Table 3: mean over layers", "layers 0, 2, 3"]
     assert line_colours(fig.axes[0]) == [TAB10[5]]  # GQA keeps its colour when drawn alone
 
 
@@ -185,16 +187,19 @@ def test_every_analysis_choice_column_gets_a_control_that_filters(tables):
         return ax.get_lines()[FIGURE_ORDER.index(model)].get_ydata()
 
     fig = drawn(explorer)
-    assert fig.get_suptitle().endswith("MLA: RoPE part included, 1 seed (measure: frobenius)")
+    assert fig.get_suptitle().endswith("\nweights view, MLA: RoPE part included, 1 seed")
     assert len(line_colours(fig.axes[0])) == 6  # one line per method, not one per choice
     frobenius = first_line("Standard MHA")
+    assert [line.get_gid() for line in fig.axes[0].get_lines() if line.get_gid()][:1] == ["seed:Standard MHA"]
     explorer.choices["measure"].value = "data"
-    assert drawn(explorer).get_suptitle().endswith("MLA: RoPE part included, 1 seed (measure: data)")
+    assert drawn(explorer).get_suptitle().endswith("\ndata-aware weights view, MLA: RoPE part included, 1 seed")
     assert first_line("Standard MHA") == pytest.approx(frobenius + 0.5)
+    assert not [line for line in drawn(explorer).axes[0].get_lines() if line.get_gid()]  # the paper's are weights
     explorer.choices["mla_rope"].value = "excluded"
     assert len(line_colours(drawn(explorer).axes[0])) == 6  # models without the choice stay drawn
     explorer.view.value = "effective rank"
-    assert drawn(explorer).get_suptitle().endswith("MLA: latent only (RoPE part excluded), 1 seed (measure: data)")
+    assert drawn(explorer).get_suptitle().endswith("\ndata-aware weights view, MLA: latent only (RoPE part excluded), "
+                                                   "1 seed")
 
 
 def test_layer_menu_names_each_depth_once(tables):

@@ -13,10 +13,13 @@ import pytest
 from conftest import forge_manifest_entry
 from headlab.analysis.snapshots import snapshot_heads
 from headlab.cli.main import main
+from headlab.model.config import preset
 from headlab.runs.snapshots import snapshot_name
 from headlab.study.comparable import UnlearnedRuns
-from headlab.study.study import Study
+from headlab.study.study import Study, StudyRun
 from headlab.study.tables import analyze_study, init_tables, tabulate_study
+from headlab.training.config import train_preset
+from headlab.training.trainer import train
 
 pytestmark = pytest.mark.xdist_group("comparable_runs")  # the module's fixture trains runs: made once (conftest)
 ONLY = ("mha", "mqa")
@@ -64,6 +67,27 @@ def test_runs_of_other_steps_or_seeds_are_refused_naming_how_they_differ(alike, 
         analyze_study(mha + mqa, study.load_corpus(), "tiny")
     with pytest.raises(ValueError, match=r"role mha has the runs of seeds \[0\], the study's roles those of seeds"):
         analyze_study([r for r in runs if not (r.role == "mha" and r.seed == 1)], study.load_corpus(), "tiny")
+
+
+def test_an_unfinished_run_is_named_and_never_compared(alike, tmp_path):
+    """An MQA run of 4 steps stopped after its step-2 checkpoint (what a kill leaves): refused,
+    naming it and how far it got, even where every other run stopped there too."""
+    study, runs = alike
+
+    class Stopped(Exception):
+        pass
+
+    def stop_at_step_3(model, step):
+        if step == 3:
+            raise Stopped
+
+    mqa = StudyRun("mqa", preset("tiny", "mqa"), 0, tmp_path / "mqa-0")
+    with pytest.raises(Stopped):
+        train(mqa.config, train_preset("tiny", steps=4, checkpoint_every=2, snapshot_every=1), "synthetic",
+              out=mqa.folder, progress=False, observe=stop_at_step_3)
+    mha = [r for r in runs if r.role == "mha" and r.seed == 0]
+    with pytest.raises(ValueError, match=r"run .*mqa-0 stopped at step 2 of its 4: an unfinished run is not compared"):
+        analyze_study(mha + [mqa], study.load_corpus(), "tiny")
 
 
 def test_a_swapped_step0_snapshot_is_not_taken_for_the_baseline(alike, tmp_path):

@@ -3,6 +3,8 @@
 from dataclasses import asdict, fields
 from pathlib import Path
 
+import pytest
+
 from headlab.study import notebook, paths, study
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,3 +70,36 @@ def test_log_lines_name_folders_of_the_project_relative_to_the_working_directory
     said = []
     study.Study("tiny", 2, project / "runs" / "reproduce", only=("mha",)).train(progress=False, log=said.append)
     assert any(line.startswith("training 1 of 1 runs") and "into ../runs/reproduce/runs" in line for line in said)
+
+
+def test_a_folder_of_finished_tables_is_shown_as_the_study_it_holds_never_as_the_modes(tmp_path, monkeypatch):
+    """A study folder named in RUNS is the study its study.json records (preset, steps, seeds), in
+    either mode, never the mode's assumed cpu-small or tiny; tables kept without their runs are
+    shown as written and say so; a PRESET that contradicts the folder is one line, not a fallback."""
+    import shutil
+
+    from headlab.study.table_files import SHIPPED, read_study_tables
+    from headlab.study.tables import study_tables
+
+    folder = tmp_path / "kept"
+    shutil.copytree(SHIPPED, folder)  # make demo's tables (cpu-small, 3 seeds), without runs
+    monkeypatch.setattr(study.Study, "train", lambda *args, **kwargs: pytest.fail("trained a study it was to show"))
+    for small in (True, False):
+        chosen = notebook.NotebookStudy.choose(small, runs=folder)
+        assert (chosen.preset, chosen.steps, chosen.seeds, chosen.named) == ("cpu-small", 900, 3, True)
+    said = []
+    tables = study_tables(chosen, chosen.seeds, log=said.append, train=False, stand_in=chosen.stand_in)
+    assert tables["summary"].equals(read_study_tables(SHIPPED)["summary"])
+    assert said == [f"{folder} holds the tables of a cpu-small study without its runs: shown as written"]
+    with pytest.raises(notebook.StudyNotShown, match="holds a cpu-small study, not tiny: set PRESET = None"):
+        notebook.NotebookStudy.choose(False, runs=folder, preset="tiny")
+    with pytest.raises(notebook.StudyNotShown, match="'cpu-smal'"):
+        notebook.NotebookStudy.choose(False, preset="cpu-smal")  # a typo: one line naming the presets
+    with pytest.raises(ValueError, match=r"holds 3 seed\(s\) of a cpu-small study, not 1 of cpu-small: nothing to"):
+        study_tables(chosen, 1, log=said.append, train=False, stand_in=False)
+
+
+def test_a_study_that_cannot_be_shown_is_one_line_in_a_notebook():
+    """IPython prints an exception's `_render_traceback_` instead of its traceback."""
+    error = notebook.StudyNotShown("runs/qk holds a cpu-small study, not tiny")
+    assert error._render_traceback_() == ["StudyNotShown: runs/qk holds a cpu-small study, not tiny"]

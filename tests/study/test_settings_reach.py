@@ -50,7 +50,7 @@ def test_a_setting_that_trains_something_or_that_the_others_need_is_kept():
 
 
 @pytest.mark.parametrize("field,values", [("device", ["cpu", "auto"]), ("compile", ["off", "aot_eager"]),
-                                          ("embedding_lr", [0.1, 0.3])])
+                                          ("embedding_lr", [0.1, 0.3]), ("log_every", [1, 2])])
 def test_a_sweep_over_what_trains_nothing_different_is_refused(field, values):
     """Points that train identical runs would be counted as agreement."""
     with pytest.raises(ValueError, match="train the same runs|changes none of the roles"):

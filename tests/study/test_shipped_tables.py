@@ -1,5 +1,5 @@
-"""The demo study's tables shipped inside the package (headlab.study.table_files.SHIPPED): what
-scripts/ship_demo_tables.py copies there (tables, never runs, with the settings and commits
+"""Studies' tables shipped inside the package (headlab/study/shipped/<preset>/): what
+scripts/ship_tables.py copies there (tables, never runs, with the settings and commits
 behind them), when `study_tables` reads them (nothing of the study on disk, the same settings),
 and a non-editable install outside the repository (as on Colab) showing notebook 03 from them
 without training. The shipped study here is the notebooks' small-mode one (tiny, 60 steps, one
@@ -24,7 +24,7 @@ from headlab.study.tables import shipped_tables, study_tables, tabulate_study
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
-import ship_demo_tables
+import ship_tables
 
 pytestmark = pytest.mark.xdist_group("shipped_tables_study")  # `finished` trains runs: made once (conftest)
 
@@ -42,9 +42,9 @@ def finished(tmp_path_factory) -> Study:
 
 @pytest.fixture(scope="module")
 def shipped(finished, tmp_path_factory) -> Path:
-    """`finished`'s tables shipped into a package folder of their own."""
-    folder = tmp_path_factory.mktemp("package") / "demo_tables"
-    ship_demo_tables.ship(finished.folder, folder)
+    """`finished`'s tables shipped into a package's folder of shipped tables, under its preset."""
+    folder = tmp_path_factory.mktemp("package") / "shipped" / SMALL.preset
+    ship_tables.ship(finished.folder, folder)
     return folder
 
 
@@ -57,25 +57,25 @@ def test_ship_copies_the_tables_not_the_runs_and_says_what_made_them(finished, s
                for run in (finished.folder / "runs").iterdir()}
     assert provenance["settings_key"] == settings_key(SMALL.preset, SMALL.steps) == SMALL.folder.name
     assert set(provenance["commits"]) == commits and all(commit[:12] in provenance["note"] for commit in commits)
-    assert sum(p.stat().st_size for p in shipped.iterdir()) < ship_demo_tables.LIMIT_BYTES
+    assert sum(p.stat().st_size for p in shipped.iterdir()) < ship_tables.LIMIT_BYTES
 
 
 def test_ship_refuses_runs_trained_with_other_settings_than_the_checkouts(finished, tmp_path, monkeypatch):
-    monkeypatch.setattr(ship_demo_tables, "settings_key", lambda preset, steps: "0123abcd")  # this checkout's, changed
+    monkeypatch.setattr(ship_tables, "settings_key", lambda preset, steps: "0123abcd")  # this checkout's, changed
     with pytest.raises(ValueError, match="trained with other settings than this checkout's tiny"):
-        ship_demo_tables.ship(finished.folder, tmp_path / "demo_tables")
+        ship_tables.ship(finished.folder, tmp_path / "demo_tables")
     assert not (tmp_path / "demo_tables").exists()
 
 
 def test_shipped_tables_are_read_only_where_nothing_of_the_study_is_on_disk(finished, shipped, tmp_path, monkeypatch):
-    monkeypatch.setattr(tables_module, "SHIPPED", shipped)
+    monkeypatch.setattr(tables_module, "SHIPPED_ROOT", shipped.parent)
     monkeypatch.setattr(Study, "train",
                         lambda *args, **kwargs: pytest.fail("trained instead of reading shipped tables"))
     said = []
     fresh = Study(SMALL.preset, SMALL.steps, tmp_path / "fresh")
     tables = study_tables(fresh, 1, log=said.append)
     assert tables["summary"].equals(read_study_tables(finished.folder)["summary"])
-    assert said == [f"no study in {fresh.folder}: reading the demo study's tables shipped with headlab "
+    assert said == [f"no study in {fresh.folder}: showing instead the tiny tables shipped with headlab "
                     f"({tables.meta['shipped']['note']}); nothing is trained"]
     assert not fresh.folder.exists()  # reading wrote nothing
     for other in (Study(SMALL.preset, SMALL.steps + 1, tmp_path), Study("cpu-small", SMALL.steps, tmp_path),
@@ -97,18 +97,20 @@ def test_study_tables_that_may_not_train_read_the_shipped_ones_beside_a_study_un
     """Notebooks 02 and 03 in full mode (train=False) show results and never train: beside a study
     of one's own under way (runs, no tables yet) they read the shipped tables and say why; with
     none shipped for the settings they stop with what to run."""
-    monkeypatch.setattr(tables_module, "SHIPPED", shipped)
+    monkeypatch.setattr(tables_module, "SHIPPED_ROOT", shipped.parent)
     monkeypatch.setattr(Study, "train", lambda *args, **kwargs: pytest.fail("trained although train=False"))
     begun = Study(SMALL.preset, SMALL.steps, tmp_path / "begun")
     (begun.folder / "runs").mkdir(parents=True)
     said = []
     tables = study_tables(begun, 1, log=said.append, train=False)
     assert tables["summary"].equals(read_study_tables(finished.folder)["summary"])
-    assert said == [f"no finished study in {begun.folder}: reading the demo study's tables shipped with "
-                    f"headlab ({tables.meta['shipped']['note']}); nothing is trained"]
+    assert said == [f"the study in {begun.folder} is not finished (no tables yet): showing instead the tiny tables "
+                    f"shipped with headlab ({tables.meta['shipped']['note']}); nothing is trained"]
     assert [p.name for p in begun.folder.iterdir()] == ["runs"]  # reading wrote nothing
-    with pytest.raises(ValueError, match="train them first .notebook 01 with SMALL = False, or make demo"):
+    with pytest.raises(ValueError, match="train them first .notebook 01 with SMALL = False, or headlab reproduce"):
         study_tables(begun, 2, log=said.append, train=False)  # two seeds: none shipped
+    with pytest.raises(ValueError, match=r"^the study in .* is not finished \(no tables yet\): nothing to show"):
+        study_tables(begun, 1, log=said.append, train=False, stand_in=False)  # a folder the user named
 
 
 @pytest.mark.parametrize("damage", ["edited", "deleted", "no manifest"])
@@ -119,14 +121,14 @@ def test_damaged_shipped_tables_name_the_damaged_installation(tmp_path, monkeypa
 
     from headlab.study.table_files import SHIPPED
 
-    package = tmp_path / "demo_tables"
+    package = tmp_path / "shipped" / SMALL.preset
     shutil.copytree(SHIPPED, package)
     summary = package / "summary.csv"
     {"edited": lambda: summary.write_text(summary.read_text() + "0"), "deleted": summary.unlink,
      "no manifest": (package / "study.json").unlink}[damage]()
-    monkeypatch.setattr(tables_module, "SHIPPED", package)
+    monkeypatch.setattr(tables_module, "SHIPPED_ROOT", package.parent)
     fresh = Study(SMALL.preset, SMALL.steps, tmp_path / "fresh")
-    with pytest.raises(ValueError, match=r"^the demo study's tables shipped with headlab are damaged, so is this "
+    with pytest.raises(ValueError, match=r"^the tiny tables shipped with headlab are damaged, so is this "
                                          r"installation of headlab \(.*\): reinstall headlab"):
         study_tables(fresh, 1, log=lambda line: None, train=False)
     assert not fresh.folder.exists()
@@ -145,11 +147,11 @@ def test_notebook_03_installed_outside_the_repository_shows_the_shipped_tables_u
         if (ROOT / name).is_file():
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             (source / name).write_bytes((ROOT / name).read_bytes())
-    ship_demo_tables.ship(finished.folder, source / "headlab" / "study" / "demo_tables")
+    ship_tables.ship(finished.folder, source / "headlab" / "study" / "shipped" / SMALL.preset)
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--target", str(site), str(source)], check=True)
-    installed = site / "headlab" / "study" / "demo_tables"
+    installed = site / "headlab" / "study" / "shipped" / SMALL.preset
     assert {p.name for p in installed.iterdir()} == {p.name for p in shipped.iterdir()} - {".lock"}  # package data
 
     elsewhere = tmp_path / "colab"
@@ -162,13 +164,13 @@ def test_notebook_03_installed_outside_the_repository_shows_the_shipped_tables_u
                    resources={"metadata": {"path": str(elsewhere)}}).execute()
     printed = "".join(o.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs)
     assert f"{site / 'headlab' / '__init__.py'}\n" in printed
-    assert "reading the demo study's tables shipped with headlab" in printed
+    assert "showing instead the tiny tables shipped with headlab" in printed
     assert not list(elsewhere.rglob("runs/notebooks/small/*/runs"))  # nothing trained
 
 
 @pytest.mark.parametrize("edit", ["none", "recipe", "added"])
 def test_rekey_records_todays_key_only_for_tables_trained_with_todays_recipe(tmp_path, monkeypatch, edit):
-    """`ship_demo_tables.py --rekey` moves the shipped tables to today's settings key when the key's rule
+    """`ship_tables.py --rekey NAME` moves the shipped tables to today's settings key when the key's rule
     changed (fields added, how runs execute left out), and refuses tables whose recorded recipe is not
     today's, or that lack a field today's preset holds away from its default (the model's shape is held
     by read_study_tables)."""
@@ -186,7 +188,7 @@ def test_rekey_records_todays_key_only_for_tables_trained_with_todays_recipe(tmp
     write_study_tables(StudyTables(tables.tables, meta), tmp_path / "shipped")
     if edit != "none":
         with pytest.raises(ValueError, match="trained with other settings"):
-            ship_demo_tables.rekey(tmp_path / "shipped")
+            ship_tables.rekey(tmp_path / "shipped")
         return
-    rekeyed = ship_demo_tables.rekey(tmp_path / "shipped")
+    rekeyed = ship_tables.rekey(tmp_path / "shipped")
     assert rekeyed.meta["shipped"]["settings_key"] == settings_key(meta["preset"], int(meta["steps"]))

@@ -1,4 +1,4 @@
-"""The verdicts of the shipped demo study (headlab/study/demo_tables, what the README, docs/headline.md
+"""The verdicts of the shipped demo study (headlab/study/shipped/cpu-small, what the README, docs/headline.md
 and report.md state) survive a rerun on another machine: moved by machine noise, the same tables
 give the same verdicts, since each metric's margin (headlab.study.claims.MARGINS) stands clear of it.
 

@@ -221,7 +221,7 @@ def test_a_corrupt_metrics_line_is_an_error_naming_file_and_line_and_a_torn_last
     assert read_metrics(path) == [json.loads(line) for line in lines]
     after_checkpoint = "".join(lines + ['{"step": 13, "train_lo\n', lines[-1]])  # lines a cut-short run appended
     path.write_text(after_checkpoint)
-    with pytest.raises(ValueError, match=rf"metrics\.jsonl line {len(lines) + 1} is not a JSON record"):
+    with pytest.raises(ValueError, match=rf"metrics\.jsonl line {len(lines) + 1} is not valid JSON"):
         load_run(tmp_path / "run")
     corrupt = "".join(lines[:2] + ['{"step": 3, "train_lo\n'] + lines[3:])  # a line the checkpoint hashed
     path.write_text(corrupt)

@@ -11,6 +11,7 @@ from headlab import TrainConfig, load_corpus, load_run, preset, train, train_pre
 from headlab.analysis.similarity import analyze
 from headlab.analysis.snapshots import analyze_snapshots
 from headlab.cli.main import main
+from headlab.runs.layout import run_manifest
 from headlab.runs.snapshots import snapshot_files, snapshot_steps
 
 RUN_FOLDER = importlib.import_module("headlab.runs.folder")
@@ -63,9 +64,12 @@ def test_a_killed_run_resumes_to_snapshots_identical_to_an_uninterrupted_run(tmp
 
     def write_then_die(run_dir, model, step, every, write=True):
         path = original(run_dir, model, step, every, write)
-        if step == 5:
-            # named as headlab names them
-            (path.parent / ".step-00000005.safetensors.0123abcd.tmp").write_bytes(b"torn")
+        if step == 5:  # a temporary as a kill mid-write leaves it: recorded (by its inode) before its bytes
+            torn = path.parent / ".step-00000005.safetensors.0123abcd.tmp"
+            torn.write_bytes(b"torn")
+            manifest = run_manifest(run_dir)
+            manifest.staging[torn.relative_to(run_dir).as_posix()] = torn.stat().st_ino
+            manifest.save()
             raise _Killed
         return path
 

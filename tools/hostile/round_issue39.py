@@ -146,18 +146,18 @@ def grids_and_inputs(root: Path):
             ("clear", f"stopped quietly, status {status}") if not err else ("silent", err.strip()[-120:]))
     from headlab.study import tables as tables_module
     from headlab.study.study import Study
-    from headlab.study.table_files import SHIPPED
+    from headlab.study.table_files import DEMO_PRESET, SHIPPED
     for damage in ("edited", "deleted"):
-        package = root / f"demo39-{damage}"
+        package = root / f"demo39-{damage}" / DEMO_PRESET
         shutil.copytree(SHIPPED, package)
         summary = package / "summary.csv"
         summary.write_text(summary.read_text() + "0") if damage == "edited" else summary.unlink()
-        shipped, tables_module.SHIPPED = tables_module.SHIPPED, package
+        shipped, tables_module.SHIPPED_ROOT = tables_module.SHIPPED_ROOT, package.parent
         try:
-            outcome = api(lambda: tables_module.study_tables(Study("tiny", 60, root / "demo39-study"), 1,
+            outcome = api(lambda: tables_module.study_tables(Study(DEMO_PRESET, None, root / "demo39-study"), 3,
                                                              log=lambda line: None, train=False))
         finally:
-            tables_module.SHIPPED = shipped
+            tables_module.SHIPPED_ROOT = shipped
         yield f"demo tables {damage} in the install", judged(outcome, "damaged" in outcome[1],
                                                              f"the install not named: {outcome[1][:80]}")
 

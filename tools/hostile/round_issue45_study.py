@@ -29,12 +29,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from headlab import load_corpus, load_run, preset, train, train_preset
-from headlab.report.paper_tables import rank_table, seed_distance_rows
 from headlab.report.writer import write_report
 from headlab.runs.checkpoints import current_checkpoint
 from headlab.runs.layout import run_manifest
 from headlab.runs.snapshots import snapshot_name
 from headlab.study.claims import per_seed_metrics
+from headlab.study.conclusions import distance_table, rank_table
 from headlab.study.seed_distance import seed_distance
 from headlab.study.study import Study, StudyRun
 from headlab.study.tables import tabulate_study
@@ -242,7 +242,7 @@ def undefined(root: Path):
         ("silent", ""), lambda: "layer 1 in 1 of 2 seeds" in ranks[ranks["role"] == "mqa"].iloc[0]["uncentered % of H"],
         "the layer named")
     distances = seed_distance(read["spectra"], read["init_spectra"], {"Early": 0, "Late": 1}, "included")
-    rows = seed_distance_rows(distances)
+    rows = distance_table(distances)
     yield "seed distance of MQA's late layer keeps seed 0", accepted(
         ("silent", ""), lambda: not rows.astype(str).apply(lambda c: c.str.contains("nan")).any().any(),
         "no nan in the seed-distance table")

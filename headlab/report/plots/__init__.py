@@ -42,7 +42,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "headlab.report.plots.spectra": ("cumulative_variance_figure", "effective_rank_figure", "measures_figure",
                                      "spectra_figure"),
     "headlab.report.plots.heatmaps": ("similarity_heatmaps",),
-    "headlab.report.plots.training": ("factor_norm_figure", "loss_curves_figure", "rank_through_training_figure"),
+    "headlab.report.plots.training": ("factor_norm_figure", "loss_curves_figure", "rank_through_training_figure",
+                                      "views_through_training_figure"),
     "headlab.report.plots.cache": ("decode_latency_figure", "loss_vs_cache_figure"),
     "headlab.report.plots.sweep": ("sweep_figure",),
 })

@@ -43,7 +43,7 @@ def loss_vs_cache_figure(results: pd.DataFrame, palette: Mapping[str, str] | Non
     ax.margins(y=0.15)
     ax.xaxis.set_major_formatter(PercentFormatter(100))
     ax.set(xlabel="KV cache (% of Standard MHA)", ylabel=f"Final validation loss ({table_loss_unit(data, 'results')})")
-    fig.suptitle(figure_title("Final loss against KV cache size", n_seeds), fontweight="bold")
+    fig.suptitle(figure_title("Final loss against KV cache size", n_seeds, data=data), fontweight="bold")
     return fig
 
 

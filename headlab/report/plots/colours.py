@@ -26,6 +26,8 @@ FAMILY_COLOURS = {"mha": ROLE_COLOURS["mha"], "lrkv": ROLE_COLOURS["lrkv-small"]
 SPARE_COLOURS = ("#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#e6ab02", "#1b9e77",
                  "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
                  "#c5b0d5", "#c49c94")
+# A figure whose lines are training recipes, not methods (`headlab.study.table_files.recipe_name`)
+RECIPE_COLOURS = {"Muon split": "#17becf", "AdamW on W_Q, W_K": "#e6ab02", "AdamW": "#1b9e77"}
 FIRST_SPARES = 7  # the distinct ones, where a method's name chooses its colour
 ROLE_MARKERS = {"#1f77b4": "o", "#ff7f0e": "s", "#2ca02c": "^", "#d62728": "D", "#9467bd": "v", "#8c564b": "P"}
 SPARE_MARKERS = ("X", "*", "h", "<", ">", "p", "d")  # none a role's

@@ -17,6 +17,7 @@ CIRCUIT_TITLES = {"qk": "QK circuit", "ov": "OV circuit", "pattern": "attention 
 MEASURE_TITLES = {"frobenius": "Weights (Frobenius)", "data": "Data-aware weights (Σ of inputs)",
                   "jensen_shannon": "Behaviour (attention maps, 1 − JS)"}
 SPECTRA_TITLE = "Eigenvalue spectra of head similarity matrices"
+TITLE_LINE = 95  # characters: a longer title puts what is drawn (recipe, view, seeds) on a second line
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">", "p")
 HEATMAP_CMAP = "RdBu_r"
 REFERENCE_COLOR = "0.35"
@@ -24,6 +25,10 @@ HIGHLIGHT_COLOR = "0.88"
 PANEL_SIZE = (4.6, 3.9)  # inches per panel of a row of layer panels
 SINGLE_SIZE = (9.0, 4.6)  # a one-axes figure with its legend on the right
 BAND = "min–max over seeds"
+# A recipe as a title names it (`headlab.study.table_files.recipe_name`): whether it is the paper's.
+RECIPE_TITLES = {"Muon split": "Muon split (the paper's recipe)",
+                 "AdamW on W_Q, W_K": "AdamW on W_Q, W_K (not the paper's)",
+                 "AdamW": "AdamW everywhere (not the paper's)"}
 MLA_ROPE_TITLES = {"included": "MLA: RoPE part included", "excluded": "MLA: latent only (RoPE part excluded)"}
 
 
