@@ -5,8 +5,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# OpenMP threads that finish their share spin while they wait for the next parallel region (libgomp's
+# default). Under `make test` two xdist workers share two cores, so a test run at torch's default two
+# threads (the `threads` fixture) spun against the other worker: 14.7 CPU-s where its one-thread twin
+# took 0.7 (1.7 passive). Passive waiting changes how an idle thread waits, never how work is split.
+# OpenMP reads it when torch loads, so it is set before the import; workers, torchrun ranks and
+# notebook kernels inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from hypothesis import settings
 
 from cpu_seconds import CpuSeconds
