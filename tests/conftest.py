@@ -5,10 +5,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# OpenMP threads that finish their share spin while they wait for the next parallel region (libgomp's
+# default). Under `make test` two xdist workers share two cores, so a test run at torch's default two
+# threads (the `threads` fixture) spun against the other worker: 14.7 CPU-s where its one-thread twin
+# took 0.7 (1.7 passive). Passive waiting changes how an idle thread waits, never how work is split.
+# OpenMP reads it when torch loads, so it is set before the import; workers, torchrun ranks and
+# notebook kernels inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from hypothesis import settings
 
+from cpu_seconds import CpuSeconds
 from headlab import GPT, preset
 from headlab.io import Manifest, file_digest
 from headlab.runs.checkpoints import save_checkpoint
@@ -113,6 +122,12 @@ def threads(request):
     torch.set_num_threads(request.param)
     yield request.param
     torch.set_num_threads(1)
+
+
+def pytest_configure(config):
+    """The CPU-seconds of every test, the notebooks included (a plugin, not this conftest's hooks,
+    which pytest calls only for the tests under tests/)."""
+    config.pluginmanager.register(CpuSeconds(), "headlab_cpu_seconds")
 
 
 def pytest_collection_finish(session):

@@ -8,7 +8,6 @@ import io
 from pathlib import Path
 
 import matplotlib
-import seaborn as sns
 from matplotlib.figure import Figure
 
 from headlab.io import Manifest
@@ -48,6 +47,10 @@ def styled(draw):
     they were (the style lives on in the artists it created)."""
     @functools.wraps(draw)
     def wrapper(*args, **kwargs) -> Figure:
+        # imported on the first drawing, not with the module: seaborn loads scipy.stats (~1.8 CPU-s),
+        # which every `headlab train` process and torchrun rank paid without drawing anything
+        import seaborn as sns
+
         with sns.axes_style("whitegrid"), sns.plotting_context("notebook", font_scale=0.9):
             return draw(*args, **kwargs)
     return wrapper
