@@ -125,7 +125,7 @@ def test_a_run_resumes_under_other_execution_settings_and_records_what_changed(t
 # run and rank 0 prints whether every gradient it ends with is a view into DDP's buckets; "raise"
 # makes rank 1 raise inside its second training forward while rank 0 goes on into the all-reduce;
 # "fsdp-study" trains a two-variant FSDP study with the cyclic collector off, and each rank prints
-# how many models were alive before each run and after the last.
+# how many models holding weights were alive before each run and after the last.
 API_SCRIPT = """
 import gc, json, os, sys, weakref
 from headlab import GPT, preset
@@ -144,15 +144,18 @@ if mode == "fsdp-study":
         init(self, *args, **kwargs)
         built.append(weakref.ref(self))
 
+    def holding_weights():  # models built on the meta device (plans, what a config reads) hold none
+        return sum(model() is not None and not next(model().parameters()).is_meta for model in built)
+
     def counted_train(*args, **kwargs):
-        alive.append(sum(model() is not None for model in built))
+        alive.append(holding_weights())
         return train_run(*args, **kwargs)
 
     GPT.__init__, study_module.train = recorded_init, counted_train
     gc.disable()
     study_module.Study("tiny", 2, "study", corpus="synthetic", only=("mha", "mqa"),
-                       train_overrides={"parallel": "fsdp", "optimizer": "adamw"}).train(progress=False, log=print)
-    print(json.dumps({"rank": rank, "alive": alive + [sum(model() is not None for model in built)]}))
+                       train_overrides={"parallel": "fsdp"}).train(progress=False, log=print)
+    print(json.dumps({"rank": rank, "alive": alive + [holding_weights()]}))
     sys.exit()
 if mode == "raise" and rank == 1:
     forward, calls = GPT.forward, [0]
