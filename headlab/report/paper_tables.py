@@ -47,7 +47,9 @@ def recipe_text(meta: dict) -> str:
     if train is None:  # tables written before the recipe was recorded
         return "The training recipe is not recorded in these tables."
     if meta.get("optimizers"):  # the plan the runs were trained by: `optimizer_lines` shows it whole
-        text = ("Trained with " + ("AdamW" if train["optimizer"] == "adamw" else "the paper's split of Muon and AdamW")
+        split = ("the paper's split of Muon and AdamW" if train.get("muon_qk", True) else
+                 "Muon and AdamW, the matrices that form only queries or keys left to AdamW (not the paper's recipe)")
+        text = ("Trained with " + ("AdamW" if train["optimizer"] == "adamw" else split)
                 + "; which optimizer trains which tensor of each variant, at which learning rate and weight decay, is "
                   "the optimizer plan the runs were trained by (the report's table 'Which optimizer trains which "
                   "tensor')")

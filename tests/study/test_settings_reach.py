@@ -78,10 +78,11 @@ def test_the_report_prints_which_optimizer_trains_which_tensor_from_the_plan():
     assert where[(mla, "attn.wkv_a")][0] == where[(mla, "attn.wkv_b")][0] == "Muon"
     assert where[(lrkv, "attn.k_shared")] == where[(lrkv, "attn.u_k")] == ("AdamW", "0.1 (weight_decay)")
     assert where[(lrkv, "attn.b_k")] == ("AdamW", "none")
-    meta = {"train": {"optimizer": "muon", "warmup_steps": 5, "min_lr_ratio": 0.1, "batch_size": 8},
+    meta = {"train": {"optimizer": "muon", "muon_qk": False, "warmup_steps": 5, "min_lr_ratio": 0.1, "batch_size": 8},
             "preset": "tiny", "optimizers": rows, "changed": {"muon_qk": False}, "unread": {"matrix_lr": 0.05}}
     text = recipe_text(meta)
     assert "W_Q, W_K" not in text and "which optimizer trains which tensor" in text
+    assert "only queries or keys left to AdamW (not the paper's recipe)" in text and "the paper's split" not in text
     assert text.endswith("Set, but read by none of these runs (nothing trained differs for it): `matrix_lr = 0.05`.")
     table = "\n".join(optimizer_lines(meta))
     assert f"| {mla} | Muon | 0.02 (matrix_lr) | 0.1 (weight_decay) | attn.wkv_a, attn.wkv_b" in table
