@@ -69,15 +69,18 @@ test-explore:
 TORCH_TESTS := tests/training tests/model tests/cli/test_gpu_check.py tests/cli/test_gpu_window.py
 TORCH_VENV = .venv-torch-$(VERSION)
 
-test-torch:
+# The install alone is `make .venv-torch-2.11/.installed VERSION=2.11` (to time it apart from the tests).
+$(TORCH_VENV)/.installed:
 	@test -n "$(VERSION)" || { echo "usage: make test-torch VERSION=2.11 (a torch release)"; exit 2; }
-	@test -f $(TORCH_VENV)/.installed || { started=$$(date +%s) && $(PYTHON) -m venv $(TORCH_VENV) \
+	@started=$$(date +%s) && $(PYTHON) -m venv $(TORCH_VENV) \
 		&& PIP_CONSTRAINT=/dev/null $(TORCH_VENV)/bin/python -m pip install --quiet --upgrade pip \
 		&& PIP_CONSTRAINT=/dev/null $(TORCH_VENV)/bin/python -m pip install --quiet --no-compile --no-cache-dir \
 			"torch==$(VERSION).*" \
 		&& PIP_CONSTRAINT=/dev/null $(TORCH_VENV)/bin/python -m pip install --quiet --no-compile -e '.[test]' \
-		&& touch $(TORCH_VENV)/.installed \
-		&& echo "test-torch: installed torch $(VERSION) in $(TORCH_VENV) in $$(( $$(date +%s) - started )) s"; }
+		&& touch $@ \
+		&& echo "test-torch: installed torch $(VERSION) in $(TORCH_VENV) in $$(( $$(date +%s) - started )) s"
+
+test-torch: $(TORCH_VENV)/.installed
 	$(TORCH_VENV)/bin/python -c 'import sys, torch; print(f"test-torch: torch {torch.__version__} (CUDA build {torch.version.cuda}), Python {sys.version.split()[0]}")'
 	$(TORCH_VENV)/bin/python -m pytest -q -n 2 --dist loadgroup -p no:cacheprovider --durations=5 $(TORCH_TESTS)
 
