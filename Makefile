@@ -77,6 +77,7 @@ $(TORCH_VENV)/.installed:
 		&& PIP_CONSTRAINT=/dev/null $(TORCH_VENV)/bin/python -m pip install --quiet --no-compile --no-cache-dir \
 			"torch==$(VERSION).*" \
 		&& PIP_CONSTRAINT=/dev/null $(TORCH_VENV)/bin/python -m pip install --quiet --no-compile -e '.[test]' \
+		&& { $(TORCH_VENV)/bin/python -m compileall -q -j 0 $(TORCH_VENV)/lib > /dev/null || true; } \
 		&& touch $@ \
 		&& echo "test-torch: installed torch $(VERSION) in $(TORCH_VENV) in $$(( $$(date +%s) - started )) s"
 
