@@ -1,5 +1,5 @@
 # Everything installs into .venv. torch is pinned to the CPU build this machine has on disk;
-# pyproject.toml only asks for torch>=2.9 so Colab and conda keep their own builds.
+# pyproject.toml only asks for torch>=2.11 (the oldest make test-torch ran) so Colab and conda keep their own builds.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
