@@ -1,5 +1,5 @@
 # Everything installs into .venv. torch is pinned to the CPU build this machine has on disk;
-# pyproject.toml only asks for torch>=2.9 so Colab and conda keep their own builds.
+# pyproject.toml only asks for torch>=2.11 (the oldest make test-torch ran) so Colab and conda keep their own builds.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -70,15 +70,19 @@ test-explore:
 TORCH_TESTS := tests/training tests/model tests/cli/test_gpu_check.py tests/cli/test_gpu_window.py
 TORCH_VENV = .venv-torch-$(VERSION)
 
-test-torch:
+# The install alone is `make .venv-torch-2.11/.installed VERSION=2.11` (to time it apart from the tests).
+$(TORCH_VENV)/.installed:
 	@test -n "$(VERSION)" || { echo "usage: make test-torch VERSION=2.11 (a torch release)"; exit 2; }
-	@test -f $(TORCH_VENV)/.installed || { started=$$(date +%s) && $(PYTHON) -m venv $(TORCH_VENV) \
+	@started=$$(date +%s) && $(PYTHON) -m venv $(TORCH_VENV) \
 		&& PIP_CONSTRAINT=/dev/null $(TORCH_VENV)/bin/python -m pip install --quiet --upgrade pip \
 		&& PIP_CONSTRAINT=/dev/null $(TORCH_VENV)/bin/python -m pip install --quiet --no-compile --no-cache-dir \
 			"torch==$(VERSION).*" \
 		&& PIP_CONSTRAINT=/dev/null $(TORCH_VENV)/bin/python -m pip install --quiet --no-compile -e '.[test]' \
-		&& touch $(TORCH_VENV)/.installed \
-		&& echo "test-torch: installed torch $(VERSION) in $(TORCH_VENV) in $$(( $$(date +%s) - started )) s"; }
+		&& { $(TORCH_VENV)/bin/python -m compileall -q -j 0 $(TORCH_VENV)/lib > /dev/null || true; } \
+		&& touch $@ \
+		&& echo "test-torch: installed torch $(VERSION) in $(TORCH_VENV) in $$(( $$(date +%s) - started )) s"
+
+test-torch: $(TORCH_VENV)/.installed
 	$(TORCH_VENV)/bin/python -c 'import sys, torch; print(f"test-torch: torch {torch.__version__} (CUDA build {torch.version.cuda}), Python {sys.version.split()[0]}")'
 	$(TORCH_VENV)/bin/python -m pytest -q -n 2 --dist loadgroup -p no:cacheprovider --durations=5 $(TORCH_TESTS)
 

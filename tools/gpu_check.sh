@@ -11,8 +11,8 @@
 # The Python: $PYTHON if set, else the first of python3, python, .venv/bin/python whose torch sees
 # a CUDA device (the Makefile's .venv pins a CPU torch), else .venv/bin/python or python3 (and
 # without --smoke every GPU row of the table then SKIPs, saying there is no CUDA device). A torch
-# older than 2.9, or a module the check uses missing, are refused in one line with exit status 2 before
-# anything runs.
+# older than pyproject.toml's bound, or a module the check uses missing, are refused in one line with
+# exit status 2 before anything runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,11 +33,14 @@ PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo py
 print(f"gpu_check.sh: Python {sys.executable}, torch {torch.__version__} (CUDA build: {torch.version.cuda}), "
       f"{torch.cuda.device_count()} CUDA device(s)")' \
   || { echo "gpu_check.sh: $PYTHON cannot import torch; set PYTHON to a Python with headlab's dependencies" >&2; exit 2; }
-# torch.optim.Muon (the paper presets' optimizer) is in torch 2.9 and later: say so before any stage runs.
+# The oldest torch headlab supports is pyproject.toml's `torch>=X.Y` (the oldest `make test-torch` ran
+# green; torch.optim.Muon needs 2.9), read from there so the two cannot disagree: say so before any stage runs.
+TORCH_MIN=$(sed -n 's/^ *"torch>=\([0-9][0-9.]*\)".*/\1/p' pyproject.toml)
+[ -n "$TORCH_MIN" ] || { echo "gpu_check.sh: no \"torch>=X.Y\" line in pyproject.toml" >&2; exit 2; }
 "$PYTHON" -c 'import re, sys, torch
 version = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
-sys.exit(0 if version >= (2, 9) else 1)' \
-  || { echo "gpu_check.sh: $PYTHON has torch $("$PYTHON" -c 'import torch; print(torch.__version__)'); headlab needs torch >= 2.9 (torch.optim.Muon)" >&2; exit 2; }
+sys.exit(0 if version >= tuple(int(part) for part in sys.argv[1].split(".")[:2]) else 1)' "$TORCH_MIN" \
+  || { echo "gpu_check.sh: $PYTHON has torch $("$PYTHON" -c 'import torch; print(torch.__version__)'); headlab needs torch >= $TORCH_MIN (pyproject.toml)" >&2; exit 2; }
 # The modules the check uses (tools/node_checks.py's NEEDS: not ipywidgets, JupyterLab, matplotlib or
 # seaborn, which the GPU image may lack and nothing here imports), every missing one named in one line.
 "$PYTHON" tools/node_checks.py || exit 2

@@ -81,9 +81,9 @@ class RMSNorm(torch.nn.RMSNorm):
 class _RMSNorm(Function):
     @staticmethod
     def forward(ctx, x, weight, eps):
-        wide = x.to(_statistics_dtype(x))
+        wide = _as(x, _statistics_dtype(x))
         inv_rms = _inverse_rms(wide, eps)
-        x_hat = (wide * inv_rms).to(x.dtype)
+        x_hat = _as(wide * inv_rms, x.dtype)
         ctx.save_for_backward(x_hat, weight, inv_rms)
         return x_hat if weight is None else x_hat * weight.to(x.dtype)
 
@@ -113,6 +113,15 @@ def _statistics_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`x.to(dtype)` without the op when x has that dtype already (the same tensor either way).
+    torch 2.11's AOT autograd (torch.compile, aot_eager as inductor) gets a Function's gradient
+    wrong when the tensor it saves and returns is an alias of an intermediate, as a no-op `.to` or
+    an in-place op's result are: float32 training, or the fp32 residual stream under bf16 autocast
+    (tests/model/test_ops.py; torch 2.13 is right)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((torch.addcmul(x1 * cos, x2, sin, value=-1), torch.addcmul(x2 * cos, x1, sin)), dim=-1)
@@ -134,9 +143,9 @@ class _RotatePairs(Function):
 class _RotateAndNormalize(Function):
     @staticmethod
     def forward(ctx, x, cos, sin, eps):
-        wide = x.to(_statistics_dtype(x))
+        wide = _as(x, _statistics_dtype(x))
         inv_rms = _inverse_rms(wide, eps)
-        y = _rotate(wide, cos, sin).mul_(inv_rms).to(x.dtype)
+        y = _as(_rotate(wide, cos, sin) * inv_rms, x.dtype)
         ctx.save_for_backward(y, inv_rms, cos, sin)
         return y
 

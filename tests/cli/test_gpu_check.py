@@ -152,21 +152,40 @@ def test_a_missed_performance_target_warns_without_failing_the_node(gpu_check, t
     assert gpu_check.main(["--smoke", "--runs-dir", str(tmp_path)]) == 0
 
 
-def test_the_wrapper_refuses_a_torch_older_than_2_9_before_anything_runs(tmp_path):
-    """torch.optim.Muon arrived in torch 2.9: gpu_check.sh says so in one line, exit status 2."""
+def _fake_torch(folder: Path, version: str) -> str:
+    """A PYTHONPATH whose `torch` reports `version` and 8 CUDA devices, and nothing else."""
+    (folder / "torch").mkdir(parents=True)
+    (folder / "torch" / "__init__.py").write_text(f"__version__ = {version!r}\n"
+                                                  "class version:\n    cuda = '12.8'\n"
+                                                  "class cuda:\n    is_available = staticmethod(lambda: True)\n"
+                                                  "    device_count = staticmethod(lambda: 8)\n")
+    return str(folder)
+
+
+def test_the_wrapper_refuses_a_torch_older_than_pyprojects_bound_before_anything_runs(tmp_path):
+    """The oldest torch `make test-torch` ran green is pyproject.toml's `torch>=X.Y`: gpu_check.sh reads
+    that bound, refuses one minor release below it in one line (exit status 2), and lets the bound
+    itself through to the next gate (here: the modules the check needs, one made missing)."""
     import os
+    import re
     import subprocess
 
-    fake = tmp_path / "old" / "torch"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("__version__ = '2.8.0+cu128'\n"
-                                      "class version:\n    cuda = '12.8'\n"
-                                      "class cuda:\n    is_available = staticmethod(lambda: True)\n"
-                                      "    device_count = staticmethod(lambda: 8)\n")
-    done = subprocess.run(["bash", str(SCRIPT.with_suffix(".sh"))], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(fake.parent)})
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "torch 2.8.0+cu128; headlab needs torch >= 2.9" in done.stderr and "Traceback" not in done.stderr
+    pyproject = (SCRIPT.parents[1] / "pyproject.toml").read_text()
+    major, minor = map(int, re.search(r'"torch>=(\d+)\.(\d+)"', pyproject).groups())
+    older = f"{major}.{minor - 1}.0+cu128"
+
+    def wrapper(pythonpath: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(SCRIPT.with_suffix(".sh"))], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": pythonpath})
+
+    refused = wrapper(_fake_torch(tmp_path / "old", older))
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert f"torch {older}; headlab needs torch >= {major}.{minor} (pyproject.toml)" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    _fake_torch(tmp_path / "new", f"{major}.{minor}.0+cu128")
+    at_bound = wrapper(_without(tmp_path / "new", "tqdm"))
+    assert at_bound.returncode == 2 and "needs torch" not in at_bound.stderr, at_bound.stderr[-2000:]
+    assert "lacks tqdm" in at_bound.stderr
 
 
 def _without(tmp_path, *names: str) -> str:

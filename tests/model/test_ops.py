@@ -194,6 +194,31 @@ def test_torch_compile_traces_the_ops_in_one_graph_with_eager_gradients():
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("op", ["rms_norm", "rms_norm without weight", "rotate_pairs", "rotate_and_normalize",
+                                "relu_squared"])
+def test_each_op_compiled_has_its_eager_gradient_in_float32(op):
+    """Each Function alone under aot_eager, in float32, where a dtype cast is a no-op: torch 2.11's AOT
+    autograd got the gradient wrong when the tensor a Function saves and returns is an alias of an
+    intermediate (a no-op `.to`, an in-place result), which rms_norm without weight and
+    rotate_and_normalize had."""
+    generator = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(2, 3, 5, 8, generator=generator), torch.randn(8, generator=generator)
+    cos, sin = torch.randn(5, 4, generator=generator), torch.randn(5, 4, generator=generator)
+    apply = {"rms_norm": lambda x: rms_norm(x, weight, 1e-6),
+             "rms_norm without weight": lambda x: rms_norm(x, None, 1e-6),
+             "rotate_pairs": lambda x: rotate_pairs(x, cos, sin),
+             "rotate_and_normalize": lambda x: rotate_and_normalize(x, cos, sin, 1e-6),
+             "relu_squared": relu_squared}[op]
+    upstream = torch.randn(x.shape, generator=generator)
+
+    def gradient(function):
+        leaf = x.clone().requires_grad_()
+        (function(leaf) * upstream).sum().backward()
+        return leaf.grad
+
+    torch.testing.assert_close(gradient(torch.compile(apply, backend="aot_eager")), gradient(apply))
+
+
 @pytest.mark.parametrize("attention", ["mha", "mla"])
 def test_qk_norm_uses_one_epsilon_in_every_dtype(attention, monkeypatch):
     """QK-norm's ε is float32's in float32 and under bf16 autocast alike (bf16's own 2⁻⁷ would
