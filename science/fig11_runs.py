@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from real_measure import spectra_of
+from regime_runs import finished_run
 
 from headlab.analysis.attention_maps import attention_similarity
 from headlab.analysis.candidates import data_aware_similarity, weight_candidates
@@ -25,7 +26,6 @@ from headlab.data.corpus import load_corpus
 from headlab.report.plots.panels import layer_roles
 from headlab.study.roles import comparison_roles
 from headlab.study.tables import BEHAVIOUR_WINDOWS, MOMENT_WINDOWS, validation_windows
-from headlab.training.runs import load_run
 
 SPECTRUM_COLUMNS = [f"l{i}" for i in range(1, 7)]
 
@@ -44,11 +44,8 @@ def attention_matrices(model, windows, label: str, n_heads: int) -> list[np.ndar
 
 def run_rows(run_dir: Path, roles: dict[str, str], corpus) -> tuple[list[dict], list[dict]] | None:
     """(per-layer rows, panel spectrum rows) of one finished run; None while it trains."""
-    try:
-        run = load_run(run_dir)
-    except (ValueError, OSError):
-        return None
-    if run.step != run.train_config.steps:
+    run = finished_run(run_dir)
+    if run is None:
         return None
     config = run.model_config
     windows = validation_windows(corpus, MOMENT_WINDOWS, config.seq_len)

@@ -64,14 +64,21 @@ def averaged_updates(train) -> float:
     return float(weights.sum() ** 2 / (weights ** 2).sum())
 
 
-def run_tables(run_dir: Path, corpora: dict) -> tuple[pd.DataFrame, pd.DataFrame] | None:
-    """(per-layer rows of the final weights, per-step rows of the snapshots) of a finished run;
-    None while it trains."""
+def finished_run(run_dir: Path):
+    """The Run of a run folder whose training has finished; None while it trains (or before its
+    first checkpoint can be read)."""
     try:
         run = load_run(run_dir)
     except (ValueError, OSError):
         return None
-    if run.step != run.train_config.steps:
+    return run if run.step == run.train_config.steps else None
+
+
+def run_tables(run_dir: Path, corpora: dict) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """(per-layer rows of the final weights, per-step rows of the snapshots) of a finished run;
+    None while it trains."""
+    run = finished_run(run_dir)
+    if run is None:
         return None
     model_config, train = run.model_config, run.train_config
     tokenizer = {256: "byte"}.get(model_config.vocab_size, f"bpe:{model_config.vocab_size}")
