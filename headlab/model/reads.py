@@ -27,16 +27,23 @@ def fields_read(config: ModelConfig) -> frozenset[str]:
     """The fields of `config` that a GPT of it reads while it is built (its shape, its family's
     knobs, its initialisation): a field outside this set changes nothing in the model."""
     read: set[str] = set()
+    with torch.device("meta"):
+        GPT(recording(config, read))
+    return frozenset(read)
 
-    class Reading(ModelConfig):
+
+def recording(config, read: set[str]):
+    """A copy of dataclass `config` (the same values, validated already) that adds the name of each
+    of its fields to `read` when it is looked up."""
+    names = frozenset(f.name for f in fields(config))
+
+    class Reading(type(config)):
         def __getattribute__(self, name):
-            if name in FIELDS:
+            if name in names:
                 read.add(name)
             return object.__getattribute__(self, name)
 
-    probe = object.__new__(Reading)  # the same values, validated already as `config`
-    for name in FIELDS:
+    probe = object.__new__(Reading)
+    for name in names:
         object.__setattr__(probe, name, getattr(config, name))
-    with torch.device("meta"):
-        GPT(probe)
-    return frozenset(read)
+    return probe

@@ -19,7 +19,7 @@ import torch
 
 from headlab.model.config import ModelConfig, preset
 from headlab.model.gpt import GPT
-from headlab.model.reads import fields_read
+from headlab.model.reads import fields_read, recording
 from headlab.training.config import CHOICES, LRKV_B_OPTIMIZERS, OPTIMIZERS, TrainConfig
 from headlab.training.optimizers import optimizer_plan, optimizer_table
 
@@ -33,13 +33,6 @@ def optimizer_fields() -> frozenset[str]:
     key matrices), under every optimizer, lrkv_b_optimizer and both values of the plan's switches.
     The training loop reads every other field, for every model."""
     read: set[str] = set()
-
-    class Reading(TrainConfig):
-        def __getattribute__(self, name):
-            if name in TRAIN_FIELDS:
-                read.add(name)
-            return object.__getattribute__(self, name)
-
     with torch.device("meta"):
         named = list(GPT(preset("tiny", "lrkv")).named_parameters())
     switches = [name for name in TRAIN_FIELDS if isinstance(getattr(TrainConfig(), name), bool)]
@@ -49,10 +42,7 @@ def optimizer_fields() -> frozenset[str]:
             config = TrainConfig(optimizer=optimizer, lrkv_b_optimizer=b_optimizer, **dict(zip(switches, values)))
         except ValueError:
             continue  # a recipe TrainConfig refuses (per-head Muon under AdamW)
-        probe = object.__new__(Reading)
-        for name in TRAIN_FIELDS:
-            object.__setattr__(probe, name, getattr(config, name))
-        optimizer_plan(named, probe)
+        optimizer_plan(named, recording(config, read))
     return frozenset(read)
 
 
