@@ -19,8 +19,6 @@ import torch
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
 
-FIELDS = frozenset(f.name for f in fields(ModelConfig))
-
 
 @functools.lru_cache(maxsize=256)
 def fields_read(config: ModelConfig) -> frozenset[str]:
