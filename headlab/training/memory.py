@@ -13,7 +13,8 @@ Memory per device (bytes; P parameters, the model is kept in fp32 and autocast t
     holds the larger of the two, not both):
         Muon        8 B per parameter of the largest stack of one shape a rank orthogonalises:
                     the fp32 stacks of its gradients and momenta, alive together before the
-                    Newton–Schulz iteration (whose bf16 copies and Gram matrices take less);
+                    Newton–Schulz iteration, and for square matrices the iteration's bf16
+                    iterate, Gram matrix, its square and next iterate (less for others);
                     `muon_step` lets one shape's go before the next
         exchange    (sharded) 4 B per parameter of the largest share: the buffer in which each
                     rank in turn broadcasts its updated parameters

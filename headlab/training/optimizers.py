@@ -69,18 +69,28 @@ def orthogonalize(update: torch.Tensor, steps: int = NEWTON_SCHULZ_STEPS, eps: f
     """Approximately U Vᵀ for each matrix G = U S Vᵀ in a batch (…, m, n), by the quintic
     Newton–Schulz iteration X ← a·X + (b·A + c·A²)·X with A = X Xᵀ, from X = G / ‖G‖_F (per matrix),
     iterated on the wide orientation in bfloat16 as torch.optim.Muon does; singular values end
-    near 1 (roughly within 0.5 to 1.5), which is all Muon asks of it. A caller that holds no other
-    reference to `update` lets its memory go once the bfloat16 copy is made."""
+    near 1 (roughly within 0.5 to 1.5), which is all Muon asks of it. In update's dtype."""
+    return _orthogonalized([update.to(torch.bfloat16, copy=True)], update.dtype, steps, eps, coefficients)
+
+
+def _orthogonalized(handed: list[torch.Tensor], dtype: torch.dtype, steps: int, eps: float,
+                    coefficients: tuple[float, float, float]) -> torch.Tensor:
+    """`orthogonalize` of the one bfloat16 tensor in `handed`, which it takes out and then
+    overwrites: handed in a list, not as an argument, because whatever keeps a frame's arguments
+    (a tracer, a frame evaluator) would keep the input alive beside the iteration. Its peak is then
+    the input's 2 B per parameter plus, for square matrices, the Gram matrix, its square and the
+    next iterate: 8 B, which is what the memory model plans."""
     a, b, c = coefficients
-    shape, dtype, tall = update.shape, update.dtype, update.size(-2) > update.size(-1)
-    x = update.bfloat16().reshape(-1, *shape[-2:])
-    del update
+    x = handed.pop()
+    shape, tall = x.shape, x.size(-2) > x.size(-1)
+    x = x.view(-1, *shape[-2:])
     if tall:
         x = x.mT
-    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    x.div_(x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps))
     for _ in range(steps):
         gram = x @ x.mT
         x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # fused as torch's addmm
+        del gram
     return (x.mT if tall else x).reshape(shape).to(dtype)
 
 
@@ -108,8 +118,11 @@ def muon_step(params: list[torch.Tensor], state, lr: float, weight_decay: float,
                 state[p]["momentum_buffer"] = torch.zeros_like(p)
         buffers = [state[p]["momentum_buffer"] for p in same]
         torch._foreach_lerp_(buffers, grads, 1 - momentum)
-        update = orthogonalize(torch.stack(grads).lerp_(torch.stack(buffers), momentum) if nesterov
-                               else torch.stack(buffers), steps=steps, eps=eps, coefficients=coefficients)
+        # the fp32 stacks live only inside this expression, never in a local, so they are gone
+        # before the iteration starts (`_orthogonalized`)
+        handed = [(torch.stack(grads).lerp_(torch.stack(buffers), momentum) if nesterov
+                   else torch.stack(buffers)).bfloat16()]
+        update = _orthogonalized(handed, same[0].dtype, steps, eps, coefficients)
         torch._foreach_mul_(same, 1 - lr * weight_decay)
         torch._foreach_add_(same, update.unbind(0), alpha=-lr * math.sqrt(max(1.0, shape[-2] / shape[-1])))
         del update  # before the next shape's stacks

@@ -126,8 +126,11 @@ class OptimizerStep:
 
     def _exchange(self) -> None:
         """Every rank's updated parameters to every rank: one broadcast per rank and dtype of its
-        parameters packed in one buffer, in the model's order, one buffer alive at a time. A
-        handful of operations per rank, whatever its parameters (flat views made once)."""
+        parameters packed in one buffer, in the model's order. One buffer per dtype, of the largest
+        share, serves every rank in turn, so a step holds that much whenever a collective lets go
+        of the tensors it was handed (gloo's worker thread may keep the last one a moment after
+        the broadcast returns). A handful of operations per rank, whatever its parameters (flat
+        views made once)."""
         if self.flat is None:
             self.flat = []
             for rank in range(dist.get_world_size(self.shard.group)):
@@ -136,15 +139,19 @@ class OptimizerStep:
                     if self.shard.owner[id(p)] == rank:
                         by_dtype.setdefault(p.dtype, []).append(p.detach().view(-1))
                 self.flat += [(rank, views) for views in by_dtype.values()]
+        largest: dict[tuple[torch.dtype, torch.device], int] = {}
+        for _, views in self.flat:
+            key = (views[0].dtype, views[0].device)
+            largest[key] = max(largest.get(key, 0), sum(view.numel() for view in views))
+        buffers = {key: torch.empty(size, dtype=key[0], device=key[1]) for key, size in largest.items()}
         for rank, views in self.flat:
-            self._broadcast(rank, views)
+            self._broadcast(rank, views, buffers[(views[0].dtype, views[0].device)])
 
-    def _broadcast(self, rank: int, views: list[torch.Tensor]) -> None:
+    def _broadcast(self, rank: int, views: list[torch.Tensor], buffer: torch.Tensor) -> None:
         sizes = [view.numel() for view in views]
+        packed = buffer[:sum(sizes)]
         if rank == self.shard.rank:
-            packed = torch.cat(views)
-        else:
-            packed = torch.empty(sum(sizes), dtype=views[0].dtype, device=views[0].device)
+            torch.cat(views, out=packed)
         dist.broadcast(packed, src=dist.get_global_rank(self.shard.group, rank), group=self.shard.group)
         if rank != self.shard.rank:
             torch._foreach_copy_(views, packed.split(sizes))

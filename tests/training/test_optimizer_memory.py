@@ -3,15 +3,11 @@ step's temporaries) against what a step allocates, counted op by op: a dispatch 
 bytes of every tensor an operation returns in fresh memory and takes them off when that memory
 is freed, so the peak is exact, on one process and on each of 2 gloo ranks of a sharded step."""
 
-import json
-import subprocess
-import sys
-import weakref
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -29,26 +25,28 @@ CONFIGS = [preset("tiny", family).replace(n_layer=4, d_model=128, head_dim=32) f
 
 class LiveBytes(TorchDispatchMode):
     """The bytes of the tensors operations allocated inside the block and that are still alive,
-    and their peak."""
+    and their peak. A storage is followed by a weak reference to torch's own storage (not to its
+    Python object, which the garbage collector may drop and remake while the memory lives on), and
+    counted once, however many views of it later operations return."""
 
     def __init__(self):
         super().__init__()
         self.live = self.peak = 0
-
-    def _freed(self, nbytes: int) -> None:
-        self.live -= nbytes
+        self.counted: dict[StorageWeakRef, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        given = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for ref in [ref for ref in self.counted if ref.expired()]:
+            self.live -= self.counted.pop(ref)
+        given = {StorageWeakRef(t.untyped_storage())
+                 for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         for tensor in tree_flatten(out)[0]:
             if isinstance(tensor, torch.Tensor):
-                storage = tensor.untyped_storage()
-                if storage.data_ptr() not in given and not getattr(storage, "_counted", False):
-                    storage._counted = True  # views of it come back from later operations
-                    self.live += storage.nbytes()
+                ref = StorageWeakRef(tensor.untyped_storage())
+                if ref not in given and ref not in self.counted:
+                    self.counted[ref] = tensor.untyped_storage().nbytes()
+                    self.live += self.counted[ref]
                     self.peak = max(self.peak, self.live)
-                    weakref.finalize(storage, self._freed, storage.nbytes())
         return out
 
 
@@ -70,24 +68,13 @@ def _measured_step(config, optimizer: str, group=None) -> tuple[int, int]:
     return counted.peak, state
 
 
-def _measured_in_a_fresh_process(index: int, optimizer: str) -> tuple[int, int]:
-    """`_measured_step` of CONFIGS[index] in a Python of its own: in a full suite's worker something
-    left behind by an earlier test held one stack more for the length of a step (seen as exactly one
-    fp32 stack over the plan, never when the test ran alone), which says nothing of the step."""
-    here = Path(__file__).resolve().parent
-    code = (f"import json, sys; sys.path[:0] = {[str(here), str(here.parent)]!r}; import test_optimizer_memory as t; "
-            f"print(json.dumps(t._measured_step(t.CONFIGS[{index}], {optimizer!r})))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return tuple(json.loads(done.stdout.splitlines()[-1]))
-
-
 @pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[c.attention for c in CONFIGS])
 def test_a_muon_steps_temporaries_are_the_planned_ones(index):
     """One shape's fp32 stacks of gradients and momenta at a time: 8 B per parameter of the
-    largest (within 5 %: the Newton–Schulz iteration's bf16 copies and Gram matrices stay below)."""
+    largest (within 5 %; the Newton–Schulz iteration's bf16 iterates and Gram matrices reach 8 B
+    for square matrices, never more)."""
     config = CONFIGS[index]
-    peak, state = _measured_in_a_fresh_process(index, "muon")
+    peak, state = _measured_step(config, "muon")
     assert peak == pytest.approx(step_transient_bytes(config, 1, "muon"), rel=0.05)
     assert state == rank_shares(config, 1, "muon")[0]["state"]
 

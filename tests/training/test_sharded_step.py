@@ -26,17 +26,17 @@ CLIP = 1.0  # the seeded gradients' norm is far above it: every step clips
 @contextmanager
 def counting_orthogonalized():
     """[how many matrices this process orthogonalised inside the block]."""
-    orthogonalized, orthogonalize = [0], optimizers_module.orthogonalize
+    orthogonalized, iteration = [0], optimizers_module._orthogonalized
 
-    def counted(update, *args, **kwargs):
-        orthogonalized[0] += len(update)
-        return orthogonalize(update, *args, **kwargs)
+    def counted(handed, *args, **kwargs):
+        orthogonalized[0] += len(handed[0])
+        return iteration(handed, *args, **kwargs)
 
-    optimizers_module.orthogonalize = counted
+    optimizers_module._orthogonalized = counted
     try:
         yield orthogonalized
     finally:
-        optimizers_module.orthogonalize = orthogonalize
+        optimizers_module._orthogonalized = iteration
 
 
 def _after_steps(group=None) -> tuple[dict[str, torch.Tensor], int, int]:
