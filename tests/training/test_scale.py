@@ -51,14 +51,17 @@ def test_the_paper_128m_shape_runs_end_to_end_on_a_cpu(tmp_path, isolated_cache)
     autocast, on a local dataset through the hf: path with a BPE trained on it (vocab 1024: the
     variants' vocabulary follows the tokenizer, so the model is the paper's but for its
     embedding), analysed and reported. To fit a CPU test: two of the six variants (all six take
-    ~150 s here), a context of 16 tokens, a batch of 2 sequences, and AdamW in place of Muon,
-    whose Newton-Schulz steps cost ~20 s per step and variant on one CPU thread."""
+    ~150 s here), a context of 16 tokens, a batch of 2 sequences, AdamW in place of Muon,
+    whose Newton-Schulz steps cost ~20 s per step and variant on one CPU thread, and no analysis
+    snapshots through training (a fifth of the test's time at this width; tests/training/test_snapshots.py
+    holds them)."""
     pytest.importorskip("datasets")
     pytest.importorskip("tokenizers")
     study = Study("paper-128m", 2, tmp_path / "study", corpus="hf:json", tokenizer="bpe:1024",
                   corpus_options={"data_files": str(_documents(tmp_path / "docs.jsonl"))},
                   model_overrides={"seq_len": 16},
-                  train_overrides={"batch_size": 2, "eval_batches": 1, "optimizer": "adamw"}, only=("mha", "mla"))
+                  train_overrides={"batch_size": 2, "eval_batches": 1, "optimizer": "adamw", "snapshot_every": 0},
+                  only=("mha", "mla"))
     assert study.train_config().dtype == "bfloat16"
     try:
         runs = study.train(seeds=1, progress=False, log=lambda message: None)
