@@ -8,6 +8,8 @@ import sys
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
+from torch.nn.parallel import DistributedDataParallel
 
 import headlab
 from conftest import forge_manifest_entry
@@ -378,30 +380,28 @@ def single_process_run(tmp_path_factory):
 
 
 def test_two_process_fsdp_with_accumulation_equals_single_process_training(tmp_path, single_process_run):
-    result = _headlab(tmp_path,
-                      [*FSDP_ARGS, "--parallel", "fsdp", "--grad-accum", "2", "--out", str(tmp_path / "fsdp")],
-                      processes=2)
-    assert result.returncode == 0, result.stderr[-3000:]
+    """Two ranks forked with torchrun's environment (`on_ranks`), as the tests below: the
+    torchrun-launched runs are test_two_process_gloo_run_… and the resume across world sizes."""
+    argv = [*FSDP_ARGS, "--parallel", "fsdp", "--grad-accum", "2", "--out", str(tmp_path / "fsdp")]
+    assert on_ranks(lambda rank: main(argv), timeout=240) == [0, 0]
     assert _max_difference(load_run(tmp_path / "fsdp"), single_process_run) < 1e-5
 
 
-# Runs `headlab`, then prints on rank 0 the graphs torch.compile made and the bucket size (bytes)
-# of each DistributedDataParallel wrapper the run made.
-COUNTING_COMPILES = """
-import json, os, sys
-import torch
-from torch._dynamo.utils import counters
-from headlab.cli.main import main
-wrap, buckets = torch.nn.parallel.DistributedDataParallel.__init__, []
-def recording_wrap(self, *args, **kwargs):
-    wrap(self, *args, **kwargs)
-    buckets.append(self.bucket_bytes_cap)
-torch.nn.parallel.DistributedDataParallel.__init__ = recording_wrap
-status = main(sys.argv[1:])
-if os.environ["RANK"] == "0":
-    print(json.dumps({"graphs": counters["stats"]["unique_graphs"], "bucket_bytes": buckets}))
-sys.exit(status)
-"""
+def _compiled_rank(argv: list[str]) -> tuple[int, int, list[int]]:
+    """`headlab` on one forked rank: its exit status, the graphs torch.compile made in this rank
+    (none inherited from the test process: its compiles are forgotten first) and the bucket size
+    (bytes) of each DistributedDataParallel wrapper the run made."""
+    torch.compiler.reset()
+    counters.clear()
+    wrap, buckets = DistributedDataParallel.__init__, []
+
+    def recording_wrap(self, *args, **kwargs):
+        wrap(self, *args, **kwargs)
+        buckets.append(self.bucket_bytes_cap)
+
+    DistributedDataParallel.__init__ = recording_wrap  # this forked rank's own class
+    status = main(argv)
+    return status, counters["stats"]["unique_graphs"], buckets
 
 
 @pytest.mark.slow
@@ -412,19 +412,14 @@ def test_compiled_two_process_training_follows_the_eager_single_process_run(tmp_
     the all-reduce buckets) and under FSDP (each block compiled): the weights and every logged
     loss within 1e-5 of the eager single-process run, as the eager two-process runs are. Under
     DDP each bucket holds a block's gradients, at least DDP's 1 MiB first bucket
-    (`compiled_bucket_cap_mb`; DDPOptimizer refuses a smaller one)."""
-    script = tmp_path / "counting_compiles.py"
-    script.write_text(COUNTING_COMPILES)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(script), *FSDP_ARGS, "--parallel", parallel, "--compile", "aot_eager",
-                             "--out", str(tmp_path / "run")], env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    seen = json.loads(result.stdout.strip().splitlines()[-1])
-    assert seen["graphs"] >= 1  # compiled, not eager
+    (`compiled_bucket_cap_mb`; DDPOptimizer refuses a smaller one). Two forked ranks (`on_ranks`)."""
+    argv = [*FSDP_ARGS, "--parallel", parallel, "--compile", "aot_eager", "--out", str(tmp_path / "run")]
+    (status, graphs, buckets), *others = on_ranks(lambda rank: _compiled_rank(argv), timeout=240)
+    assert status == 0 and [other[0] for other in others] == [0]
+    assert graphs >= 1  # compiled, not eager
     assert _max_difference(load_run(tmp_path / "run"), single_process_run) < 1e-5
     model = GPT(preset("tiny", "lrkv"))
-    assert seen["bucket_bytes"] == ([int(compiled_bucket_cap_mb(model) * 2 ** 20)] if parallel == "ddp" else [])
+    assert buckets == ([int(compiled_bucket_cap_mb(model) * 2 ** 20)] if parallel == "ddp" else [])
     block_bytes = 4 * sum(p.numel() for p in model.blocks[0].parameters())
     assert compiled_bucket_cap_mb(model) * 2 ** 20 == max(block_bytes, 2 ** 20)
 
@@ -444,7 +439,8 @@ def test_eight_process_fsdp_with_empty_shards_equals_single_process_training(tmp
     (4 rows) leave ranks 4-7 with empty shards. They all-gather, reduce and step like the others:
     the run equals the single-process one. The 8 ranks run `headlab train` forked from this process
     with torchrun's environment (`on_ranks`): 8 torchrun processes would each import torch and
-    headlab again (~5 CPU-s apiece); the 2-process tests above start it through torchrun itself."""
+    headlab again (~5 CPU-s apiece); test_two_process_gloo_run_… and the resume across world
+    sizes start it through torchrun itself."""
     assert min(p.shape[0] for p in GPT(preset("tiny", "lrkv")).parameters()) < 8  # some shards are empty
     argv = [*FSDP_ARGS, "--parallel", "fsdp", "--out", str(tmp_path / "fsdp")]
     assert on_ranks(lambda rank: main(argv), world_size=8, timeout=240) == [0] * 8
