@@ -54,8 +54,12 @@ def torchrun_headlab(cwd: Path, args: list[str], timeout: float = 240) -> subpro
                            "-m", "headlab", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
-# The study that torchrun_study trains (into --out study): the tiny preset's six variants, one seed, four steps.
-TORCHRUN_STUDY = ["reproduce", "--preset", "tiny", "--seeds", "1", "--steps", "4", "--corpus", "synthetic"]
+# The study that torchrun_study trains (into --out study): the tiny preset, one seed, four steps, three
+# variants: MHA (the reference) and the two whose parameters a sharded step deals out unlike a plain
+# block's (LRKV's 3-D per-head factors, MLA's latents); all six take twice the CPU-seconds.
+TORCHRUN_VARIANTS = ("mha", "lrkv-small", "mla")
+TORCHRUN_STUDY = ["reproduce", "--preset", "tiny", "--seeds", "1", "--steps", "4", "--corpus", "synthetic",
+                  "--only", *TORCHRUN_VARIANTS]
 
 
 @pytest.fixture(scope="session")
