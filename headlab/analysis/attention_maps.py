@@ -21,7 +21,7 @@ import torch
 
 from headlab.analysis.heads import load_heads
 from headlab.analysis.hf_models import hf_attention_maps
-from headlab.analysis.inputs import forward_model, run_forward
+from headlab.analysis.inputs import load_forward_model, run_forward
 from headlab.analysis.similarity import Analysis, similarity_rows, spectrum_rows, table_from_pieces
 from headlab.analysis.spectrum import clipped_spectrum
 from headlab.model.attention.common import AttentionCore, attention_probabilities
@@ -83,14 +83,16 @@ def js_distance_matrix(probs: torch.Tensor) -> np.ndarray:
 @torch.no_grad()
 def attention_similarity(source, tokens: torch.Tensor, label: str | None = None) -> pd.DataFrame:
     """Behaviour-space head similarity of `source` (a headlab GPT, run folder, Hugging Face
-    checkpoint folder or hf:ORG/NAME) on `tokens` (B, T) (`headlab.analysis.inputs.encode_text`):
-    per layer, the similarity table (circuit "pattern") with value = 1 − mean Jensen–Shannon
-    distance between two heads' attention maps (1: identical maps; 0: disjoint supports everywhere).
+    checkpoint folder, hf:ORG/NAME, or a `LoadedModel` of one) on `tokens` (B, T)
+    (`headlab.analysis.inputs.encode_text`): per layer, the similarity table (circuit "pattern")
+    with value = 1 − mean Jensen–Shannon distance between two heads' attention maps (1: identical
+    maps; 0: disjoint supports everywhere).
     `label` defaults to the one the weights view gives the model."""
-    model, kind = forward_model(source)
+    loaded = load_forward_model(source)
+    model, kind = loaded.module, loaded.kind
     with eval_mode(model):
         maps = _headlab_maps(model, tokens) if kind == "headlab" else hf_attention_maps(model, tokens)
-    label = label or (model.config.label if kind == "headlab" else load_heads(source).label)
+    label = label or (model.config.label if kind == "headlab" else load_heads(loaded.source).label)
     pieces = [similarity_rows(label, layer, PATTERN, BEHAVIOUR, NOT_APPLICABLE, 1.0 - js_distance_matrix(probs))
               for layer, probs in enumerate(maps)]
     return table_from_pieces(pieces, "similarity")

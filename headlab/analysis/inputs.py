@@ -116,9 +116,28 @@ def second_moment_root(moment: np.ndarray) -> np.ndarray:
     return (lam.clamp(min=0.0).sqrt()[:, None] * v.T).numpy()
 
 
+@dataclass(frozen=True)
+class LoadedModel:
+    """A source loaded once to run forward (`load_forward_model`): a caller that measures it in
+    several ways (input moments, attention maps) passes this instead of the source, and the
+    checkpoint is read, and a GGUF file dequantised, once."""
+
+    module: torch.nn.Module
+    kind: str  # "headlab" or the checkpoint's model_type
+    source: object  # what it was loaded from
+
+
+def load_forward_model(source) -> LoadedModel:
+    """`forward_model(source)`, kept for several measurements."""
+    return source if isinstance(source, LoadedModel) else LoadedModel(*forward_model(source), source)
+
+
 def forward_model(source) -> tuple[torch.nn.Module, str]:
     """A module that can run `source` (a headlab GPT, run folder, Hugging Face checkpoint folder,
-    hf:ORG/NAME or GGUF checkpoint) forward, and its kind ("headlab" or the checkpoint's model_type)."""
+    hf:ORG/NAME, GGUF checkpoint, or a `LoadedModel` of one) forward, and its kind ("headlab" or
+    the checkpoint's model_type)."""
+    if isinstance(source, LoadedModel):
+        return source.module, source.kind
     if isinstance(getattr(source, "config", None), ModelConfig):
         return source, "headlab"
     if not isinstance(source, (str, Path)):
@@ -166,7 +185,8 @@ def run_forward(model: torch.nn.Module, tokens: torch.Tensor):
 @torch.no_grad()
 def input_moments(source, tokens: torch.Tensor, text: str = "") -> InputMoments:
     """Σ_q, Σ_k of every layer of `source` (a headlab GPT, run folder, Hugging Face checkpoint
-    folder or hf:ORG/NAME), averaged over all positions of `tokens` (B, T) (from `encode_text`), in float64."""
+    folder, hf:ORG/NAME, or a `LoadedModel` of one), averaged over all positions of `tokens`
+    (B, T) (from `encode_text`), in float64."""
     model, kind = forward_model(source)
     tokens = torch.as_tensor(tokens)
     if tokens.ndim != 2 or tokens.numel() == 0:

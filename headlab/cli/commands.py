@@ -10,7 +10,7 @@ from pathlib import Path
 
 from headlab.analysis.attention_maps import attention_analysis
 from headlab.analysis.heads import load_heads
-from headlab.analysis.inputs import encode_text, input_moments
+from headlab.analysis.inputs import encode_text, input_moments, load_forward_model
 from headlab.analysis.similarity import Analysis, analyze, concat
 from headlab.analysis.snapshots import analyze_snapshots, snapshot_heads
 from headlab.analysis.zero_forms import zero_form_note
@@ -151,17 +151,20 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     # a shell glob's order is alphabetical: without --label, headlab models go in figure order (by config)
     order = labels if args.label is not None else sorted(labels, key=lambda label: by_label[label][0].figure_order)
 
-    def views(heads, label: str, source):
-        """The model's analysis under each measure asked for (its input moments measured once)."""
-        moments = input_moments(source, encode_text(source, text), text=str(args.text)) if "data" in measures else None
-        return [analyze(heads, label, args.circuit, mla_rope=args.mla_rope, measure=measure,
-                        inputs=moments if measure == "data" else None) for measure in measures]
-
-    result = concat(analysis for label in order for heads, source in [by_label[label]]
-                    for analysis in views(heads, label, source))
-    if args.attention_maps:  # the behaviour view (circuit "pattern", with its spectra) beside the weight views
-        result = concat([result, *(attention_analysis(source, encode_text(source, text)[:MAP_WINDOWS], label)
-                                   for label in order for _, source in [by_label[label]])])
+    # each model's analysis under each measure asked for, then its behaviour view (circuit "pattern",
+    # with its spectra): one model in memory at a time, read once and its text encoded once for both
+    weight_views, behaviour_views = [], []
+    for label in order:
+        heads, source = by_label[label]
+        loaded = load_forward_model(source) if text is not None else None
+        windows = encode_text(source, text) if text is not None else None
+        moments = input_moments(loaded, windows, text=str(args.text)) if "data" in measures else None
+        weight_views += [analyze(heads, label, args.circuit, mla_rope=args.mla_rope, measure=measure,
+                                 inputs=moments if measure == "data" else None) for measure in measures]
+        if args.attention_maps:
+            behaviour_views.append(attention_analysis(loaded, windows[:MAP_WINDOWS], label))
+        del loaded
+    result = concat([*weight_views, *behaviour_views])
     init = random_init(by_label, order, args)
     folder = result.save(args.out)
     print(layer_table(result.summary, result.spectra, None if init is None else init.spectra))
