@@ -83,7 +83,7 @@ def _orthogonalized(handed: list[torch.Tensor], dtype: torch.dtype, steps: int, 
     a, b, c = coefficients
     x = handed.pop()
     shape, tall = x.shape, x.size(-2) > x.size(-1)
-    x = x.view(-1, *shape[-2:])
+    x = x.reshape(-1, *shape[-2:])
     if tall:
         x = x.mT
     x.div_(x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps))

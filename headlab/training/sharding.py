@@ -84,6 +84,7 @@ class OptimizerStep:
         self.optimizers = optimizers
         self.shard = None
         self.flat: list[tuple[int, list[torch.Tensor]]] | None = None  # (rank, flat views of its parameters)
+        self.largest: dict[tuple[torch.dtype, torch.device], int] = {}  # the largest share's elements per dtype
         if group is not None and dist.get_world_size(group) > 1:
             params = [(optimizer, p) for optimizer in optimizers for g in optimizer.param_groups for p in g["params"]]
             owner = owners([p for optimizer, p in params if _orthogonalised(optimizer)],
@@ -139,11 +140,10 @@ class OptimizerStep:
                     if self.shard.owner[id(p)] == rank:
                         by_dtype.setdefault(p.dtype, []).append(p.detach().view(-1))
                 self.flat += [(rank, views) for views in by_dtype.values()]
-        largest: dict[tuple[torch.dtype, torch.device], int] = {}
-        for _, views in self.flat:
-            key = (views[0].dtype, views[0].device)
-            largest[key] = max(largest.get(key, 0), sum(view.numel() for view in views))
-        buffers = {key: torch.empty(size, dtype=key[0], device=key[1]) for key, size in largest.items()}
+            for _, views in self.flat:
+                key = (views[0].dtype, views[0].device)
+                self.largest[key] = max(self.largest.get(key, 0), sum(view.numel() for view in views))
+        buffers = {key: torch.empty(size, dtype=key[0], device=key[1]) for key, size in self.largest.items()}
         for rank, views in self.flat:
             self._broadcast(rank, views, buffers[(views[0].dtype, views[0].device)])
 
