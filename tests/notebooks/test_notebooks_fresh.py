@@ -93,7 +93,7 @@ def test_notebook_01_takes_up_the_study_notebook_03_trained_alone_first(tmp_path
     trained = listing(clone)
     assert len(list((study.parent / "runs").glob("*-seed0"))) == 6
     execute(clone, NOTEBOOKS[0].name)
-    assert [p for p in listing(clone) if p not in trained and p.parent.name != "notebooks"] == []
+    assert [p for p in listing(clone) if p not in trained and p.parts[0] != "notebooks"] == []
 
 
 @pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS[1:3]], ids=lambda name: name[:2])

@@ -3,7 +3,6 @@ step's temporaries) against what a step allocates, counted op by op: a dispatch 
 bytes of every tensor an operation returns in fresh memory and takes them off when that memory
 is freed, so the peak is exact, on one process and on each of 2 gloo ranks of a sharded step."""
 
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -42,10 +41,11 @@ class LiveBytes(TorchDispatchMode):
                  for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         for tensor in tree_flatten(out)[0]:
             if isinstance(tensor, torch.Tensor):
-                ref = StorageWeakRef(tensor.untyped_storage())
+                storage = tensor.untyped_storage()
+                ref = StorageWeakRef(storage)
                 if ref not in given and ref not in self.counted:
-                    self.counted[ref] = tensor.untyped_storage().nbytes()
-                    self.live += self.counted[ref]
+                    self.counted[ref] = storage.nbytes()
+                    self.live += storage.nbytes()
                     self.peak = max(self.peak, self.live)
         return out
 
