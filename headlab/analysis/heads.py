@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Mapping
 
 import numpy as np
-import torch
 
 from headlab.analysis.gguf_models import gguf_heads
 from headlab.analysis.gguf_sources import is_gguf_source
@@ -21,7 +20,7 @@ from headlab.analysis.layer_weights import GroupedWeights, LayerWeights, LRKVWei
 from headlab.analysis.tensors import TensorStore, check_layer_count
 from headlab.io.places import ReadPlace, checkpoint_place
 from headlab.model.config import ModelConfig
-from headlab.model.gpt import GPT
+from headlab.model.gpt import state_shapes
 from headlab.runs.folder import load_weights
 
 
@@ -34,8 +33,7 @@ def from_state_dict(config: ModelConfig, state: Mapping, label: str | None = Non
     prefix = tensors.prefix_of(f"blocks.0.attn.{first}", f"headlab {config.attention}")
     check_layer_count(tensors, f"{prefix}blocks.0.attn.{first}", config.n_layer, "the ModelConfig")
 
-    with torch.device("meta"):
-        expected = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
+    expected = state_shapes(config)
 
     def read_layer(i: int) -> LayerWeights:
         inside = tensors.under(f"{prefix}blocks.{i}.attn.")

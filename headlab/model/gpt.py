@@ -5,6 +5,7 @@ picks headlab's or nanochat's norms and initialisation."""
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -217,12 +218,25 @@ def initial_model(config: ModelConfig, seed: int) -> GPT:
     return GPT(config)
 
 
-def count_parameters(config: ModelConfig) -> dict[str, int]:
-    """`GPT(config).param_counts()` with the model built on the meta device: no weights are
-    allocated, so even the 6.3B preset costs no memory."""
+@functools.lru_cache(maxsize=64)
+def meta_model(config: ModelConfig) -> GPT:
+    """A GPT of `config` on the meta device: its parameters' names and shapes, no weights. Built
+    once per config and shared, so callers only read it: building one costs milliseconds (its
+    initialisation runs on meta too), and a study's tables read the heads of hundreds of snapshots
+    of a few configs."""
     with torch.device("meta"):
-        return GPT(config).param_counts()
+        return GPT(config)
 
+
+def state_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor of `GPT(config).state_dict()`."""
+    return {name: tuple(t.shape) for name, t in meta_model(config).state_dict().items()}
+
+
+def count_parameters(config: ModelConfig) -> dict[str, int]:
+    """`GPT(config).param_counts()` with the model on the meta device: no weights are allocated,
+    so even the 6.3B preset costs no memory."""
+    return meta_model(config).param_counts()
 
 
 def describe(config: ModelConfig, context: int, dtype: str = "bfloat16", batch_size: int = 1) -> dict:

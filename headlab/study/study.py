@@ -56,6 +56,7 @@ from headlab.training.reads import model_setting_reaches, train_setting_reaches
 from headlab.training.runs import Run, load_run
 from headlab.training.trainer import (
     TrainingDiverged,
+    collecting_only_what_is_made_within,
     free_finished_run,
     keep_freed_cpu_memory,
     prepared_corpus,
@@ -308,6 +309,10 @@ class Study:
         if is_main_process():
             claim_study_folder(self.folder)  # a folder headlab did not write is refused
         keep_freed_cpu_memory()  # small CPU models train ~10% faster; a study opts in for its processes
+        with collecting_only_what_is_made_within():
+            return self._train(seeds, progress, log, jobs)
+
+    def _train(self, seeds: int, progress: bool, log, jobs: int) -> list[StudyRun]:
         corpus = prepared_corpus(self.load_corpus, self.train_config(0).device)
         self.check_resumable(seeds, corpus)
         if note := repetition_note(self.train_config(0), self.variants[0].seq_len, corpus):
