@@ -22,6 +22,7 @@ from headlab.runs.checkpoints import current_checkpoint
 from headlab.runs.layout import MANIFEST
 from headlab.study.study import Study
 from headlab.study.table_files import MANIFEST as STUDY_MANIFEST
+from headlab.study.table_files import read_study_tables
 from headlab.study.tables import tabulate_study
 from headlab.training.runs import load_run
 
@@ -37,11 +38,19 @@ def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
 
 
+# The roles of `study_folder`: MHA and two variants, so a study of two of them (MHA and MLA) is
+# another study (`test_study_tables_are_not_reused_for_other_roles`); all six cost twice as much.
+ROLES = ("mha", "mqa", "mla")
+# `reproduce` of the very study `study_folder` holds (its runs are reused), one process: a worker
+# per core would import torch again for runs that are only loaded.
+REPRODUCE = ["reproduce", "--preset", "tiny", "--steps", "4", "--seeds", "1", "--only", *ROLES, "--jobs", "1"]
+
+
 @pytest.fixture(scope="module")
 def study_folder(tmp_path_factory):
-    """A finished tiny study (one seed, few steps) with its tables and report: copied per test."""
+    """A finished tiny study (one seed, few steps, `ROLES`) with its tables and report: copied per test."""
     out = tmp_path_factory.mktemp("study") / "study"
-    study = Study("tiny", 4, out)
+    study = Study("tiny", 4, out, only=ROLES)
     from headlab.report.writer import write_report
     write_report(tabulate_study(study.train(seeds=1, progress=False, log=lambda m: None), study.load_corpus(),
                                 "tiny", out), out)
@@ -88,10 +97,10 @@ def test_a_discard_entry_naming_a_users_file_or_a_listed_file_deletes_neither(st
     monkeypatch.delenv(sources.CACHE_ENV)  # the study's own token cache: its runs are reused
     (study / "notes.md").write_text("the user's own notes")
     edit_manifest(study / STUDY_MANIFEST, lambda m: m["discard"].extend(["notes.md", "summary.csv", "runs"]))
-    assert main(["reproduce", "--preset", "tiny", "--steps", "4", "--seeds", "1", "--out", str(study)]) == 0
+    assert main([*REPRODUCE, "--out", str(study)]) == 0
     assert (study / "notes.md").read_text() == "the user's own notes"
     assert (study / "summary.csv").is_file() and any((study / "runs").iterdir())
-    assert main(["report", str(study)]) == 0  # the tables still verify
+    read_study_tables(study)  # the tables still verify (what `report` reads before it draws)
 
 
 @pytest.fixture
@@ -399,18 +408,17 @@ def test_a_start_log_cut_mid_line_gets_its_next_record_on_a_line_of_its_own(fini
     assert json.loads(starts.read_text().splitlines()[-1])["step"] == TINY.steps
 
 
-def test_a_studys_runs_folder_linked_into_another_study_is_refused_and_that_study_is_untouched(tmp_path, capsys):
+def test_a_studys_runs_folder_linked_into_another_study_is_refused_and_that_study_is_untouched(study, monkeypatch,
+                                                                                              capsys):
     """A study's runs/ is headlab's own folder: replaced by a link (a copy made with the link kept,
     a hand tidying up), neither its run folders nor the ones it points to are read or written."""
-    argv = ["reproduce", "--preset", "tiny", "--corpus", "synthetic", "--steps", "2", "--seeds", "1",
-            "--only", "mha", "mqa", "--jobs", "1"]
-    assert main([*argv, "--out", str(tmp_path / "first")]) == 0
-    capsys.readouterr()
-    shutil.copytree(tmp_path / "first", tmp_path / "second", ignore=shutil.ignore_patterns("runs"))
-    (tmp_path / "second" / "runs").symlink_to(tmp_path / "first" / "runs")
-    before = treediff.snapshot(tmp_path / "first")
-    assert "runs is a symbolic link" in refused_in_one_line(capsys, [*argv, "--out", tmp_path / "second"])
-    assert treediff.snapshot(tmp_path / "first") == before
+    monkeypatch.delenv(sources.CACHE_ENV)  # the study's own token cache: its runs would be reused
+    second = study.with_name("second")
+    shutil.copytree(study, second, ignore=shutil.ignore_patterns("runs"))
+    (second / "runs").symlink_to(study / "runs")
+    before = treediff.snapshot(study)
+    assert "runs is a symbolic link" in refused_in_one_line(capsys, [*REPRODUCE, "--out", second])
+    assert treediff.snapshot(study) == before
 
 
 def test_reproduce_of_roles_without_a_comparison_is_refused_before_training(tmp_path, capsys):

@@ -80,6 +80,7 @@ def test_a_run_whose_manifest_is_gone_is_refused_and_nothing_is_deleted(tmp_path
         run.parent.mkdir()
         shutil.copytree(finished_run, run)
         argv = ["reproduce", "--preset", "tiny", "--steps", "2", "--seeds", "1", "--corpus", "synthetic",
+                "--jobs", "1",  # worker processes would import torch again, and train the other runs first
                 "--out", study.folder]
     else:
         run = finished_run
