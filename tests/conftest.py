@@ -1,6 +1,7 @@
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ import torch  # noqa: E402
 from hypothesis import settings
 
 from cpu_seconds import CpuSeconds
-from headlab import GPT, preset
+from headlab import GPT, load_corpus, preset
+from headlab.data import sources
 from headlab.io import Manifest, file_digest
 from headlab.runs.checkpoints import save_checkpoint
 from headlab.runs.layout import MANIFEST, RUN, run_manifest
@@ -69,6 +71,27 @@ def torchrun_study(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]
     this study share it; they are in xdist group "torchrun_study" (one worker trains it)."""
     cwd = tmp_path_factory.mktemp("torchrun-study")
     return cwd, torchrun_headlab(cwd, [*TORCHRUN_STUDY, "--out", "study"])
+
+
+@pytest.fixture(scope="session")
+def synthetic_tokens(tmp_path_factory) -> Path:
+    """A token cache holding the synthetic corpus as `--corpus synthetic` reads it, tokenized once
+    (~0.5 CPU-s each time). Never written again: `own_cache` copies it."""
+    cache = tmp_path_factory.mktemp("synthetic-tokens")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(sources.CACHE_ENV, str(cache))
+        load_corpus("synthetic")
+    return cache
+
+
+@pytest.fixture
+def own_cache(tmp_path_factory, monkeypatch, synthetic_tokens) -> Path:
+    """A token cache of this test's own ($HEADLAB_CACHE, beside tmp_path, which stays empty) that
+    holds only the synthetic corpus's tokens, as if a command had read it before: a copy, so a
+    test may damage it."""
+    cache = shutil.copytree(synthetic_tokens, tmp_path_factory.mktemp("cache") / "cache")
+    monkeypatch.setenv(sources.CACHE_ENV, str(cache))
+    return cache
 
 
 def write_run(folder: Path, model: GPT, dtype: torch.dtype | None = None, **config_changes) -> Path:

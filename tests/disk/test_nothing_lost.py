@@ -34,8 +34,8 @@ RESUME = ["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "4", 
 
 
 @pytest.fixture(autouse=True)
-def isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
+def isolated_cache(own_cache):
+    return own_cache
 
 
 # The roles of `study_folder`: MHA and two variants, so a study of two of them (MHA and MLA) is

@@ -15,7 +15,6 @@ from conftest import tiny_model, write_run
 from headlab import load_corpus, load_run, preset, train, train_preset
 from headlab.analysis.similarity import Analysis
 from headlab.cli.main import main
-from headlab.data import sources
 from headlab.data.bpe import TOKENIZER_FILE
 from headlab.io import Manifest
 from headlab.runs.checkpoints import current_checkpoint
@@ -30,9 +29,8 @@ TRAIN = ["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "2", "
 
 
 @pytest.fixture(autouse=True)
-def isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
-    return tmp_path / "cache"
+def isolated_cache(own_cache):
+    return own_cache
 
 
 @pytest.fixture
