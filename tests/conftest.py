@@ -94,6 +94,27 @@ def own_cache(tmp_path_factory, monkeypatch, synthetic_tokens) -> Path:
     return cache
 
 
+# The study that `tiny_study` holds: the tiny preset, one seed, four steps, MHA and MLA (the variant
+# with the most files of its own: latent factors, RoPE part) on the synthetic corpus, in this process.
+TINY_STUDY = ["reproduce", "--preset", "tiny", "--corpus", "synthetic", "--steps", "4", "--seeds", "1",
+              "--only", "mha", "mla", "--jobs", "1"]
+
+
+@pytest.fixture(scope="session")
+def tiny_study(tmp_path_factory, synthetic_tokens) -> Path:
+    """A finished study as `headlab TINY_STUDY --out study` writes it (runs, tables, figures,
+    report.md), made once: tests copy it and never write it. A cache copied from
+    `synthetic_tokens` (`own_cache`) reads its runs' corpus, so `TINY_STUDY` into a copy reuses
+    them. Its tests are in xdist group "tiny_study" (one worker trains it)."""
+    from headlab.cli.main import main  # the command line's modules: only where a study is made
+
+    out = tmp_path_factory.mktemp("tiny-study") / "study"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(sources.CACHE_ENV, str(shutil.copytree(synthetic_tokens, out.parent / "cache")))
+        assert main([*TINY_STUDY, "--out", str(out)]) == 0
+    return out
+
+
 def write_run(folder: Path, model: GPT, dtype: torch.dtype | None = None, **config_changes) -> Path:
     """A headlab run folder as the trainer writes it: a manifest, config.json with a "model" key
     (`config_changes` applied) and a current step-0 checkpoint of `model`'s weights."""
@@ -180,9 +201,10 @@ def _freeze_what_earlier_modules_left():
 def pytest_collection_modifyitems(items):
     """Under `pytest -n 2 --dist loadgroup` (make test), the notebooks and the browser test, which
     train and read the same small-mode runs under runs/notebooks/small/, run on one worker, one
-    after the other, and so do the tests sharing the `torchrun_study` fixture (trained once). A
-    test module whose module fixture trains runs puts itself in a group of its own (`pytestmark`),
-    or every worker running one of its tests would train that fixture again. Everything else
+    after the other, and so do the tests sharing the `torchrun_study` fixture (trained once), and
+    those sharing `tiny_study`. A test module whose module fixture trains runs puts itself in a
+    group of its own (`pytestmark`), or every worker running one of its tests would train that
+    fixture again. Everything else
     spreads over both cores. The slow tests go first, so the last minute is not
     one long test on one core while the other idles."""
     for item in items:
@@ -190,4 +212,6 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group("notebooks"))
         elif "torchrun_study" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("torchrun_study"))
+        elif "tiny_study" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("tiny_study"))
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -13,6 +13,7 @@ import pytest
 from matplotlib.figure import Figure
 
 import treediff
+from conftest import TINY_STUDY
 from headlab import load_corpus, preset, train, train_preset
 from headlab.analysis.similarity import Analysis
 from headlab.cli.main import main
@@ -23,10 +24,7 @@ from headlab.runs.layout import MANIFEST
 from headlab.study.study import Study
 from headlab.study.table_files import MANIFEST as STUDY_MANIFEST
 from headlab.study.table_files import read_study_tables
-from headlab.study.tables import tabulate_study
 from headlab.training.runs import load_run
-
-pytestmark = pytest.mark.xdist_group("nothing_lost_study")  # `study_folder` trains runs: made once (conftest)
 
 TINY = train_preset("tiny", steps=4, batch_size=4, eval_every=2, eval_batches=1, checkpoint_every=2, log_every=1)
 RESUME = ["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "4", "--batch-size", "4",
@@ -38,29 +36,14 @@ def isolated_cache(own_cache):
     return own_cache
 
 
-# The roles of `study_folder`: MHA and two variants, so a study of two of them (MHA and MLA) is
-# another study (`test_study_tables_are_not_reused_for_other_roles`); all six cost twice as much.
-ROLES = ("mha", "mqa", "mla")
-# `reproduce` of the very study `study_folder` holds (its runs are reused), one process: a worker
-# per core would import torch again for runs that are only loaded.
-REPRODUCE = ["reproduce", "--preset", "tiny", "--steps", "4", "--seeds", "1", "--only", *ROLES, "--jobs", "1"]
-
-
-@pytest.fixture(scope="module")
-def study_folder(tmp_path_factory):
-    """A finished tiny study (one seed, few steps, `ROLES`) with its tables and report: copied per test."""
-    out = tmp_path_factory.mktemp("study") / "study"
-    study = Study("tiny", 4, out, only=ROLES)
-    from headlab.report.writer import write_report
-    write_report(tabulate_study(study.train(seeds=1, progress=False, log=lambda m: None), study.load_corpus(),
-                                "tiny", out), out)
-    return out
+REPRODUCE = TINY_STUDY  # what wrote `tiny_study`: into a copy of it, its runs are reused
 
 
 @pytest.fixture
-def study(tmp_path, study_folder):
+def study(tmp_path, tiny_study):
+    """A finished tiny study (one seed, few steps) with its tables and report, copied for this test."""
     folder = tmp_path / "scratch" / "study"
-    shutil.copytree(study_folder, folder, symlinks=True)
+    shutil.copytree(tiny_study, folder, symlinks=True)
     return folder
 
 
@@ -93,8 +76,7 @@ def test_a_discard_entry_that_is_not_a_file_strictly_below_is_refused_and_nothin
     assert snapshot(study.parent) == before
 
 
-def test_a_discard_entry_naming_a_users_file_or_a_listed_file_deletes_neither(study, capsys, monkeypatch):
-    monkeypatch.delenv(sources.CACHE_ENV)  # the study's own token cache: its runs are reused
+def test_a_discard_entry_naming_a_users_file_or_a_listed_file_deletes_neither(study, capsys):
     (study / "notes.md").write_text("the user's own notes")
     edit_manifest(study / STUDY_MANIFEST, lambda m: m["discard"].extend(["notes.md", "summary.csv", "runs"]))
     assert main([*REPRODUCE, "--out", str(study)]) == 0
@@ -237,11 +219,11 @@ def test_two_runs_with_one_base_name_are_two_models(finished_run, tmp_path, caps
                                  "--label", "A", "--out", tmp_path / "again"])
 
 
-def test_study_tables_are_not_reused_for_other_roles(study, monkeypatch):
+def test_study_tables_are_not_reused_for_other_roles(study):
+    """The study's tables are of MHA and MLA: a study of MHA alone (a subset of those roles) gets its own."""
     from headlab.study.tables import study_tables
-    monkeypatch.delenv(sources.CACHE_ENV)  # the study's own token cache: its runs are reused
-    tables = study_tables(Study("tiny", 4, study, only=("mha", "mla")), seeds=1, log=lambda m: None)
-    assert tables["summary"]["model"].nunique() == 2
+    tables = study_tables(Study("tiny", 4, study, corpus="synthetic", only=("mha",)), seeds=1, log=lambda m: None)
+    assert list(tables["summary"]["model"].unique()) == ["Standard MHA"]
 
 
 def test_a_corpus_edited_with_its_size_and_time_kept_is_tokenized_again(tmp_path):
@@ -408,11 +390,9 @@ def test_a_start_log_cut_mid_line_gets_its_next_record_on_a_line_of_its_own(fini
     assert json.loads(starts.read_text().splitlines()[-1])["step"] == TINY.steps
 
 
-def test_a_studys_runs_folder_linked_into_another_study_is_refused_and_that_study_is_untouched(study, monkeypatch,
-                                                                                              capsys):
+def test_a_studys_runs_folder_linked_into_another_study_is_refused_and_that_study_is_untouched(study, capsys):
     """A study's runs/ is headlab's own folder: replaced by a link (a copy made with the link kept,
     a hand tidying up), neither its run folders nor the ones it points to are read or written."""
-    monkeypatch.delenv(sources.CACHE_ENV)  # the study's own token cache: its runs would be reused
     second = study.with_name("second")
     shutil.copytree(study, second, ignore=shutil.ignore_patterns("runs"))
     (second / "runs").symlink_to(study / "runs")

