@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from hypothesis import settings
 
 from cpu_seconds import CpuSeconds
-from headlab import GPT, load_corpus, preset
+from headlab import GPT, load_corpus, preset, train, train_preset
 from headlab.data import sources
 from headlab.io import Manifest, file_digest
 from headlab.runs.checkpoints import save_checkpoint
@@ -92,6 +92,22 @@ def own_cache(tmp_path_factory, monkeypatch, synthetic_tokens) -> Path:
     cache = shutil.copytree(synthetic_tokens, tmp_path_factory.mktemp("cache") / "cache")
     monkeypatch.setenv(sources.CACHE_ENV, str(cache))
     return cache
+
+
+# How `tiny_run` trains the tiny preset's MHA: four steps in small batches, a checkpoint every two.
+TINY_TRAINING = train_preset("tiny", steps=4, batch_size=4, eval_every=2, eval_batches=1, checkpoint_every=2,
+                             log_every=1)
+TINY_CORPUS = {"name": "synthetic", "n_chars": 30_000}  # what `tiny_run` trains on: load_corpus(**TINY_CORPUS)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """A finished run of the tiny preset's MHA trained as `TINY_TRAINING` on `TINY_CORPUS`, made
+    once: tests copy it (a copy resumes where it is) and never write it."""
+    out = tmp_path_factory.mktemp("tiny-run") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(sources.CACHE_ENV, str(out.parent / "cache"))
+        return train(preset("tiny", "mha"), TINY_TRAINING, load_corpus(**TINY_CORPUS), out=out, progress=False).path
 
 
 # The study that `tiny_study` holds: the tiny preset, one seed, four steps, MHA and MLA (the variant

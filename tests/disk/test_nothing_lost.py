@@ -13,8 +13,8 @@ import pytest
 from matplotlib.figure import Figure
 
 import treediff
-from conftest import TINY_STUDY
-from headlab import load_corpus, preset, train, train_preset
+from conftest import TINY_CORPUS, TINY_STUDY, TINY_TRAINING
+from headlab import load_corpus, preset, train
 from headlab.analysis.similarity import Analysis
 from headlab.cli.main import main
 from headlab.data import sources
@@ -26,7 +26,7 @@ from headlab.study.table_files import MANIFEST as STUDY_MANIFEST
 from headlab.study.table_files import read_study_tables
 from headlab.training.runs import load_run
 
-TINY = train_preset("tiny", steps=4, batch_size=4, eval_every=2, eval_batches=1, checkpoint_every=2, log_every=1)
+TINY = TINY_TRAINING
 RESUME = ["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "4", "--batch-size", "4",
           "--eval-every", "2", "--checkpoint-every", "2", "--log-every", "1", "--no-progress", "--resume"]
 
@@ -86,9 +86,9 @@ def test_a_discard_entry_naming_a_users_file_or_a_listed_file_deletes_neither(st
 
 
 @pytest.fixture
-def finished_run(tmp_path):
-    return train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=tmp_path / "box" / "run",
-                 progress=False).path
+def finished_run(tmp_path, tiny_run):
+    """A finished tiny run of its own (a copy of `tiny_run`, trained as `TINY` on `TINY_CORPUS`)."""
+    return shutil.copytree(tiny_run, tmp_path / "box" / "run", symlinks=True)
 
 
 def test_a_files_key_of_dot_is_refused_before_anything_in_the_parent_is_touched(finished_run, capsys):
@@ -102,7 +102,7 @@ def test_a_files_key_of_dot_is_refused_before_anything_in_the_parent_is_touched(
 def test_a_discard_entry_naming_the_current_checkpoint_keeps_the_weights(finished_run, capsys):
     checkpoint = current_checkpoint(finished_run)
     edit_manifest(finished_run / MANIFEST, lambda m: m["discard"].append(checkpoint.name))
-    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
+    train(preset("tiny", "mha"), TINY, load_corpus(**TINY_CORPUS), out=finished_run, resume=True,
           progress=False)  # nothing left to train: the run is opened, cleaned and closed
     assert current_checkpoint(finished_run).name == checkpoint.name
     assert load_run(finished_run).step == TINY.steps  # weights and state still verify
@@ -113,7 +113,7 @@ def test_a_discard_entry_naming_a_users_empty_folder_keeps_it(finished_run):
     user's empty folder leaves it (the superseded checkpoints' folders are gone all the same)."""
     (finished_run / "my-empty-folder").mkdir()
     edit_manifest(finished_run / MANIFEST, lambda m: m["discard"].append("my-empty-folder"))
-    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
+    train(preset("tiny", "mha"), TINY, load_corpus(**TINY_CORPUS), out=finished_run, resume=True,
           progress=False)
     assert (finished_run / "my-empty-folder").is_dir()
     assert [p.name for p in finished_run.glob("checkpoint-*")] == [current_checkpoint(finished_run).name]
@@ -353,7 +353,7 @@ def test_resuming_a_run_leaves_a_hard_linked_backup_as_it_was(finished_run, tmp_
     backup = tmp_path / "backup"
     shutil.copytree(finished_run, backup, copy_function=os.link)
     before = snapshot(backup)
-    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
+    train(preset("tiny", "mha"), TINY, load_corpus(**TINY_CORPUS), out=finished_run, resume=True,
           progress=False)
     assert snapshot(backup) == before
     assert (finished_run / "starts.jsonl").read_bytes().startswith((backup / "starts.jsonl").read_bytes())
@@ -366,7 +366,7 @@ def test_resuming_a_run_leaves_the_lock_a_hard_linked_backup_shares_as_it_was(fi
     shutil.copytree(finished_run, backup, copy_function=os.link)
     holder = "pid 1 on elsewhere since 2020-01-01 00:00:00\n"
     (backup / ".lock").write_text(holder)  # one inode: the run's lock reads the same
-    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
+    train(preset("tiny", "mha"), TINY, load_corpus(**TINY_CORPUS), out=finished_run, resume=True,
           progress=False)
     assert (backup / ".lock").read_text() == holder
     lock = finished_run / ".lock"
@@ -385,7 +385,7 @@ def test_a_blank_cache_variable_means_the_default_cache_not_the_working_folder(t
 def test_a_start_log_cut_mid_line_gets_its_next_record_on_a_line_of_its_own(finished_run):
     starts = finished_run / "starts.jsonl"
     os.truncate(starts, 5)
-    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=finished_run, resume=True,
+    train(preset("tiny", "mha"), TINY, load_corpus(**TINY_CORPUS), out=finished_run, resume=True,
           progress=False)
     assert json.loads(starts.read_text().splitlines()[-1])["step"] == TINY.steps
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import headlab.io
-from conftest import tiny_model, write_run
-from headlab import load_corpus, load_run, preset, train, train_preset
+from conftest import TINY_CORPUS, TINY_TRAINING, tiny_model, write_run
+from headlab import load_corpus, load_run, preset, train
 from headlab.analysis.similarity import Analysis
 from headlab.cli.main import main
 from headlab.data.bpe import TOKENIZER_FILE
@@ -24,7 +24,7 @@ from headlab.study.table_files import MANIFEST as STUDY_MANIFEST
 from headlab.study.table_files import STUDY
 from treediff import snapshot
 
-TINY = train_preset("tiny", steps=4, batch_size=4, eval_every=2, eval_batches=1, checkpoint_every=2, log_every=1)
+TINY = TINY_TRAINING
 TRAIN = ["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "2", "--no-progress"]
 
 
@@ -34,9 +34,9 @@ def isolated_cache(own_cache):
 
 
 @pytest.fixture
-def finished_run(tmp_path):
-    return train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=tmp_path / "run",
-                 progress=False).path
+def finished_run(tmp_path, tiny_run):
+    """A finished tiny run of its own (a copy of `tiny_run`, trained as `TINY` on `TINY_CORPUS`)."""
+    return shutil.copytree(tiny_run, tmp_path / "run", symlinks=True)
 
 
 def refused_in_one_line(capsys, argv) -> str:
@@ -95,7 +95,7 @@ def test_a_run_killed_while_claiming_its_folder_resumes(tmp_path):
     run.mkdir()
     (run / ".lock").touch()
     (run / ".manifest.json.0123abcd.tmp").write_text('{"format": "hea')  # the kill came mid-write
-    train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000), out=run, resume=True, progress=False)
+    train(preset("tiny", "mha"), TINY, load_corpus(**TINY_CORPUS), out=run, resume=True, progress=False)
     assert current_checkpoint(run).step == TINY.steps
     # no manifest recorded that temporary and this process did not make it: headlab cannot tell it from a user's
     assert [p.name for p in run.glob(".*.tmp")] == [".manifest.json.0123abcd.tmp"]
@@ -154,7 +154,7 @@ def test_a_bit_flip_in_the_training_state_is_refused_naming_the_file(finished_ru
     checkpoint = current_checkpoint(finished_run)
     flip_one_bit(checkpoint.manifest.file(checkpoint.state))
     with pytest.raises(ValueError, match=r"state\.pt does not match the SHA-256") as error:
-        train(preset("tiny", "mha"), TINY, load_corpus("synthetic", n_chars=30_000),
+        train(preset("tiny", "mha"), TINY, load_corpus(**TINY_CORPUS),
               out=finished_run, resume=True, progress=False)
     assert "\n" not in str(error.value)
 
