@@ -54,21 +54,23 @@ def draw_figures(tables: StudyTables, manifest: Manifest, folder: str | None, na
     shown = list(plots.layer_roles(summary["layer"]).values())
     middle = shown[len(shown) // 2]  # the middle layer, or the late one of a 2-layer model
     final = tables["final_losses"]
+    # each drawn when its turn to be saved comes: `write_docs` saves three, and a write refused
+    # midway (a file headlab did not write where a figure goes) stops before drawing the rest
     figures = {
-        "spectra_uncentered": plots.spectra_figure(spectra, kind="uncentered", palette=colours, init=init,
-                                                   seed_figure=True),
-        "spectra_centered": plots.spectra_figure(spectra, kind="centered", palette=colours, init=init),
-        "cumulative_variance": plots.cumulative_variance_figure(spectra, kind="centered", palette=colours),
-        **{f"effective_rank_{kind}": plots.effective_rank_figure(summary, kind=kind, palette=colours, init=init_summary,
-                                                                 paper=True) for kind in KINDS},
-        "similarity_heatmaps": plots.similarity_heatmaps(
+        "spectra_uncentered": lambda: plots.spectra_figure(spectra, kind="uncentered", palette=colours, init=init,
+                                                           seed_figure=True),
+        "spectra_centered": lambda: plots.spectra_figure(spectra, kind="centered", palette=colours, init=init),
+        "cumulative_variance": lambda: plots.cumulative_variance_figure(spectra, kind="centered", palette=colours),
+        **{f"effective_rank_{kind}": lambda kind=kind: plots.effective_rank_figure(
+            summary, kind=kind, palette=colours, init=init_summary, paper=True) for kind in KINDS},
+        "similarity_heatmaps": lambda: plots.similarity_heatmaps(
             similarity[similarity["seed"] == similarity["seed"].min()].drop(columns="seed"), layer=middle,
             palette=colours),
-        "loss_curves": plots.loss_curves_figure(training, palette=colours),
-        "loss_vs_cache": plots.loss_vs_cache_figure(
+        "loss_curves": lambda: plots.loss_curves_figure(training, palette=colours),
+        "loss_vs_cache": lambda: plots.loss_vs_cache_figure(
             final[["model", "seed", "kv_cache_pct", "val_loss", "loss_unit", "recipe"]], palette=colours),
     }
-    return [plots.save_figure(figures[name], manifest, figure_name(folder, name)) for name in names]
+    return [plots.save_figure(figures[name](), manifest, figure_name(folder, name)) for name in names]
 
 
 def figure_name(folder: str | None, name: str) -> str:
