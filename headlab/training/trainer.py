@@ -23,14 +23,13 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from tqdm.auto import tqdm
 
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus, random_windows, read_shards
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, eval_mode, initial_model
-from headlab.runs.checkpoints import gather_training_state
+from headlab.runs.checkpoints import gather_training_state, is_fsdp_module
 from headlab.runs.divergence import Divergence, is_diverged
 from headlab.runs.folder import RunFolder
 from headlab.training.compiling import compile_backend, compiled_forward, first_step_compiling
@@ -234,6 +233,8 @@ def shard_per_block(model: GPT, train_config: TrainConfig, backend: str | None =
     root (embedding, head) another. Under bf16 the gathered parameters are bf16 and gradients
     are reduced in fp32. With a compile `backend`, each block is compiled on its own."""
 
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # its DTensor imports: ~0.7 CPU-s
+
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if train_config.dtype == "bfloat16" else MixedPrecisionPolicy())
     for block in model.blocks:
@@ -405,7 +406,7 @@ def _gradient_sync(step_model: torch.nn.Module):
     def synchronizing(sync: bool):
         if isinstance(step_model, torch.nn.parallel.DistributedDataParallel):
             return nullcontext() if sync else step_model.no_sync()
-        if isinstance(step_model, FSDPModule):  # keeps unsharded gradients until the synchronized backward
+        if is_fsdp_module(step_model):  # keeps unsharded gradients until the synchronized backward
             step_model.set_requires_gradient_sync(sync)
         return nullcontext()
     return synchronizing
