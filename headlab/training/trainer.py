@@ -106,21 +106,27 @@ def free_finished_run() -> None:
         torch.cuda.empty_cache()
 
 
+_collecting_within = 0  # how many collecting_only_what_is_made_within blocks this process is inside
+
+
 @contextmanager
 def collecting_only_what_is_made_within():
-    """Within it, the cyclic collector passes over every object that was alive on entry
-    (`gc.freeze`): garbage that runs trained within leave can only be among the objects made since.
-    A process that has imported torch, pandas and matplotlib (a notebook's kernel, the command
-    line) holds about a million objects, and `free_finished_run`'s full collections scanned them
-    all each time, ~0.2 s apiece: a quarter of a small study's training time in a notebook. On exit
-    the objects go back to the collector, unless some were frozen on entry: that freeze belongs to
-    whoever made it (a test runner's), and the objects frozen here stay with it."""
-    frozen_before = gc.get_freeze_count()
+    """Within it (a `with` block or a decorator), the cyclic collector passes over every object
+    that was alive on entry (`gc.freeze`): garbage that the models trained or timed within leave
+    can only be among the objects made since. A process that has imported torch, pandas and
+    matplotlib (a notebook's kernel, the command line) holds about a million objects, and each full
+    collection that frees a model (`free_finished_run`, `measure_step`) scanned them all, 0.1-0.2 s
+    apiece: a quarter of a small study's training time in a notebook, most of a `--plan`. When the
+    outermost block ends, every frozen object goes back to the collector (a freeze made before it
+    too: `gc` cannot tell which objects that froze without counting them all, 0.06 s)."""
+    global _collecting_within
+    _collecting_within += 1
     gc.freeze()
     try:
         yield
     finally:
-        if not frozen_before:
+        _collecting_within -= 1
+        if not _collecting_within:
             gc.unfreeze()
 
 
