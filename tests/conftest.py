@@ -42,6 +42,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # torch's own thread count on this machine, read before the suite pins one thread.
 DEFAULT_THREADS = torch.get_num_threads()
 
+# Under `make test` two xdist workers fill both cores, so a process a test starts (a command line, a
+# notebook's kernel, a study's training worker) at torch's default two threads oversubscribes them: a
+# tiny model's forward took 2x the CPU-seconds of one thread, passive waiting included (5x spinning).
+# Its torch reads this when it loads; the worker read its own above, so the `threads` tests keep both counts.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Every decode path: each family's, and MLA's second cache (not absorbed).
 DECODE_CASES = [*((family, True) for family in FAMILIES), ("mla", False)]
 

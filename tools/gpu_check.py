@@ -88,9 +88,12 @@ SAME_TRAINING = 1e-4
 # A resume on CUDA with a kernel that has no deterministic version (atomics) cannot be bit-identical.
 CUDA_RESUME_TOLERANCE = 1e-5
 CHILD_TIMEOUT_S = 600  # a hung NCCL rendezvous ends as a FAIL, not a hung check
+KILLED_STATUS = 3  # the exit status of RESUMABLE_TRAIN's kill
 # `headlab train` that ends its process, as a kill would, at its GPU_CHECK_KILL_AT-th training
 # forward (0: never), with torch's deterministic kernels on CUDA: two trainings of the same steps
 # can then be compared bit for bit, so the resume check sees the checkpoint, not kernel noise.
+# Given GPU_CHECK_REFERENCE, it first trains the same run uninterrupted into that folder: the
+# reference needs no process of its own (~4 CPU-s), and the resumed run's process is still new.
 RESUMABLE_TRAIN = """
 import os, sys
 import torch
@@ -99,18 +102,21 @@ from headlab.model.gpt import GPT
 
 if torch.cuda.is_available():
     torch.use_deterministic_algorithms(True, warn_only=True)
+reference = os.environ.get("GPU_CHECK_REFERENCE")
+if reference and (status := main(sys.argv[1:] + ["--out", reference])):  # the last --out given is the one used
+    sys.exit(status)
 kill_at, forward, calls = int(os.environ["GPU_CHECK_KILL_AT"]), GPT.forward, [0]
 
 def counted_forward(self, *args, **kwargs):
     if self.training:
         calls[0] += 1
         if calls[0] == kill_at:
-            os._exit(3)
+            os._exit(%d)
     return forward(self, *args, **kwargs)
 
 GPT.forward = counted_forward
 sys.exit(main(sys.argv[1:]))
-"""
+""" % KILLED_STATUS
 
 
 @dataclass(frozen=True)
@@ -131,27 +137,30 @@ class Launch:
         return "NCCL" if self.device == "cuda" else "gloo"
 
 
-def run_tiny(command: list[str], kill_at: int = 0) -> subprocess.CompletedProcess:
-    """`run_child` with cuBLAS's deterministic workspace and GPU_CHECK_KILL_AT; after
-    CHILD_TIMEOUT_S its whole process group (torchrun's workers too) is killed."""
-    env = node_checks.child_env(CUBLAS_WORKSPACE_CONFIG=":4096:8", GPU_CHECK_KILL_AT=str(kill_at))
+def run_tiny(command: list[str], kill_at: int = 0, reference: Path | None = None) -> subprocess.CompletedProcess:
+    """`run_child` with cuBLAS's deterministic workspace, GPU_CHECK_KILL_AT and GPU_CHECK_REFERENCE;
+    after CHILD_TIMEOUT_S its whole process group (torchrun's workers too) is killed."""
+    env = node_checks.child_env(CUBLAS_WORKSPACE_CONFIG=":4096:8", GPU_CHECK_KILL_AT=str(kill_at),
+                                GPU_CHECK_REFERENCE=str(reference or ""))
     return run_child(command, CHILD_TIMEOUT_S, env)
 
 
-def train_tiny(launch: Launch, name: str, *extra: str, torchrun: bool = False,
-               kill_at: int = 0) -> tuple[subprocess.CompletedProcess, Path]:
+def train_tiny(launch: Launch, name: str, *extra: str, torchrun: bool = False, kill_at: int = 0,
+               reference: Path | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     """`headlab train` of TINY_RUN into launch.folder/name: under torchrun on all `launch.processes`
     exactly as a user starts it (`-m headlab`), or as one process through RESUMABLE_TRAIN (killed at
-    its `kill_at`-th training forward if given). Returns the finished process and the run folder."""
+    its `kill_at`-th training forward if given, after training the run uninterrupted into
+    `reference` if given). Returns the finished process and the run folder."""
     out = launch.folder / name
     program = (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={launch.processes}", "-m", "headlab"]
                if torchrun else [str(launch.folder / "resumable_train.py")])
     started = time.perf_counter()
     done = run_tiny([sys.executable, *program, *TINY_RUN, "--device", launch.device, "--batch-size",
-                      str(launch.batch_size), *extra, "--out", str(out)], kill_at)
+                      str(launch.batch_size), *extra, "--out", str(out)], kill_at, reference)
+    trained = f"{reference.name}, then {name}" if reference else name
     killed = f" (killed at training forward {kill_at})" if kill_at else ""
-    print(f"  {name}: exit {done.returncode}{killed} in {time.perf_counter() - started:.0f} s", flush=True)
-    if done.returncode and not kill_at:
+    print(f"  {trained}: exit {done.returncode}{killed} in {time.perf_counter() - started:.0f} s", flush=True)
+    if done.returncode != (KILLED_STATUS if kill_at else 0):
         print("\n".join(done.stderr.splitlines()[-20:]), flush=True)
     return done, out
 
@@ -192,10 +201,10 @@ def resume_verdict(difference: float, device: str) -> Check:
     return Check(check, FAIL, f"the resumed run differs from the uninterrupted one by up to {difference:.1e}")
 
 
-def resume_check(launch: Launch, reference: Run) -> Check:
-    """A run killed (os._exit, as a kill would) in step 5 keeps its step-4 checkpoint, and continued
-    with --resume it ends where the uninterrupted reference run ends (`resume_verdict`)."""
-    killed, out = train_tiny(launch, "resumed", kill_at=KILLED_IN_STEP)
+def resume_check(launch: Launch, killed: subprocess.CompletedProcess, out: Path, reference: Run) -> Check:
+    """The run `killed` (os._exit, as a kill would) in step 5 kept its step-4 checkpoint in `out`,
+    and continued there with --resume in a new process it ends where the uninterrupted reference
+    run ends (`resume_verdict`)."""
     if killed.returncode == 0 or checkpoint_step(out) != RESUMED_FROM:
         return Check("checkpoint and exact resume", FAIL, f"killed run: exit {killed.returncode}, checkpoint of step "
                                                           f"{checkpoint_step(out)} (expected {RESUMED_FROM})")
@@ -207,18 +216,19 @@ def resume_check(launch: Launch, reference: Run) -> Check:
 
 def distributed_checks(launch: Launch) -> list[Check]:
     """torchrun DDP, torchrun FSDP (>= 2 ranks) and exact resume, each against one uninterrupted
-    one-process reference run of the same tiny training."""
+    one-process reference run of the same tiny training, which the process of the run to be killed
+    trains first."""
     print(f"\n### torchrun and exact resume ({launch.processes} x {launch.device}, {launch.backend})\n", flush=True)
     launch.folder.mkdir(parents=True, exist_ok=True)
     (launch.folder / "resumable_train.py").write_text(RESUMABLE_TRAIN)
-    done, out = train_tiny(launch, "reference")
-    if done.returncode:
-        return [Check("torchrun and resume: 1-process reference run", FAIL, failure(done))]
-    reference = load_run(out)
+    killed, out = train_tiny(launch, "resumed", kill_at=KILLED_IN_STEP, reference=launch.folder / "reference")
+    if not out.exists():  # the reference run failed, so the run to be killed never began
+        return [Check("torchrun and resume: 1-process reference run", FAIL, failure(killed))]
+    reference = load_run(launch.folder / "reference")
     checks = stage("torchrun DDP", parallel_check, launch, reference, "ddp")
     checks += (stage("torchrun FSDP", parallel_check, launch, reference, "fsdp") if launch.processes > 1 else
                [Check("torchrun FSDP", SKIP, "needs >= 2 GPUs; this node has 1")])
-    return checks + stage("checkpoint and exact resume", resume_check, launch, reference)
+    return checks + stage("checkpoint and exact resume", resume_check, launch, killed, out, reference)
 
 
 # ---- the six variants -------------------------------------------------------------------------
@@ -229,7 +239,7 @@ def tokenization_checks(megabytes: float, results: dict) -> list[Check]:
     """Tokenization throughput (informational, PASS when it ran): M tokens/s writing the shards of
     `megabytes` of generated .jsonl text with 1 and 2 worker processes, per tokenizer that
     benchmarks/tokenization.py finds here (byte, a trained BPE, GPT-2 when its files are here)."""
-    print(f"\n### Tokenization ({megabytes:.0f} MB of generated .jsonl text)\n", flush=True)
+    print(f"\n### Tokenization ({megabytes:g} MB of generated .jsonl text)\n", flush=True)
     try:  # imported here, not at the top: it needs pyarrow and zstandard, which a node may lack
         tokenization = importlib.import_module("benchmarks.tokenization")
     except ModuleNotFoundError as error:

@@ -29,20 +29,22 @@ if [ -z "${PYTHON:-}" ]; then
   done
 fi
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
-"$PYTHON" -c 'import sys, torch
-print(f"gpu_check.sh: Python {sys.executable}, torch {torch.__version__} (CUDA build: {torch.version.cuda}), "
-      f"{torch.cuda.device_count()} CUDA device(s)")' \
-  || { echo "gpu_check.sh: $PYTHON cannot import torch; set PYTHON to a Python with headlab's dependencies" >&2; exit 2; }
 # The oldest torch headlab supports is pyproject.toml's `torch>=X.Y` (the oldest `make test-torch` ran
-# green; torch.optim.Muon needs 2.9), read from there so the two cannot disagree: say so before any stage runs.
+# green; torch.optim.Muon needs 2.9), read from there so the two cannot disagree.
 TORCH_MIN=$(sed -n 's/^ *"torch>=\([0-9][0-9.]*\)".*/\1/p' pyproject.toml)
 [ -n "$TORCH_MIN" ] || { echo "gpu_check.sh: no \"torch>=X.Y\" line in pyproject.toml" >&2; exit 2; }
-"$PYTHON" -c 'import re, sys, torch
-version = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
-sys.exit(0 if version >= tuple(int(part) for part in sys.argv[1].split(".")[:2]) else 1)' "$TORCH_MIN" \
-  || { echo "gpu_check.sh: $PYTHON has torch $("$PYTHON" -c 'import torch; print(torch.__version__)'); headlab needs torch >= $TORCH_MIN (pyproject.toml)" >&2; exit 2; }
-# The modules the check uses (tools/node_checks.py's NEEDS: not ipywidgets, JupyterLab, matplotlib or
-# seaborn, which the GPU image may lack and nothing here imports), every missing one named in one line.
-"$PYTHON" tools/node_checks.py || exit 2
+# One Python process (each start imports torch: seconds) says which Python and torch run the check,
+# and refuses, in one line with exit status 2 before any stage runs, a torch older than that bound
+# or a Python that lacks modules the check uses (tools/node_checks.py's NEEDS, every one named: not
+# ipywidgets, JupyterLab, matplotlib or seaborn, which the GPU image may lack and nothing here imports).
+status=0
+"$PYTHON" tools/node_checks.py "$TORCH_MIN" || status=$?
+case $status in
+  0) ;;
+  2) exit 2 ;;  # refused, saying why
+  *) echo "gpu_check.sh: $PYTHON cannot import torch (above: why); set PYTHON to a Python with headlab's" \
+          "dependencies" >&2
+     exit 2 ;;
+esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 exec "$PYTHON" tools/gpu_check.py "$@"

@@ -4,9 +4,11 @@
     python tools/gpu_window.py --smoke                        # CPU, tiny shapes, a minute or two
 
 Every stage runs in its own process (a crash, a hang or a CUDA error ends that stage only) under
-one budget: a stage gets at most what is left of it. Results go to DIR/gpu_window.json, the
-stages' output to DIR/gpu_window.log. Needs only torch and node_checks.NEEDS (the GPU image's
-packages: no ipywidgets, no jupyter). Stages, in order:
+one budget: a stage gets at most what is left of it. Each is forked from this process, which
+imports torch and dynamo once and runs nothing on the GPU, so that each stage initialises CUDA
+itself, as a fresh process would, without paying those imports again (~3 CPU-s a stage). Results
+go to DIR/gpu_window.json, the stages' output to DIR/gpu_window.log. Needs only torch and
+node_checks.NEEDS (the GPU image's packages: no ipywidgets, no jupyter). Stages, in order:
 
 - probe: torch, CUDA, the GPU; the collectives Muon's split may call, the TF32 API and whether the
   legacy getters that inductor reads still answer after headlab turns TF32 on, the compile
@@ -24,12 +26,17 @@ packages: no ipywidgets, no jupyter). Stages, in order:
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import traceback
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -231,7 +238,9 @@ def notice_then_ddp(smoke: bool) -> dict:
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
     try:
         name = "tiny" if smoke else "paper-128m"
-        backend = "inductor" if torch.cuda.is_available() else "aot_eager"
+        # On the CPU, "eager": the graphs counted are dynamo's, whatever backend compiles them, and
+        # eager spares AOT autograd's tracing (~2 CPU-s of --smoke)
+        backend = "inductor" if torch.cuda.is_available() else "eager"
         train_config = train_preset(name, compile=backend, device=str(device()), batch_size=2)
         config = preset(name, "mha")
         # the notice as rank 0 of a 2-process DDP job times it (H6: compiled apart from GPT.forward)
@@ -254,9 +263,11 @@ def recompile_order(smoke: bool) -> dict:
     from headlab.training.compiling import FIRST_STEP_RECOMPILE_LIMIT, compiled_forward
 
     said = []
-    name = "tiny" if smoke else "paper-128m"
-    order = [variant.label for variant in comparison_variants(name)]
-    for variant in comparison_variants(name):  # reproduce's order; dynamo's guards decide, so "eager" backs it
+    variants = comparison_variants("tiny" if smoke else "paper-128m")
+    if smoke:  # one block: dynamo traces every block of each variant (~0.4 CPU-s a block), each block alike
+        variants = [variant.replace(n_layer=1) for variant in variants]
+    order = [variant.label for variant in variants]
+    for variant in variants:  # reproduce's order; dynamo's guards decide, so "eager" backs it
         with torch.device(device()):
             forward = compiled_forward(GPT(variant), "eager", "eager", said.append)
         tokens = torch.randint(0, variant.vocab_size, (1, min(variant.seq_len, 64)), device=device())
@@ -276,12 +287,47 @@ def run_stage(name: str, smoke: bool, result: Path) -> int:
     try:
         found = {"ok": True, **globals()[name](smoke)}
     except Exception as error:
-        import traceback
         traceback.print_exc()
         found = {"ok": False, "error": f"{type(error).__name__}: {error}"[:300]}
     found["seconds"] = time.perf_counter() - started
     result.write_text(json.dumps(found, default=str))
     return 0 if found["ok"] else 1
+
+
+def forked_stage(name: str, smoke: bool, result: Path, output: Path, timeout: float) -> subprocess.CompletedProcess:
+    """`run_stage` in a child forked from this process, in a session of its own, its stdout and
+    stderr both to `output` (returned as the stderr); past `timeout` seconds the whole session
+    (a stage's own children too) is killed and the output ends saying so. This process must not
+    have run a torch operation: a child forked after OpenMP ran hangs at its first parallel
+    region, and one forked after CUDA started cannot use the GPU."""
+    sys.stdout.flush()
+    sys.stderr.flush()  # else the child would write this process's pending output as its own
+    with warnings.catch_warnings():  # Python >= 3.12 warns of torch's idle thread pool, which holds no lock here
+        warnings.simplefilter("ignore", DeprecationWarning)
+        child = os.fork()
+    if child == 0:
+        status = 1
+        try:
+            os.setsid()
+            descriptor = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(descriptor, 1)
+            os.dup2(descriptor, 2)
+            sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # not an inherited capture
+            status = run_stage(name, smoke, result)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            os._exit(status)  # never back into the caller's code, nor its exit handlers
+    deadline, late = time.monotonic() + timeout, ""
+    while not (ended := os.waitpid(child, os.WNOHANG))[0]:
+        if time.monotonic() > deadline:
+            os.killpg(child, signal.SIGKILL)
+            ended, late = os.waitpid(child, 0), f"\ntimed out after {timeout:.0f} s"
+            break
+        time.sleep(0.05)
+    output_text = output.read_text(errors="replace") + late
+    return subprocess.CompletedProcess(name, os.waitstatus_to_exitcode(ended[1]), "", output_text)
 
 
 def window(out: Path, smoke: bool, budget_s: float) -> dict:
@@ -294,14 +340,14 @@ def window(out: Path, smoke: bool, budget_s: float) -> dict:
             if left < 5:
                 results[name] = {"ok": False, "error": "skipped: the window's budget is spent"}
                 continue
-            result = out / f"{name}.json"
-            done = node_checks.run_child([sys.executable, __file__, "--stage", name, "--result", str(result)]
-                                         + (["--smoke"] if smoke else []), min(STAGE_CAP_S[name], left))
-            written.write(f"## {name}: exit {done.returncode}\n{done.stdout}\n{done.stderr}\n")
+            result, output = out / f"{name}.json", out / f"{name}.out"
+            done = forked_stage(name, smoke, result, output, min(STAGE_CAP_S[name], left))
+            written.write(f"## {name}: exit {done.returncode}\n{done.stderr}\n")
             written.flush()
             results[name] = (json.loads(result.read_text()) if result.exists() else
                              {"ok": False, "error": node_checks.failure(done)})
             result.unlink(missing_ok=True)
+            output.unlink()
             print(f"{name}: {'ok' if results[name]['ok'] else results[name]['error']}", flush=True)
     report = {"smoke": smoke, "budget_s": budget_s, "elapsed_s": time.perf_counter() - started, "stages": results}
     (out / "gpu_window.json").write_text(json.dumps(report, indent=2, default=str))
@@ -313,11 +359,8 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes (checks the script)")
     p.add_argument("--out", default="gpu_window", help="folder of gpu_window.json and gpu_window.log")
     p.add_argument("--budget-s", type=float, default=BUDGET_S)
-    p.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.stage:
-        return run_stage(args.stage, args.smoke, Path(args.result))
+    importlib.import_module("torch._dynamo")  # all stages but attention import it (~1.3 CPU-s): once, before they fork
     report = window(Path(args.out), args.smoke, args.budget_s)
     print(f"{sum(s['ok'] for s in report['stages'].values())} of {len(STAGES)} stages ran; "
           f"{report['elapsed_s']:.0f} s; results in {Path(args.out) / 'gpu_window.json'}")

@@ -2,7 +2,8 @@
 the modules they need, child processes under a time limit, and what torch.compile and CUDA memory
 did while a block ran.
 
-    python tools/node_checks.py   # exit status 2, naming every module the checks need and this Python lacks
+    python tools/node_checks.py [X.Y]   # this Python and its torch in one line; exit status 2, in one
+                                        # line, if its torch is older than X.Y or it lacks modules the checks need
 
 The checks need `NEEDS` only: the GPU image has neither ipywidgets nor JupyterLab (nor, perhaps,
 matplotlib and seaborn), which headlab's notebooks and figures need and no check runs.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch  # gpu_check.sh has checked it imports before it asks this module what else is missing
+import torch  # should this fail, gpu_check.sh says that its Python cannot import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -45,6 +47,19 @@ def missing_modules(names=NEEDS) -> list[str]:
         except ImportError:
             missing.append(name)
     return missing
+
+
+def refusal(torch_min: str | None) -> str | None:
+    """Why the checks cannot run on this Python, in one line, or None: its torch is older than
+    `torch_min` ("X.Y", pyproject.toml's bound, if given), or it lacks modules of NEEDS."""
+    version = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
+    if torch_min and version < tuple(int(part) for part in torch_min.split(".")[:2]):
+        return f"{sys.executable} has torch {torch.__version__}; headlab needs torch >= {torch_min} (pyproject.toml)"
+    missing = missing_modules()
+    if missing:
+        return (f"{sys.executable} lacks {', '.join(missing)}, which the GPU checks use: pip install "
+                f"{' '.join(missing)} (or pip install -e . in the checkout)")
+    return None
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -168,7 +183,8 @@ class PeakMemory:
 
 
 if __name__ == "__main__":
-    missing = missing_modules()
-    if missing:
-        sys.exit(f"{Path(sys.argv[0]).name}: {sys.executable} lacks {', '.join(missing)}, which the GPU checks "
-                 f"use: pip install {' '.join(missing)} (or pip install -e . in the checkout)")
+    print(f"Python {sys.executable}, torch {torch.__version__} (CUDA build: {torch.version.cuda}), "
+          f"{torch.cuda.device_count()} CUDA device(s)", flush=True)
+    if why := refusal(sys.argv[1] if len(sys.argv) > 1 else None):
+        print(f"{Path(sys.argv[0]).name}: {why}", file=sys.stderr)
+        sys.exit(2)

@@ -10,6 +10,7 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from headlab.model.attention import KVCache, LowRankKVAttention, build_attention, rope_tables
 from headlab.model.config import DTYPE_BYTES, ModelConfig
@@ -93,7 +94,7 @@ class GPT(nn.Module):
                     projections and the output head zero
         then LRKV residuals at `kv_residual_init`·‖W_shared‖_F (0.1 by default, paper §3).
         A model on the meta device (counted, or about to receive loaded weights) has no values to
-        set, and torch's meta normal_ costs milliseconds a tensor, so it is left as it is."""
+        set, so it is left as it is (`build_on_meta`)."""
         if self.lm_head.weight.is_meta:
             return
         residual_std = INIT_STD / (2 * self.config.n_layer) ** 0.5
@@ -218,14 +219,30 @@ def initial_model(config: ModelConfig, seed: int) -> GPT:
     return GPT(config)
 
 
+class _SkippingInitialisation(TorchFunctionMode):
+    """Calls of torch.nn.init's functions return their tensor untouched."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
+def build_on_meta(config: ModelConfig) -> GPT:
+    """GPT(config) on the meta device: its parameters' names and shapes, no weights. Nothing is
+    initialised (torch.nn.init is skipped: there are no values to set), so no op needs torch's
+    Python meta kernels, whose first use in a process imports ~800 modules (1 CPU-s: a command
+    line's or a notebook kernel's start)."""
+    with torch.device("meta"), _SkippingInitialisation():
+        return GPT(config)
+
+
 @functools.lru_cache(maxsize=64)
 def meta_model(config: ModelConfig) -> GPT:
-    """A GPT of `config` on the meta device: its parameters' names and shapes, no weights. Built
-    once per config and shared, so callers only read it: building one costs milliseconds (its
-    initialisation runs on meta too), and a study's tables read the heads of hundreds of snapshots
-    of a few configs."""
-    with torch.device("meta"):
-        return GPT(config)
+    """`build_on_meta(config)`, built once per config and shared, so callers only read it:
+    a study's tables read the heads of hundreds of snapshots of a few configs, plans ask often."""
+    return build_on_meta(config)
 
 
 def state_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

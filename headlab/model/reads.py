@@ -14,10 +14,8 @@ from __future__ import annotations
 import functools
 from dataclasses import fields
 
-import torch
-
 from headlab.model.config import ModelConfig
-from headlab.model.gpt import GPT
+from headlab.model.gpt import build_on_meta
 
 
 @functools.lru_cache(maxsize=256)
@@ -25,8 +23,7 @@ def fields_read(config: ModelConfig) -> frozenset[str]:
     """The fields of `config` that a GPT of it reads while it is built (its shape, its family's
     knobs, its initialisation): a field outside this set changes nothing in the model."""
     read: set[str] = set()
-    with torch.device("meta"):
-        GPT(recording(config, read))
+    build_on_meta(recording(config, read))
     return frozenset(read)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,14 +32,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as parse_safetensors
 from safetensors.torch import save as serialize_safetensors
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import FSDPModule
 
 from headlab.io import Manifest, fsync_path, parse_json
 from headlab.runs.layout import CHECKPOINT_PREFIX, FORMAT, MANIFEST, METRICS, run_manifest
@@ -133,14 +126,29 @@ def checkpoint_step(run_dir: str | Path) -> int:
     return checkpoint.step if checkpoint is not None else 0
 
 
-def _whole(cpu_offload: bool = False):
-    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
+def state_dict_api():
+    """torch.distributed.checkpoint's state-dict functions, imported when first used: with the
+    DTensor modules they load, ~0.7 CPU-s that a process which only reads weights (an analysis,
+    a report, a notebook) need not pay."""
+    from torch.distributed.checkpoint import state_dict
+
+    return state_dict
+
+
+def is_fsdp_module(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 shards `model`, without importing FSDP: no module can be sharded before it is."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
+
+
+def _whole(cpu_offload: bool = False, strict: bool = True):
+    return state_dict_api().StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload, strict=strict)
 
 
 def gathered_by_every_rank(model: torch.nn.Module, optimizers) -> bool:
     """Whether `gather_training_state` is a collective: the ranks hold shards of the model (FSDP)
     or of the optimizer state (a sharded step: `headlab.runs.optimizer_state`)."""
-    return isinstance(model, FSDPModule) or any(getattr(o, "shard", None) is not None for o in optimizers)
+    return is_fsdp_module(model) or any(getattr(o, "shard", None) is not None for o in optimizers)
 
 
 def gather_training_state(model: torch.nn.Module, optimizers) -> tuple[dict[str, torch.Tensor], list[dict]]:
@@ -148,9 +156,10 @@ def gather_training_state(model: torch.nn.Module, optimizers) -> tuple[dict[str,
     ranks hold shards (`gathered_by_every_rank`) every rank must call it and rank 0 receives
     the whole state; otherwise it is the local state."""
 
-    weights = get_model_state_dict(model, options=_whole(cpu_offload=True))
-    states = ([get_optimizer_state_dict(model, o, options=_whole(cpu_offload=True)) for o in optimizers]
-              if isinstance(model, FSDPModule) else [named_state(model, o) for o in optimizers])
+    api = state_dict_api()
+    weights = api.get_model_state_dict(model, options=_whole(cpu_offload=True))
+    states = ([api.get_optimizer_state_dict(model, o, options=_whole(cpu_offload=True)) for o in optimizers]
+              if is_fsdp_module(model) else [named_state(model, o) for o in optimizers])
     return {k: v.detach().contiguous().cpu() for k, v in weights.items()}, states
 
 
@@ -276,7 +285,7 @@ def set_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where:
     refused unless they are this model configuration's and finite."""
     order = _check_weights({k: v.shape for k, v in weights.items()}, model, where)
     _refuse_non_finite(_non_finite(weights), where)
-    set_model_state_dict(model, {k: weights[k] for k in order}, options=_whole())
+    state_dict_api().set_model_state_dict(model, {k: weights[k] for k in order}, options=_whole())
 
 
 def _stream_weights(model: torch.nn.Module, file: Path, where: Path) -> dict:
@@ -293,7 +302,7 @@ def _stream_weights(model: torch.nn.Module, file: Path, where: Path) -> dict:
             for name in order:
                 tensor = {name: weights.get_tensor(name)}
                 _refuse_non_finite(_non_finite(tensor), where)
-                set_model_state_dict(model, tensor, options=StateDictOptions(full_state_dict=True, strict=False))
+                state_dict_api().set_model_state_dict(model, tensor, options=_whole(strict=False))
     except (SafetensorError, OSError) as error:
         raise _unreadable_weights(where, error) from error
     return metadata
@@ -335,8 +344,8 @@ def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module, optimizers, 
     if len(state["optimizers"]) != len(optimizers):
         raise ValueError(f"{state_path} holds {len(state['optimizers'])} optimizer states, expected {len(optimizers)}")
     for optimizer, optimizer_state in zip(optimizers, state["optimizers"]):
-        if isinstance(model, FSDPModule):
-            set_optimizer_state_dict(model, optimizer, optimizer_state, options=_whole())
+        if is_fsdp_module(model):
+            state_dict_api().set_optimizer_state_dict(model, optimizer, optimizer_state, options=_whole())
         else:
             load_named_state(model, optimizer, optimizer_state, state_path)
         _own_memory(optimizer)

@@ -288,6 +288,7 @@ class Study:
             return 1
         return max(1, min(available_cores(), seeds * len(self.roles)))
 
+    @collecting_only_what_is_made_within()
     def train(self, seeds: int = 1, progress: bool = True, log=print, jobs: int = 1) -> list[StudyRun]:
         """Every variant for seeds 0 … seeds − 1, seed by seed: finished runs are loaded,
         interrupted ones resumed, missing ones trained. When anything is to be trained, `log` gets
@@ -309,10 +310,6 @@ class Study:
         if is_main_process():
             claim_study_folder(self.folder)  # a folder headlab did not write is refused
         keep_freed_cpu_memory()  # small CPU models train ~10% faster; a study opts in for its processes
-        with collecting_only_what_is_made_within():
-            return self._train(seeds, progress, log, jobs)
-
-    def _train(self, seeds: int, progress: bool, log, jobs: int) -> list[StudyRun]:
         corpus = prepared_corpus(self.load_corpus, self.train_config(0).device)
         self.check_resumable(seeds, corpus)
         if note := repetition_note(self.train_config(0), self.variants[0].seq_len, corpus):

@@ -26,7 +26,7 @@ import inspect
 import torch
 
 from headlab.model.config import ModelConfig
-from headlab.model.gpt import GPT, count_parameters
+from headlab.model.gpt import count_parameters, meta_model
 from headlab.training.optimizers import is_muon_matrix
 from headlab.training.sharding import owners
 
@@ -82,8 +82,7 @@ def muon_flops_per_step(config: ModelConfig, ranks: int = 1) -> float:
     (`newton_schulz_by_rank`: each shape's k matrices dealt round-robin, ⌊k / ranks⌋ or ⌈k / ranks⌉
     to a rank)."""
     ns_steps = inspect.signature(torch.optim.Muon).parameters["ns_steps"].default
-    with torch.device("meta"):
-        model = GPT(config)
+    model = meta_model(config)
     per_rank, _ = newton_schulz_by_rank([p for n, p in model.named_parameters() if is_muon_matrix(n, p)], ranks)
     return float(ns_steps * max(per_rank))
 

@@ -25,7 +25,7 @@ from headlab.training.gpus import GPU_PEAKS, gpu_peak
 from headlab.training.memory import USABLE_MEMORY_FRACTION, GiB, PlanError, memory_per_device, micro_batch_size
 from headlab.training.optimizers import make_optimizers
 from headlab.training.sharding import OptimizerStep
-from headlab.training.trainer import on_device
+from headlab.training.trainer import collecting_only_what_is_made_within, on_device
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,7 @@ TIMED_STEPS = 5  # steps it times by default, after the warm-up
 TIMING_STEPS = WARMUP_STEPS + TIMED_STEPS  # steps a default timing trains in all
 
 
+@collecting_only_what_is_made_within()
 def measure_step(config: ModelConfig, train_config, threads: int | None = None, repeats: int = TIMED_STEPS,
                  processes: Processes | None = None) -> StepTime:
     """Time one rank's step of the trainer for `config` at `train_config`'s optimizer and dtype on

@@ -61,10 +61,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import torch
-
 from headlab.model.config import ModelConfig
-from headlab.model.gpt import GPT
+from headlab.model.gpt import meta_model
 from headlab.training.config import PARALLEL
 from headlab.training.flops import parameter_counts
 from headlab.training.optimizers import is_muon_matrix
@@ -106,9 +104,7 @@ class Memory:
 @functools.lru_cache(maxsize=64)
 def _parameter_groups(config: ModelConfig) -> dict[str, int]:
     """Parameter counts the memory model needs: total, Muon matrices, one block, the root unit."""
-
-    with torch.device("meta"):
-        model = GPT(config)
+    model = meta_model(config)
     total = sum(p.numel() for p in model.parameters())
     block = sum(p.numel() for p in model.blocks[0].parameters())
     return {"total": total, "muon": sum(p.numel() for n, p in model.named_parameters() if is_muon_matrix(n, p)),
@@ -125,8 +121,7 @@ def rank_shares(config: ModelConfig, ranks: int, optimizer: str) -> tuple[dict[s
     optimizer state it holds, the parameters it steps, and the parameters of the largest stack
     of one shape it orthogonalises (`headlab.training.sharding.owners`; Muon's matrices as the
     memory model counts them, `is_muon_matrix`)."""
-    with torch.device("meta"):
-        model = GPT(config)
+    model = meta_model(config)
     named = list(model.named_parameters())
     matrices = [p for n, p in named if optimizer == "muon" and is_muon_matrix(n, p)]
     orthogonalised = {id(p) for p in matrices}

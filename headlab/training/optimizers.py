@@ -26,13 +26,12 @@ Two options of the LRKV factors, for the question of what the recipe does to the
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
-from headlab.model.gpt import GPT
+from headlab.model.gpt import GPT, meta_model
 from headlab.training.config import TrainConfig
 
 ADAM_BETAS = (0.9, 0.95)
@@ -253,8 +252,6 @@ def optimizer_table(model_config, config: TrainConfig) -> list[dict]:
             for groups in optimizer_plan(meta_parameters(model_config), config) for g in groups for name in g.names]
 
 
-@functools.lru_cache(maxsize=64)
 def meta_parameters(model_config) -> list[tuple[str, torch.Tensor]]:
-    """The named parameters of a GPT of `model_config`, built on the meta device: names and shapes, no weights."""
-    with torch.device("meta"):
-        return list(GPT(model_config).named_parameters())
+    """The named parameters of a GPT of `model_config` on the meta device (`meta_model`): names, shapes."""
+    return list(meta_model(model_config).named_parameters())

@@ -15,13 +15,10 @@ import functools
 import itertools
 from dataclasses import fields
 
-import torch
-
 from headlab.model.config import ModelConfig, preset
-from headlab.model.gpt import GPT
 from headlab.model.reads import fields_read, recording
 from headlab.training.config import CHOICES, LRKV_B_OPTIMIZERS, OPTIMIZERS, TrainConfig
-from headlab.training.optimizers import optimizer_plan, optimizer_table
+from headlab.training.optimizers import meta_parameters, optimizer_plan, optimizer_table
 
 TRAIN_FIELDS = frozenset(f.name for f in fields(TrainConfig))
 
@@ -33,8 +30,7 @@ def optimizer_fields() -> frozenset[str]:
     key matrices), under every optimizer, lrkv_b_optimizer and both values of the plan's switches.
     The training loop reads every other field, for every model."""
     read: set[str] = set()
-    with torch.device("meta"):
-        named = list(GPT(preset("tiny", "lrkv")).named_parameters())
+    named = meta_parameters(preset("tiny", "lrkv"))
     switches = [name for name in TRAIN_FIELDS if isinstance(getattr(TrainConfig(), name), bool)]
     for optimizer, b_optimizer, *values in itertools.product(OPTIMIZERS, LRKV_B_OPTIMIZERS,
                                                              *([True, False] for _ in switches)):

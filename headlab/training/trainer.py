@@ -23,14 +23,13 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from tqdm.auto import tqdm
 
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus, random_windows, read_shards
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT, eval_mode, initial_model
-from headlab.runs.checkpoints import gather_training_state
+from headlab.runs.checkpoints import gather_training_state, is_fsdp_module
 from headlab.runs.divergence import Divergence, is_diverged
 from headlab.runs.folder import RunFolder
 from headlab.training.compiling import compile_backend, compiled_forward, first_step_compiling
@@ -107,21 +106,27 @@ def free_finished_run() -> None:
         torch.cuda.empty_cache()
 
 
+_collecting_within = 0  # how many collecting_only_what_is_made_within blocks this process is inside
+
+
 @contextmanager
 def collecting_only_what_is_made_within():
-    """Within it, the cyclic collector passes over every object that was alive on entry
-    (`gc.freeze`): garbage that runs trained within leave can only be among the objects made since.
-    A process that has imported torch, pandas and matplotlib (a notebook's kernel, the command
-    line) holds about a million objects, and `free_finished_run`'s full collections scanned them
-    all each time, ~0.2 s apiece: a quarter of a small study's training time in a notebook. On exit
-    the objects go back to the collector, unless some were frozen on entry: that freeze belongs to
-    whoever made it (a test runner's), and the objects frozen here stay with it."""
-    frozen_before = gc.get_freeze_count()
+    """Within it (a `with` block or a decorator), the cyclic collector passes over every object
+    that was alive on entry (`gc.freeze`): garbage that the models trained or timed within leave
+    can only be among the objects made since. A process that has imported torch, pandas and
+    matplotlib (a notebook's kernel, the command line) holds about a million objects, and each full
+    collection that frees a model (`free_finished_run`, `measure_step`) scanned them all, 0.1-0.2 s
+    apiece: a quarter of a small study's training time in a notebook, most of a `--plan`. When the
+    outermost block ends, every frozen object goes back to the collector (a freeze made before it
+    too: `gc` cannot tell which objects that froze without counting them all, 0.06 s)."""
+    global _collecting_within
+    _collecting_within += 1
     gc.freeze()
     try:
         yield
     finally:
-        if not frozen_before:
+        _collecting_within -= 1
+        if not _collecting_within:
             gc.unfreeze()
 
 
@@ -233,6 +238,8 @@ def shard_per_block(model: GPT, train_config: TrainConfig, backend: str | None =
     """FSDP2: each block is one unit of parameters gathered for its forward and backward, the
     root (embedding, head) another. Under bf16 the gathered parameters are bf16 and gradients
     are reduced in fp32. With a compile `backend`, each block is compiled on its own."""
+
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # its DTensor imports: ~0.7 CPU-s
 
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if train_config.dtype == "bfloat16" else MixedPrecisionPolicy())
@@ -405,7 +412,7 @@ def _gradient_sync(step_model: torch.nn.Module):
     def synchronizing(sync: bool):
         if isinstance(step_model, torch.nn.parallel.DistributedDataParallel):
             return nullcontext() if sync else step_model.no_sync()
-        if isinstance(step_model, FSDPModule):  # keeps unsharded gradients until the synchronized backward
+        if is_fsdp_module(step_model):  # keeps unsharded gradients until the synchronized backward
             step_model.set_requires_gradient_sync(sync)
         return nullcontext()
     return synchronizing

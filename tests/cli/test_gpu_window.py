@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,15 +52,26 @@ def test_the_smoke_window_runs_every_stage_without_the_notebook_modules(tmp_path
     assert all(f"## {name}: exit 0" in log for name in stages)
 
 
-def test_a_failing_stage_and_a_spent_budget_are_said_in_the_json(tmp_path, monkeypatch):
+def test_a_crashed_or_hung_stage_and_a_spent_budget_are_said_in_the_json(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(TOOLS))
     import gpu_window
 
-    monkeypatch.setattr(gpu_window, "STAGES", ("probe", "trainer"))
-    monkeypatch.setattr(gpu_window, "__file__", str(tmp_path / "crashing.py"))
-    (tmp_path / "crashing.py").write_text("import sys; sys.exit('the GPU fell off the bus')\n")
+    def crash(smoke):  # as a CUDA abort would: the process ends before it writes its result
+        print("the GPU fell off the bus", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    monkeypatch.setattr(gpu_window, "STAGES", ("probe", "trainer", "attention"))
+    monkeypatch.setattr(gpu_window, "probe", crash)
+    monkeypatch.setattr(gpu_window, "trainer", lambda smoke: time.sleep(60))
+    monkeypatch.setitem(gpu_window.STAGE_CAP_S, "trainer", 1)
+    monkeypatch.setattr(gpu_window, "attention", lambda smoke: {"said": print("attention ran") or True})
     report = gpu_window.window(tmp_path / "out", smoke=True, budget_s=60)
     assert report["stages"]["probe"] == {"ok": False, "error": "exit 1: the GPU fell off the bus"}
+    assert report["stages"]["trainer"] == {"ok": False, "error": "exit -9: timed out after 1 s"}
+    assert report["stages"]["attention"]["ok"] and report["stages"]["attention"]["said"]
+    log = (tmp_path / "out" / "gpu_window.log").read_text()
+    assert "## probe: exit 1\nthe GPU fell off the bus\n" in log and "## attention: exit 0\nattention ran\n" in log
     report = gpu_window.window(tmp_path / "out", smoke=True, budget_s=0)
     assert report["stages"]["trainer"]["error"] == "skipped: the window's budget is spent"
     assert json.loads((tmp_path / "out" / "gpu_window.json").read_text()) == json.loads(json.dumps(report))
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["gpu_window.json", "gpu_window.log"]

@@ -20,10 +20,13 @@ _backend = "sdpa"  # "manual": the explicit softmax, a reference for tests
 
 
 def rope_tables(seq_len: int, dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of angle p·base^(-2i/dim) for positions p < seq_len, pairs i < dim/2."""
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)
-    return angles.cos().float(), angles.sin().float()
+    """cos, sin of angle p·base^(-2i/dim) for positions p < seq_len, pairs i < dim/2, on the
+    default device. Computed on the CPU and moved: on the meta device these ops would need torch's
+    Python meta kernels, whose first use costs a process 1 CPU-s (`headlab.model.gpt.build_on_meta`)."""
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64, device="cpu"), inv_freq)
+    device = torch.get_default_device()
+    return angles.cos().float().to(device), angles.sin().float().to(device)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qk_norm: bool = False) -> torch.Tensor:
