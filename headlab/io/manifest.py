@@ -249,6 +249,16 @@ class Manifest:
             self._check_ours(name, path)
         return path
 
+    def check_writable(self, names: list[str]) -> None:
+        """Refuse now what writing each of `names` would refuse when its turn came (`_target`): a
+        name not strictly below the folder or through a link, or a file there whose bytes this
+        manifest did not record. For a writer that draws or computes before it writes: refused
+        before that work, and before it has replaced any file."""
+        for name in names:
+            path = self.file(name)
+            if os.path.lexists(path):
+                self._check_ours(name, path)
+
     def _check_ours(self, name: str, path: Path) -> None:
         recorded = self.recorded(name)
         if not recorded and name in self.intended:  # recorded before its bytes were: what is there is not headlab's

@@ -77,6 +77,11 @@ def figure_name(folder: str | None, name: str) -> str:
     return name if folder is None else f"{folder}/{name}"
 
 
+def figure_files(folder: str | None, names: tuple[str, ...]) -> list[str]:
+    """The files `draw_figures` writes for `names` into subfolder `folder`."""
+    return [file for name in names for file in plots.figure_files(figure_name(folder, name))]
+
+
 def write_docs(tables: StudyTables, out: str | Path) -> Path:
     """The README's opening, from a study's tables: `DOCS_FIGURES` (PNG and SVG) and headline.md,
     the loss and effective-rank tables (mean ± sd over seeds; differences to MHA paired by seed
@@ -85,6 +90,7 @@ def write_docs(tables: StudyTables, out: str | Path) -> Path:
     runs in minutes, so the README states the measured time.)"""
     out = Path(out)
     with writing(out, DOCS_MANIFEST, DOCS, "docs writer") as manifest:
+        manifest.check_writable([*figure_files(None, DOCS_FIGURES), "headline.md"])  # refused before drawing
         draw_figures(tables, manifest, None, DOCS_FIGURES)
         manifest.write_bytes("headline.md", "\n".join(headline_lines(tables)).encode())
     return out / "headline.md"
@@ -264,6 +270,7 @@ def write_report(tables: StudyTables, out: str | Path) -> Path:
     """Draw the figures and write report.md into `out` from a study's tables (nothing is trained or
     analysed here); returns the report's path."""
     with writing(out, MANIFEST, STUDY, "report writer") as manifest:
+        manifest.check_writable([*figure_files(FIGURES_FOLDER, FIGURES), "report.md"])  # refused before drawing
         manifest.write_bytes("report.md", "\n".join(report_lines(tables, manifest)).encode())
     return Path(out) / "report.md"
 

@@ -129,14 +129,20 @@ def test_docs_into_a_folder_holding_the_users_headline_is_refused_and_keeps_it(s
     assert snapshot(docs) == {"headline.md": hashlib.sha256(b"my own headline").hexdigest()}
 
 
-def test_docs_rewrites_its_own_folder_but_refuses_a_file_it_did_not_write_there(study, tmp_path, capsys):
-    """A listed name licenses nothing: the file there is replaced only while its bytes are the ones recorded."""
+def test_docs_rewrites_its_own_folder_but_refuses_a_file_it_did_not_write_there(study, tmp_path, capsys,
+                                                                               monkeypatch):
+    """A listed name licenses nothing: the file there is replaced only while its bytes are the ones recorded.
+    It is refused before anything is drawn or replaced (headline.md is written after the figures)."""
     docs = tmp_path / "scratch" / "docs"
     assert main(["docs", str(study), "--out", str(docs)]) == 0
     assert main(["docs", str(study), "--out", str(docs)]) == 0
     (docs / "headline.md").unlink()
     (docs / "headline.md").write_text("mine now")
-    assert "was changed since headlab wrote it" in refused_in_one_line(capsys, ["docs", study, "--out", docs])
+    before, drawn = snapshot(docs), []
+    with monkeypatch.context() as patch:
+        patch.setattr(Figure, "savefig", lambda *args, **kwargs: drawn.append(args))
+        assert "was changed since headlab wrote it" in refused_in_one_line(capsys, ["docs", study, "--out", docs])
+    assert drawn == [] and snapshot(docs) == before
     assert (docs / "headline.md").read_text() == "mine now"
     edit_manifest(docs / "docs.json", lambda m: m["files"].pop("headline.md"))
     (docs / "headline.md").write_text("mine, and no longer listed")
@@ -157,13 +163,17 @@ def test_a_figures_link_to_a_user_folder_is_never_followed(study, tmp_path, caps
         {k: v for k, v in before.items() if not k.startswith("study/")}
 
 
-def test_a_listed_figure_replaced_by_a_link_is_neither_replaced_nor_written_through(study, tmp_path, capsys):
+def test_a_listed_figure_replaced_by_a_link_is_neither_replaced_nor_written_through(study, tmp_path, capsys,
+                                                                                    monkeypatch):
     outside = tmp_path / "scratch" / "outside.png"
     outside.write_bytes(b"a file outside the study")
     figure = study / "figures" / "spectra_uncentered.png"
     figure.unlink()
     figure.symlink_to(outside)
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda *args, **kwargs: drawn.append(args))
     assert "is not the file headlab wrote" in refused_in_one_line(capsys, ["report", study])
+    assert drawn == []  # refused before any figure is drawn
     assert outside.read_bytes() == b"a file outside the study"
     assert figure.is_symlink() and figure.resolve() == outside
 

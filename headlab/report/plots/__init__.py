@@ -34,7 +34,7 @@ from headlab.package import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "headlab.report.plots.style": ("BAND", "CIRCUIT_TITLES", "HEATMAP_CMAP", "HIGHLIGHT_COLOR", "KIND_TITLES",
                                    "MARKERS", "MEASURE_TITLES", "MLA_ROPE_TITLES", "PANEL_SIZE", "REFERENCE_COLOR",
-                                   "SINGLE_SIZE", "SPECTRA_TITLE", "NotebookFigure", "save_figure"),
+                                   "SINGLE_SIZE", "SPECTRA_TITLE", "NotebookFigure", "figure_files", "save_figure"),
     "headlab.report.plots.colours": ("palette",),
     "headlab.report.plots.methods": ("method_order", "table_methods", "table_palette"),
     "headlab.report.plots.panels": ("layer_roles", "layer_title"),

@@ -56,15 +56,24 @@ def styled(draw):
     return wrapper
 
 
+# The files a figure is saved as: PNG at 130 dpi (what report.md shows) and SVG (for print), without
+# a date and with its element ids hashed with a fixed salt instead of a random one (rc_context below):
+# the same figure gives the same bytes in every run.
+FIGURE_FORMATS = {".png": {"dpi": 130}, ".svg": {"metadata": {"Date": None}}}
+
+
+def figure_files(name: str) -> list[str]:
+    """The files `save_figure` writes for `name`."""
+    return [name + suffix for suffix in FIGURE_FORMATS]
+
+
 def save_figure(figure: Figure, manifest: Manifest, name: str) -> Path:
-    """Write `figure` as <name>.png (130 dpi, what report.md shows) and <name>.svg (for print)
-    into the folder of `manifest`, which records them (`name` may hold a subfolder: 'figures/x');
-    each is drawn into memory and written atomically, never through a link. Returns the PNG's path."""
+    """Write `figure` as `figure_files(name)` (<name>.png and <name>.svg) into the folder of
+    `manifest`, which records them (`name` may hold a subfolder: 'figures/x'); each is drawn into
+    memory and written atomically, never through a link. Returns the PNG's path."""
     drawn = {}
-    # SVG without a date, and its element ids hashed with a fixed salt instead of a random one:
-    # the same figure gives the same bytes in every run
     with matplotlib.rc_context({"svg.hashsalt": "headlab"}):
-        for suffix, options in ((".png", {"dpi": 130}), (".svg", {"metadata": {"Date": None}})):
+        for suffix, options in FIGURE_FORMATS.items():
             buffer = io.BytesIO()
             figure.savefig(buffer, format=suffix[1:], bbox_inches="tight", **options)
             drawn[name + suffix] = buffer.getvalue()
