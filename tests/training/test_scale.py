@@ -16,6 +16,7 @@ import torch
 from conftest import TORCHRUN_STUDY, TORCHRUN_VARIANTS
 from headlab import GPT
 from headlab.cli.main import main
+from headlab.cli.parser import build_parser
 from headlab.report import plots
 from headlab.report.writer import write_report
 from headlab.runs.checkpoints import has_checkpoint
@@ -91,8 +92,7 @@ def test_the_paper_128m_shape_runs_end_to_end_on_a_cpu(tmp_path, isolated_cache)
 
 
 @pytest.mark.slow
-def test_reproduce_under_torchrun_trains_on_both_ranks_and_reports_once(tmp_path, isolated_cache, capsys,
-                                                                         torchrun_study):
+def test_reproduce_under_torchrun_trains_on_both_ranks_and_reports_once(tmp_path, isolated_cache, torchrun_study):
     """2 gloo processes: one report, one run folder per variant, and the numbers of the
     single-process study (the global batch is split across ranks, so the loss curve is the same)."""
     cwd, done = torchrun_study
@@ -104,10 +104,13 @@ def test_reproduce_under_torchrun_trains_on_both_ranks_and_reports_once(tmp_path
     assert len(runs) == len(TORCHRUN_VARIANTS) and all(name.endswith("-seed0") for name in runs)
     assert all(has_checkpoint(ddp / "runs" / name) for name in runs)
 
+    # The same study in this process, as `reproduce` makes its tables (no report: the tables are compared),
     # one job: worker processes would each import torch again, more than these 4-step runs cost
-    assert main([*TORCHRUN_STUDY, "--jobs", "1", "--out", str(tmp_path / "single")]) == 0
-    capsys.readouterr()
-    folders = {"ddp": ddp, "single": tmp_path / "single"}
+    args = build_parser().parse_args([*TORCHRUN_STUDY, "--out", str(tmp_path / "single")])
+    single = Study(args.preset, args.steps, args.out, corpus=args.corpus, only=tuple(args.only))
+    runs = single.train(seeds=args.seeds, progress=False, log=lambda message: None, jobs=1)
+    tabulate_study(runs, single.load_corpus(), single.preset, single.folder)
+    folders = {"ddp": ddp, "single": single.folder}
     for table in ("training", "summary", "spectra"):
         ddp_table, single = (pd.read_csv(folders[kind] / f"{table}.csv") for kind in ("ddp", "single"))
         numbers = ddp_table.select_dtypes("float").columns
