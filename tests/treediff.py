@@ -18,8 +18,10 @@ judge the difference by the invariants of `headlab.io`.
   or matching the new version it records as being written before renaming it into place): a
   verified new version replaced it. A manifest itself changes only into one that verifies.
 - A file recorded as being written (`intended`, with its new bytes) may change only into a
-  verified listed file or that new version; one retired (superseded, recorded with its hash) may
-  be deleted while it matches. A log headlab appends to keeps the prefix its manifest recorded.
+  verified listed file or that new version, or vanish once its folder's manifest lists a
+  complete, verified state (a rerun wrote it again, made it current, then superseded it); one
+  retired (superseded, recorded with its hash) may be deleted while it matches. A log headlab
+  appends to keeps the prefix its manifest recorded.
 - No new file appears outside a folder that holds a headlab manifest; a folder that appears
   holding nothing (a writer killed after making it) is no file.
 Locks (their text names the last holder) are not content, and new temporaries are not (a write
@@ -218,6 +220,9 @@ def check(before: Tree, after: Tree, status: int, err: str) -> list[str]:
             continue  # a file headlab wrote and retired, deleted as its manifest said
         elif before.recorded(name) and (after.good(name) or after.as_intended(name)):
             continue  # its bytes recorded as headlab's: replaced by a version its manifest verifies
+        elif (before.as_intended(name) and name not in after.entries
+              and any(p.as_posix() in after.complete for p in Path(name).parents)):
+            continue  # a version being written, never a verified state's, gone once a verified state superseded it
         elif before.prefixes.get(name) and (after.good(name) or after.prefixes.get(name)):
             continue  # a log headlab appended to beyond what its manifest recorded: the recorded part kept
         elif name in before.pending and name not in before.listed and after.good(name):
