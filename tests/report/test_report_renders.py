@@ -19,13 +19,14 @@ ALLOWED = {"table_files.py", "paper.py", "cells.py"}  # reading tables, the pape
 
 class NoFigures:
     """The plots package without drawing (figures are the plots' tests'): what the report asks of it,
-    given back as an empty path; its table helpers as they are."""
+    given back as an empty path; its table helpers and the names of the files a figure is saved as,
+    as they are."""
 
     def __init__(self, plots):
         self.plots = plots
 
     def __getattr__(self, name):
-        if name in ("table_palette", "layer_roles"):
+        if name in ("table_palette", "layer_roles", "figure_files"):
             return getattr(self.plots, name)
         return lambda *args, **kwargs: Path(f"figures/{name}.png")
 
