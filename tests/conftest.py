@@ -195,10 +195,33 @@ def threads(request):
     torch.set_num_threads(1)
 
 
+class NotebooksWriteOnlyRuns:
+    """nbmake runs the notebooks in this checkout, from notebooks/: each may add to the checkout's
+    top level and to notebooks/ nothing but runs/ (in a fresh clone, test_notebooks_fresh.py
+    checks the same of the notebooks it runs alone first)."""
+
+    def __init__(self):
+        self.before: set[str] = set()
+
+    @staticmethod
+    def listing() -> set[str]:
+        return {path.name for path in ROOT.iterdir()} | {f"notebooks/{p.name}" for p in (ROOT / "notebooks").iterdir()}
+
+    def pytest_runtest_setup(self, item):
+        if item.path.suffix == ".ipynb":
+            self.before = self.listing()
+
+    def pytest_runtest_teardown(self, item):
+        if item.path.suffix == ".ipynb":
+            added = sorted(self.listing() - self.before - {"runs"})
+            assert not added, f"{item.path.name} wrote {added} into the checkout: a notebook writes only into runs/"
+
+
 def pytest_configure(config):
-    """The CPU-seconds of every test, the notebooks included (a plugin, not this conftest's hooks,
-    which pytest calls only for the tests under tests/)."""
+    """The CPU-seconds of every test, the notebooks included, and what nbmake's notebooks write (plugins,
+    not this conftest's hooks, which pytest calls only for the tests under tests/)."""
     config.pluginmanager.register(CpuSeconds(), "headlab_cpu_seconds")
+    config.pluginmanager.register(NotebooksWriteOnlyRuns(), "headlab_notebooks_write_only_runs")
 
 
 def pytest_collection_finish(session):
@@ -229,7 +252,10 @@ def pytest_collection_modifyitems(items):
     group of its own (`pytestmark`), or every worker running one of its tests would train that
     fixture again. Everything else
     spreads over both cores. The slow tests go first, so the last minute is not
-    one long test on one core while the other idles."""
+    one long test on one core while the other idles. The notebooks count as slow, so their group
+    starts early, and the browser test comes after them: its notebook 03 writes the small study
+    into this checkout's runs/ (its lab folder holds no pyproject.toml), so before nbmake's it would
+    take from nbmake's 01 the training alone first that a CI clone gives it."""
     for item in items:
         if item.path.suffix == ".ipynb" or item.path.name == "test_browser.py":
             item.add_marker(pytest.mark.xdist_group("notebooks"))
@@ -237,4 +263,5 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group("torchrun_study"))
         elif "tiny_study" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("tiny_study"))
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None and item.path.suffix != ".ipynb",
+                                 item.path.name == "test_browser.py"))
