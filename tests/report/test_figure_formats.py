@@ -1,9 +1,10 @@
 """A figure is saved as PNG only, unless SVG is asked for (`svg=True`, `--svg` on the command line):
 every writer that draws (the report, the README's docs, a sweep's page, analyze's spectra) writes and
-lists in its folder's manifest exactly those files, and a redraw without SVG leaves no SVG of an
-earlier drawing behind. What a figure shows is the plots' tests': here each is a tiny one, saved for
-real."""
+lists in its folder's manifest exactly those files, a redraw without SVG leaves no SVG of an earlier
+drawing behind, and the committed docs folders hold none. What a figure shows is the plots' tests':
+here each is a tiny one, saved for real."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from headlab.report.analysis_output import write_spectra_figures
 from headlab.report.sweep_page import write_sweep_report
 from headlab.report.writer import DOCS, DOCS_FIGURES, DOCS_MANIFEST, FIGURES, FIGURES_FOLDER, write_docs, write_report
 from headlab.study.table_files import MANIFEST, SHIPPED, STUDY, SWEEP, SWEEP_MANIFEST, read_study_tables
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny(*args, **kwargs) -> Figure:
@@ -136,6 +139,17 @@ def test_reproduce_with_svg_lists_both_and_a_report_without_keeps_only_an_svg_th
     on_disk, listed = figures_written(study, MANIFEST, STUDY)
     assert on_disk - listed == {f"{FIGURES_FOLDER}/{mine.name}"} and not any(name.endswith(".svg") for name in listed)
     assert mine.read_text() == "<svg>the user's own drawing</svg>"  # changed since headlab wrote it: never deleted
+
+
+@pytest.mark.parametrize("folder", ["docs", "docs/regime"])
+def test_the_committed_docs_folders_hold_pngs_only_each_listed_as_it_is(folder):
+    docs = ROOT / folder
+    manifest = json.loads((docs / DOCS_MANIFEST).read_text())
+    assert set(manifest["files"]) == {path.name for path in docs.glob("*.png")} | {"headline.md"}
+    assert not list(docs.glob("*.svg"))
+    listed = Manifest.read(docs, DOCS_MANIFEST, DOCS)
+    for name in listed.files:
+        listed.verify(name)
 
 
 def sweep_table() -> pd.DataFrame:
