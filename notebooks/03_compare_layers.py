@@ -257,7 +257,7 @@ explorer
 # ## Saving figures
 # Every figure is a matplotlib `Figure`: save it at any size and format; this notebook's go to
 # `STUDY.outputs`, never into the study's folder. `headlab reproduce` (`make demo`) writes all of
-# them as PNG and SVG beside a report that sets our numbers against the paper's.
+# them as PNG (with `--svg` also SVG) beside a report that sets our numbers against the paper's.
 
 # %%
 figure = plots.spectra_figure(flagship["spectra"], kind="uncentered", palette=colours, init=flagship["init_spectra"],

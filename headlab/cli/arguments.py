@@ -211,10 +211,12 @@ def analyze_arguments(analyze: argparse.ArgumentParser) -> None:
                          help="MLA only: whether the decoupled RoPE query/key parts enter A_h ('included'), or only "
                               "the latent path W_down W_up,h as in the paper's Table 4 ('excluded') "
                               "(default: %(default)s)")
-    analyze.add_argument("--no-figure", action="store_true",
-                         help="leave out the figure of the uncentered spectra (early, middle and late layer, with the "
-                              "random-init baseline of run folders and the paper's Fig. 11 marks for its variants), "
-                              "spectra_uncentered.png and .svg in --out")
+    figure = analyze.add_mutually_exclusive_group()
+    figure.add_argument("--no-figure", action="store_true",
+                        help="leave out the figure of the uncentered spectra (early, middle and late layer, with the "
+                             "random-init baseline of run folders and the paper's Fig. 11 marks for its variants), "
+                             "spectra_uncentered.png (and .svg with --svg) in --out")
+    svg_argument(figure)
     analyze.add_argument("--snapshots", action="store_true",
                          help="headlab run folders only: analyse every training snapshot (TrainConfig.snapshot_every) "
                               "and the last checkpoint; the tables gain a step column")
@@ -244,6 +246,13 @@ def preset_defaults(field: str) -> str:
     return "; ".join(f"{value}: {', '.join(names)}" for value, names in presets.items())
 
 
+def svg_argument(parser) -> None:
+    """--svg, of every command that draws figures: PNG only unless given (an SVG takes about as long
+    again to draw as its PNG)."""
+    parser.add_argument("--svg", action="store_true",
+                        help="also write each figure as SVG (vector, for print) beside its PNG (default: PNG only)")
+
+
 def compile_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", nargs="?", const=GPU_BACKEND, metavar="BACKEND",
                         help=f"torch.compile with BACKEND on any device: {GPU_BACKEND} (the default of a bare "
@@ -271,6 +280,7 @@ def reproduce_arguments(reproduce: argparse.ArgumentParser) -> None:
                                 "optimizer=adamw or weight_decay=0 (repeatable; recorded in study.json and the report)")
     reproduce.add_argument("--only", nargs="+", choices=ROLES, metavar="ROLE",
                            help=f"train these roles only, mha among them (default: all six: {' '.join(ROLES)})")
+    svg_argument(reproduce)
 
 
 def sweep_arguments(sweep: argparse.ArgumentParser) -> None:
@@ -291,6 +301,7 @@ def sweep_arguments(sweep: argparse.ArgumentParser) -> None:
                        help="runs trained at once, each on one thread (default: one per CPU core, 1 on a GPU)")
     sweep.add_argument("--only", nargs="+", choices=ROLES, metavar="ROLE",
                        help=f"train these roles only, mha among them (default: all six: {' '.join(ROLES)})")
+    svg_argument(sweep)
 
 
 def study_folder_argument(parser: argparse.ArgumentParser) -> None:
@@ -300,6 +311,7 @@ def study_folder_argument(parser: argparse.ArgumentParser) -> None:
 def docs_arguments(docs: argparse.ArgumentParser) -> None:
     docs.add_argument("--out", type=Path, default=Path("docs"), metavar="DIR",
                       help="output folder (default: %(default)s)")
+    svg_argument(docs)
 
 
 def add_plan_arguments(parser, tokens: bool = True) -> None:

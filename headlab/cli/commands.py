@@ -173,8 +173,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if not args.no_figure:
         roles = {label: run_role(source) for label, (_, source) in by_label.items()}
         spectra = result.spectra.assign(role=result.spectra["model"].map(roles))
-        figures = write_spectra_figures(spectra, folder, None if init is None else init.spectra)
-        print(f"figure{'s' * (len(figures) > 1)}: {', '.join(str(path) for path in figures)}")
+        figures = write_spectra_figures(spectra, folder, None if init is None else init.spectra, svg=args.svg)
+        print(f"figure{'s' * (len(figures) > 1)}: {', '.join(str(path) for path in figures)}"
+              + (" (and an .svg beside each)" if args.svg else ""))
     return 0
 
 def run_role(source) -> str | None:
@@ -297,7 +298,8 @@ def cmd_reproduce(args) -> int:
     leave_process_group()  # every run is checkpointed: the ranks part here, and rank 0 writes the report
     if not main_rank:
         return 0
-    report = write_report(tabulate_study(runs, study.load_corpus(), args.preset, study.folder, started), study.folder)
+    report = write_report(tabulate_study(runs, study.load_corpus(), args.preset, study.folder, started), study.folder,
+                          svg=args.svg)
     print(f"report written: {report}")
     print(f"flagship figure: {report.parent / 'figures' / 'spectra_uncentered.png'}")
     return 0
@@ -330,18 +332,18 @@ def cmd_sweep(args) -> int:
           f"{args.seeds} seed(s) into {args.out}")
     claim_sweep_folder(args.out)
     table = save_sweep(args.out, sweep_table(points, args.seeds, args.out, jobs=args.jobs, only=only))
-    print(f"sweep written: {write_sweep_report(table, args.out)}")
+    print(f"sweep written: {write_sweep_report(table, args.out, svg=args.svg)}")
     return 0
 
 def cmd_report(args) -> int:
     """Redraw report.md and every figure of a study folder from its tables (no torch work)."""
-    report = write_report(read_study_tables(args.folder), args.folder)
+    report = write_report(read_study_tables(args.folder), args.folder, svg=args.svg)
     print(f"report written: {report}")
     return 0
 
 def cmd_docs(args) -> int:
     """The README's figures and headline table from a study's tables (no torch work)."""
-    headline = write_docs(read_study_tables(args.folder), args.out)
+    headline = write_docs(read_study_tables(args.folder), args.out, svg=args.svg)
     print(f"headline table and figures written: {headline.parent}")
     return 0
 

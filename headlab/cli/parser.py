@@ -20,6 +20,7 @@ from headlab.cli.arguments import (
     reproduce_arguments,
     study_budget_arguments,
     study_folder_argument,
+    svg_argument,
     sweep_arguments,
     train_arguments,
 )
@@ -59,7 +60,7 @@ REPRODUCE_EXAMPLE = """example (what `make demo` runs; the README gives its meas
 results land in the study folder (--out):
   DIR/runs/<variant>-seed<k>/   one run folder per variant and seed (reused or resumed on a rerun)
   DIR/*.csv, DIR/study.json     every number, as tables (`headlab report DIR` redraws from them)
-  DIR/report.md, DIR/figures/   the report and its figures (PNG and SVG)"""
+  DIR/report.md, DIR/figures/   the report and its figures (PNG; with --svg, SVG beside each)"""
 
 def unknown_arguments(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
     """The error for arguments `parser` does not take, naming its closest option for each."""
@@ -125,9 +126,10 @@ COMMANDS = (
             "Redraw report.md and every figure of a study folder (what `headlab reproduce` wrote) from its tables "
             "alone, in seconds: nothing is trained or analysed again. The tables are checked against study.json "
             "first.",
-            "cmd_report", (study_folder_argument,), path_problems=study_folder_problems),
+            "cmd_report", (study_folder_argument, svg_argument), path_problems=study_folder_problems),
     Command("docs", "draw the README's figures and headline table from a study",
-            "Write the flagship figure, the effective rank per layer and the loss against cache size (PNG and SVG) "
+            "Write the flagship figure, the effective rank per layer and the loss against cache size (PNG; with "
+            "--svg, SVG beside each) "
             "and headline.md (loss and effective rank, mean ± sd over seeds, paired differences to MHA ± 95% "
             "half-width) from a study folder's tables; `make docs` does it for make demo's study (how long a study "
             "took is no table's: the README states the measured time).",

@@ -474,7 +474,8 @@ class writing:
     """`with writing(folder, name, kind, writer) as manifest:` the manifest of `folder` to write
     files into, claimed as `Manifest.claim` does (a folder holding files but no manifest is
     refused), under the folder's lock and with a killed writer's leftovers removed; saved when
-    the block ends without error (what it wrote is then listed)."""
+    the block ends without error (what it wrote is then listed), and what the block retired (a
+    figure's SVG an earlier write left, when this one draws PNG only) then deleted."""
 
     def __init__(self, folder: Path, name: str, kind: str, writer: str):
         self.folder, self.name, self.kind, self.writer = Path(folder), name, kind, writer
@@ -495,5 +496,7 @@ class writing:
         try:
             if kind is None:
                 self.manifest.save()
+                if self.manifest.retired:
+                    self.manifest.remove_leftovers()
         finally:
             self.lock.__exit__()

@@ -83,13 +83,13 @@ def figure_name(circuit: str, measure: str, depth: int | None) -> str:
             + ("_data" if measure == "data" else "") + (f"_{depth}-layers" if depth else ""))
 
 
-def write_spectra_figures(spectra: pd.DataFrame, folder: str | Path, init_spectra: pd.DataFrame | None = None
-                          ) -> list[Path]:
-    """The three-panel figure of the uncentered spectra (PNG and SVG) of every circuit and measure in
-    `spectra`, into the analysis folder `folder` (listed in its manifest), one figure per depth when
-    the models' depths differ; returns the PNG paths. `init_spectra` (the step-0 weights' spectra of
-    the models that have them) is drawn dashed; the seed figure's λ₁ is marked for the models with a
-    role, on the weights view of the QK circuit only (what Fig. 11 shows)."""
+def write_spectra_figures(spectra: pd.DataFrame, folder: str | Path, init_spectra: pd.DataFrame | None = None,
+                          svg: bool = False) -> list[Path]:
+    """The three-panel figure of the uncentered spectra (PNG, and with `svg` SVG) of every circuit
+    and measure in `spectra`, into the analysis folder `folder` (listed in its manifest), one figure
+    per depth when the models' depths differ; returns the PNG paths. `init_spectra` (the step-0
+    weights' spectra of the models that have them) is drawn dashed; the seed figure's λ₁ is marked
+    for the models with a role, on the weights view of the QK circuit only (what Fig. 11 shows)."""
     paths = []
     depths = spectra.groupby("model")["layer"].max() + 1
     views = spectra[["circuit", "measure"]].drop_duplicates().itertuples(index=False)
@@ -108,5 +108,5 @@ def write_spectra_figures(spectra: pd.DataFrame, folder: str | Path, init_spectr
                 figure = spectra_figure(data, circuit=circuit, init=init if init is not None and len(init) else None,
                                         seed_figure=bool(marked))
                 paths.append(save_figure(figure, manifest, figure_name(
-                    circuit, measure, depth if len(depths.unique()) > 1 else None)))
+                    circuit, measure, depth if len(depths.unique()) > 1 else None), svg=svg))
     return paths

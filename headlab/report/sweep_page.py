@@ -1,4 +1,4 @@
-"""A sweep's page: sweep.md and figures/sweep.png (.svg) from a sweep's table."""
+"""A sweep's page: sweep.md and figures/sweep.png (and with `svg` figures/sweep.svg) from a sweep's table."""
 
 from __future__ import annotations
 
@@ -14,17 +14,18 @@ from headlab.study.sweep_claims import grid_axes, sweep_sentences
 from headlab.study.table_files import SWEEP, SWEEP_MANIFEST
 
 
-def write_sweep_report(table: pd.DataFrame, out: str | Path) -> Path:
-    """sweep.md and figures/sweep.png (.svg) in `out` from a sweep's table: the paired difference
-    to Standard MHA ± its 95% half-width at each grid point, and the paragraph of `sweep_sentences`."""
+def write_sweep_report(table: pd.DataFrame, out: str | Path, svg: bool = False) -> Path:
+    """sweep.md and figures/sweep.png (with `svg` also figures/sweep.svg) in `out` from a sweep's
+    table: the paired difference to Standard MHA ± its 95% half-width at each grid point, and the
+    paragraph of `sweep_sentences`."""
     with writing(out, SWEEP_MANIFEST, SWEEP, "sweep writer") as manifest:
-        manifest.write_bytes("sweep.md", "\n".join(sweep_lines(table, manifest)).encode())
+        manifest.write_bytes("sweep.md", "\n".join(sweep_lines(table, manifest, svg)).encode())
     return Path(out) / "sweep.md"
 
 
-def sweep_lines(table: pd.DataFrame, manifest: Manifest) -> list[str]:
+def sweep_lines(table: pd.DataFrame, manifest: Manifest, svg: bool = False) -> list[str]:
     figure = plots.save_figure(plots.sweep_figure(table, axes=grid_axes(table)),
-                               manifest, f"{FIGURES_FOLDER}/sweep")
+                               manifest, f"{FIGURES_FOLDER}/sweep", svg=svg)
     shown = table.assign(difference=[f"{m:+.3f} ± {h:.3f}" if s > 1 else f"{m:+.3f}"
                                      for m, h, s in zip(table["mean"], table["half_width"], table["seeds"])])
     wide = shown.pivot_table(index=["comparison", "metric"], columns="point", values="difference", aggfunc="first",

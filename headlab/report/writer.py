@@ -3,10 +3,12 @@ the figures, our numbers (mean ± sd over seeds) next to the paper's, and prose 
 statistics by a stated rule (`headlab.study.claims`).
 
     write_report(read_study_tables("runs/reproduce"), "runs/reproduce")   # what `headlab report` does
+    write_report(read_study_tables("runs/reproduce"), "runs/reproduce", svg=True)   # `headlab report --svg`
 
 Output (beside the study's tables, each file written atomically and listed in study.json, so a
 folder headlab did not write, a file there it did not write, or a `figures` link is refused):
-    figures/*.png, *.svg      the flagship spectra figure and the supporting figures
+    figures/*.png             the flagship spectra figure and the supporting figures (with
+                              svg=True, `--svg`, also figures/*.svg: vector, for print)
     report.md
 
 MLA's decoupled RoPE parts: every run is analysed both ways (`mla_rope` column); the flagship
@@ -39,10 +41,11 @@ FIGURES_FOLDER = "figures"
 
 # ---- figures ---------------------------------------------------------------------------------------
 
-def draw_figures(tables: StudyTables, manifest: Manifest, folder: str | None, names: tuple[str, ...] = FIGURES
-                 ) -> list[Path]:
+def draw_figures(tables: StudyTables, manifest: Manifest, folder: str | None, names: tuple[str, ...] = FIGURES,
+                 svg: bool = False) -> list[Path]:
     """The figures `names` of the report's main part (default: all), at the flagship `mla_rope`, as
-    PNG and SVG in subfolder `folder` (None: the top) of `manifest`'s folder; returns the PNG paths."""
+    PNG (and with `svg` SVG) in subfolder `folder` (None: the top) of `manifest`'s folder; returns
+    the PNG paths."""
     tables = with_recipe(tables)  # every figure's title names the recipe
     flagship = tables.meta["flagship_mla_rope"]
     chosen = {name: tables[name][tables[name]["mla_rope"] == flagship] for name in ("spectra", "summary", "similarity")}
@@ -70,28 +73,28 @@ def draw_figures(tables: StudyTables, manifest: Manifest, folder: str | None, na
         "loss_vs_cache": lambda: plots.loss_vs_cache_figure(
             final[["model", "seed", "kv_cache_pct", "val_loss", "loss_unit", "recipe"]], palette=colours),
     }
-    return [plots.save_figure(figures[name](), manifest, figure_name(folder, name)) for name in names]
+    return [plots.save_figure(figures[name](), manifest, figure_name(folder, name), svg=svg) for name in names]
 
 
 def figure_name(folder: str | None, name: str) -> str:
     return name if folder is None else f"{folder}/{name}"
 
 
-def figure_files(folder: str | None, names: tuple[str, ...]) -> list[str]:
-    """The files `draw_figures` writes for `names` into subfolder `folder`."""
-    return [file for name in names for file in plots.figure_files(figure_name(folder, name))]
+def figure_files(folder: str | None, names: tuple[str, ...], svg: bool = False) -> list[str]:
+    """The files `draw_figures` writes for `names` into subfolder `folder` (with `svg`, SVGs too)."""
+    return [file for name in names for file in plots.figure_files(figure_name(folder, name), svg=svg)]
 
 
-def write_docs(tables: StudyTables, out: str | Path) -> Path:
-    """The README's opening, from a study's tables: `DOCS_FIGURES` (PNG and SVG) and headline.md,
+def write_docs(tables: StudyTables, out: str | Path, svg: bool = False) -> Path:
+    """The README's opening, from a study's tables: `DOCS_FIGURES` (PNG, and with `svg` SVG) and headline.md,
     the loss and effective-rank tables (mean ± sd over seeds; differences to MHA paired by seed
     ± the 95% t half-width) and the verdicts of the report's rule with their margins. Returns
     headline.md's path. (How long a study took is not a table's: tables are redrawn from reused
     runs in minutes, so the README states the measured time.)"""
     out = Path(out)
     with writing(out, DOCS_MANIFEST, DOCS, "docs writer") as manifest:
-        manifest.check_writable([*figure_files(None, DOCS_FIGURES), "headline.md"])  # refused before drawing
-        draw_figures(tables, manifest, None, DOCS_FIGURES)
+        manifest.check_writable([*figure_files(None, DOCS_FIGURES, svg), "headline.md"])  # refused before drawing
+        draw_figures(tables, manifest, None, DOCS_FIGURES, svg=svg)
         manifest.write_bytes("headline.md", "\n".join(headline_lines(tables)).encode())
     return out / "headline.md"
 
@@ -153,13 +156,13 @@ def seed_distance_lines(tables: StudyTables) -> list[str]:
 
 # ---- sections ----------------------------------------------------------------------------------------
 
-def training_section(tables: StudyTables, manifest: Manifest) -> list[str]:
+def training_section(tables: StudyTables, manifest: Manifest, svg: bool = False) -> list[str]:
     """'Effective rank through training': two figures and the claims of `training_claims`."""
     snapshots = tables["snapshot_summary"]
     summary = snapshots[snapshots["mla_rope"] == tables.meta["flagship_mla_rope"]].drop(columns="mla_rope")
     colours = plots.table_palette(summary)
     figures = [plots.save_figure(plots.rank_through_training_figure(summary, kind=kind, palette=colours),
-                                 manifest, f"{FIGURES_FOLDER}/effective_rank_through_training_{kind}")
+                                 manifest, f"{FIGURES_FOLDER}/effective_rank_through_training_{kind}", svg=svg)
                for kind in KINDS]
     steps = sorted(tables["step_metrics"]["step"].unique())
     return [
@@ -178,7 +181,7 @@ def training_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     ]
 
 
-def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
+def factors_section(tables: StudyTables, manifest: Manifest, svg: bool = False) -> list[str]:
     """"LRKV's factors": the residual-to-shared norm ratio (at the end and through training), the
     principal angles between the shared and residual subspaces, and MHA's rank-r bound; nothing
     for a study without LRKV (or with tables older than these diagnostics)."""
@@ -186,7 +189,7 @@ def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
         return []
     colours = plots.table_palette(tables["summary"])
     figure = plots.save_figure(plots.factor_norm_figure(tables["factor_training"], palette=colours), manifest,
-                               f"{FIGURES_FOLDER}/lrkv_norm_ratio_through_training")
+                               f"{FIGURES_FOLDER}/lrkv_norm_ratio_through_training", svg=svg)
     lines = [
         "## LRKV's factors",
         "",
@@ -219,7 +222,7 @@ def factors_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     ]
 
 
-def measures_section(tables: StudyTables, manifest: Manifest) -> list[str]:
+def measures_section(tables: StudyTables, manifest: Manifest, svg: bool = False) -> list[str]:
     """'Do the measures agree?': the three views' ranks, their agreement and `measure_claims`."""
     summary, agreement = tables["measures"], tables["measure_agreement"]
     colours = plots.table_palette(summary)
@@ -227,7 +230,7 @@ def measures_section(tables: StudyTables, manifest: Manifest) -> list[str]:
     init = None if init is None else init[init["mla_rope"] == tables.meta["flagship_mla_rope"]]
     for kind in KINDS:
         plots.save_figure(plots.measures_figure(labelled["measures"], kind=kind, palette=colours, init=init,
-                                                paper=True), manifest, f"{FIGURES_FOLDER}/measures_{kind}")
+                                                paper=True), manifest, f"{FIGURES_FOLDER}/measures_{kind}", svg=svg)
     clipped = summary.loc[summary["measure"] == BEHAVIOUR, "negative_mass"]
     shown = agreement.assign(pair=agreement["measure_a"] + " vs " + agreement["measure_b"])[
         ["model", "kind", "pair", "n_points", "spearman"]]
@@ -266,12 +269,12 @@ def measures_section(tables: StudyTables, manifest: Manifest) -> list[str]:
 
 # ---- report.md ------------------------------------------------------------------------------------
 
-def write_report(tables: StudyTables, out: str | Path) -> Path:
-    """Draw the figures and write report.md into `out` from a study's tables (nothing is trained or
-    analysed here); returns the report's path."""
+def write_report(tables: StudyTables, out: str | Path, svg: bool = False) -> Path:
+    """Draw the figures (PNG, and with `svg` SVG too) and write report.md into `out` from a study's
+    tables (nothing is trained or analysed here); returns the report's path."""
     with writing(out, MANIFEST, STUDY, "report writer") as manifest:
-        manifest.check_writable([*figure_files(FIGURES_FOLDER, FIGURES), "report.md"])  # refused before drawing
-        manifest.write_bytes("report.md", "\n".join(report_lines(tables, manifest)).encode())
+        manifest.check_writable([*figure_files(FIGURES_FOLDER, FIGURES, svg), "report.md"])  # refused before drawing
+        manifest.write_bytes("report.md", "\n".join(report_lines(tables, manifest, svg)).encode())
     return Path(out) / "report.md"
 
 
@@ -287,9 +290,9 @@ def mla_rope_sentence(flagship: str, rope_ratio: str, rope_ratio_mean: float) ->
             "their scores only. The paper's Table 4 defines MLA's key as W_down W_up,h (latent only), so the tables "
             "show MLA both ways.")
 
-def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
-    """report.md's lines; its figures are written into `manifest`'s folder on the way."""
-    figure_paths = draw_figures(tables, manifest, FIGURES_FOLDER)
+def report_lines(tables: StudyTables, manifest: Manifest, svg: bool = False) -> list[str]:
+    """report.md's lines; its figures (with `svg`, SVGs too) are written into `manifest`'s folder on the way."""
+    figure_paths = draw_figures(tables, manifest, FIGURES_FOLDER, svg=svg)
     meta, summary = tables.meta, tables["summary"]
     sentences = said(tables, "comparison")
     n_seeds = tables["metrics"]["seed"].nunique()
@@ -373,9 +376,9 @@ def report_lines(tables: StudyTables, manifest: Manifest) -> list[str]:
         f"of H for {n_head} heads. Removing the dominant mean direction is expected to raise the centered rank "
         "of any method whose heads share keys, so a rise under centering is weak evidence of a learned mechanism.",
         "",
-        *training_section(tables, manifest),
-        *factors_section(tables, manifest),
-        *measures_section(tables, manifest),
+        *training_section(tables, manifest, svg),
+        *factors_section(tables, manifest, svg),
+        *measures_section(tables, manifest, svg),
         "## What A_h leaves out: QK-norm's 1/rms",
         "",
         "headlab's QK-norm divides each head's query and key by their own rms, a scale per head and per token "

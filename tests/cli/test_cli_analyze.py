@@ -40,9 +40,9 @@ def drawn(monkeypatch):
     figures = []
     save = headlab.report.analysis_output.save_figure
 
-    def keep(figure, manifest, name):
+    def keep(figure, manifest, name, **options):
         figures.append((name, figure))
-        return save(figure, manifest, name)
+        return save(figure, manifest, name, **options)
 
     monkeypatch.setattr(headlab.report.analysis_output, "save_figure", keep)
     return figures
@@ -75,7 +75,7 @@ def test_analyze_draws_the_flagship_panels_with_baseline_and_the_papers_marks_fo
                                                                                                capsys, drawn):
     assert main(["analyze", str(runs / "mqa"), str(runs / "odd"), "--out", str(tmp_path / "a")]) == 0
     listed = json.loads((tmp_path / "a" / "analysis.json").read_text())["files"]
-    assert {"spectra_uncentered.png", "spectra_uncentered.svg"} <= set(listed)
+    assert "spectra_uncentered.png" in listed and not any(name.endswith(".svg") for name in listed)  # PNG only
     Analysis.load(tmp_path / "a")  # the figure beside the tables leaves the folder readable
     ((name, figure),) = drawn
     gids = {line.get_gid() for ax in figure.axes for line in ax.lines}
@@ -83,6 +83,11 @@ def test_analyze_draws_the_flagship_panels_with_baseline_and_the_papers_marks_fo
     assert {"init:MQA", "init:Standard MHA", "seed:MQA"} <= gids and "seed:Standard MHA" not in gids
     assert main(["analyze", str(runs / "mqa"), "--out", str(tmp_path / "b"), "--no-figure"]) == 0
     assert not list((tmp_path / "b").glob("*.png")) and len(drawn) == 1
+    capsys.readouterr()
+    assert main(["analyze", str(runs / "mqa"), "--out", str(tmp_path / "c"), "--svg"]) == 0
+    listed = json.loads((tmp_path / "c" / "analysis.json").read_text())["files"]
+    assert {"spectra_uncentered.png", "spectra_uncentered.svg"} <= set(listed)
+    assert capsys.readouterr().out.rstrip().endswith("spectra_uncentered.png (and an .svg beside each)")
 
 
 def test_the_attention_map_view_gets_its_spectrum_and_effective_rank(runs, tmp_path, capsys, drawn):

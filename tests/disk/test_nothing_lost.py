@@ -178,17 +178,19 @@ def test_a_listed_figure_replaced_by_a_link_is_neither_replaced_nor_written_thro
     assert figure.is_symlink() and figure.resolve() == outside
 
 
-def test_a_figure_write_that_fails_midway_keeps_the_previous_figures_and_report(study, capsys, monkeypatch):
+@pytest.mark.parametrize("options, failing", [([], "png"), (["--svg"], "svg")])
+def test_a_figure_write_that_fails_midway_keeps_the_previous_figures_and_report(study, capsys, monkeypatch, options,
+                                                                                failing):
     before = snapshot(study)
     original = Figure.savefig
 
     def cut_short(self, target, *args, **kwargs):
         original(self, target, *args, **kwargs)
-        if str(kwargs.get("format", target)).endswith("svg"):
+        if str(kwargs.get("format", target)).endswith(failing):
             (target if hasattr(target, "truncate") else open(target, "r+b")).truncate(100)
             raise OSError(27, "File too large")
     monkeypatch.setattr(Figure, "savefig", cut_short)
-    refused_in_one_line(capsys, ["report", study])
+    refused_in_one_line(capsys, ["report", study, *options])
     assert snapshot(study) == before
 
 

@@ -1,6 +1,6 @@
-"""Two clean runs of the same study write the same bytes: a figure saved twice (`save_figure`)
-gives the same PNG and SVG, with no date in the SVG and its element ids hashed from its content
-with a fixed salt, not a random one."""
+"""Two clean runs of the same study write the same bytes: a figure saved twice (`save_figure`,
+asked for SVG too) gives the same PNG and SVG, with no date in the SVG and its element ids hashed
+from its content with a fixed salt, not a random one."""
 
 from pathlib import Path
 
@@ -23,7 +23,7 @@ def drawn() -> Figure:
 
 def saved(folder: Path) -> dict[str, bytes]:
     with writing(folder, "figures.json", "a figures folder", "figure writer") as manifest:
-        save_figure(drawn(), manifest, "figures/spectra")
+        save_figure(drawn(), manifest, "figures/spectra", svg=True)
     return {suffix: manifest.read_bytes(f"figures/spectra{suffix}") for suffix in (".png", ".svg")}
 
 

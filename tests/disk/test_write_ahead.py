@@ -29,11 +29,11 @@ TABLES = {"summary": pd.DataFrame({"layer": [0, 1], "rank": [1.5, 2.25]}),
           "spectra": pd.DataFrame({"layer": [0, 0, 1], "eigenvalue": [3.0, 1.0, 0.5]})}
 
 
-FIGURE = {".png": b"\x89PNG drawn", ".svg": b"<svg>drawn</svg>"}  # what `save_figure` hands `write_all`
+FIGURE = {".png": b"\x89PNG drawn", ".svg": b"<svg>drawn</svg>"}  # what `save_figure(svg=True)` hands `write_all`
 
 
 def write_study(folder: Path) -> None:
-    """What `reproduce` writes into a study folder, in its order: the tables, then the report
+    """What `reproduce --svg` writes into a study folder, in its order: the tables, then the report
     (a figure as PNG and SVG in figures/, then report.md) under the report writer's lock."""
     save_tables(folder, TABLES, MANIFEST, STUDY, meta={"preset": "tiny"})
     with writing(folder, MANIFEST, STUDY, "report writer") as manifest:

@@ -450,11 +450,15 @@ def test_decode_latency_figure():
     assert list(mqa.get_ydata()) == pytest.approx([1 + 0.6 * t / 100 for t in contexts])
 
 
-def test_save_figure_creates_its_folder_and_lists_both_files(tmp_path):
+def test_save_figure_creates_its_folder_and_lists_the_png_and_with_svg_the_svg(tmp_path):
     figure = Figure()
     figure.add_subplot().plot([0, 1])
     manifest = Manifest.claim(tmp_path, "figures.json", "a figures folder")
     path = plots.save_figure(figure, manifest, "a/b/empty")
     assert path == tmp_path / "a" / "b" / "empty.png" and path.stat().st_size > 0
+    assert manifest.read_bytes("a/b/empty.png") == path.read_bytes()
+    assert set(manifest.files) == set(plots.figure_files("a/b/empty")) == {"a/b/empty.png"}
+    assert not (tmp_path / "a" / "b" / "empty.svg").exists()
+    assert plots.save_figure(figure, manifest, "a/b/empty", svg=True) == path
     assert (tmp_path / "a" / "b" / "empty.svg").stat().st_size > 0
-    assert manifest.read_bytes("a/b/empty.png") == path.read_bytes() and "a/b/empty.svg" in manifest.files
+    assert set(manifest.files) == set(plots.figure_files("a/b/empty", svg=True)) == {"a/b/empty.png", "a/b/empty.svg"}

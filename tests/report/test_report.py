@@ -54,8 +54,8 @@ def test_every_artefact_is_written(study):
     out, _, path = study
     assert path == out / "report.md"
     for name in FIGURES:
-        for suffix in ("png", "svg"):
-            assert (out / "figures" / f"{name}.{suffix}").stat().st_size > 1000, (name, suffix)
+        assert (out / "figures" / f"{name}.png").stat().st_size > 1000, name
+    assert not list((out / "figures").glob("*.svg"))  # SVG only when asked for (svg=True, --svg)
     text = path.read_text()
     for name in FIGURES:
         assert f"figures/{name}.png" in text
@@ -317,6 +317,7 @@ def test_headlab_docs_writes_the_readme_figures_and_headline_table(study, tmp_pa
     assert main(["docs", str(out), "--out", str(tmp_path / "docs")]) == 0
     docs = tmp_path / "docs"
     assert sorted(path.name for path in docs.glob("*.png")) == sorted(f"{name}.png" for name in DOCS_FIGURES)
+    assert not list(docs.glob("*.svg"))  # SVG only with --svg
     headline = (docs / "headline.md").read_text()
     for role, config in ROLES.items():
         assert f"| {role} | {config.label} |" in headline  # a row per variant in the loss table
@@ -448,7 +449,7 @@ def test_the_reports_flagship_draws_the_init_baseline_and_the_seed_marks(study, 
     out, _, _ = study
     drawn = {}
     monkeypatch.setattr(headlab.report.writer.plots, "save_figure",
-                        lambda figure, manifest, name: drawn.setdefault(name, figure))
+                        lambda figure, manifest, name, **options: drawn.setdefault(name, figure))
     headlab.report.writer.draw_figures(read_study_tables(out), None, None, ("spectra_uncentered",))
     early, late = drawn["spectra_uncentered"].axes
     init = pd.read_csv(out / "init_spectra.csv")

@@ -9,6 +9,7 @@ import pytest
 
 from headlab.analysis.tables import load_tables
 from headlab.cli.main import main
+from headlab.io import Manifest
 from headlab.report import plots
 from headlab.report.sweep_page import write_sweep_report
 from headlab.study.claims import difference_to_mha, margins, per_seed_metrics
@@ -47,7 +48,7 @@ def test_every_grid_point_is_a_reusable_study_and_the_table_holds_its_paired_sta
         assert (row.margin, row.verdict) == (margins(metrics)[column], d.verdict(row.margin))
     text = (out / "sweep.md").read_text()
     assert all(f"- {s}" in text for s in sweep_sentences(table))
-    assert (out / "figures" / "sweep.png").stat().st_size > 1000
+    assert (out / "figures" / "sweep.png").stat().st_size > 1000 and not (out / "figures" / "sweep.svg").exists()
 
 
 def test_the_sweep_figure_draws_every_variant_in_its_flagship_colour(swept, tmp_path, monkeypatch):
@@ -134,8 +135,10 @@ def test_every_grid_point_trains_distinct_runs():
 def test_a_sweep_of_some_roles_over_a_field_compares_the_same_variant_at_every_point(tmp_path, capsys):
     out = tmp_path / "some"
     assert main(["sweep", "--preset", "tiny", "--lengths", "0.1", "--set", "kv_residual_init=0,1", "--seeds", "2",
-                 "--only", "mha", "lrkv-large", "--out", str(out)]) == 0
+                 "--only", "mha", "lrkv-large", "--out", str(out), "--svg"]) == 0
     table = load_tables(out, "sweep.json", "a sweep folder")[0]["sweep"]
+    listed = Manifest.read(out, "sweep.json", "a sweep folder").files
+    assert {"figures/sweep.png", "figures/sweep.svg"} <= set(listed) and (out / "figures" / "sweep.svg").is_file()
     assert set(table["role"]) == {"lrkv-large"} and table["comparison"].nunique() == 1  # not one name per init
     assert sorted(table["kv_residual_init"].unique()) == [0.0, 1.0]
     assert all(len(rows) == 2 for _, rows in table.groupby(["comparison", "metric"]))

@@ -1,7 +1,8 @@
 """Figures of the head-similarity study: tidy tables in, `matplotlib.figure.Figure` out.
 
     fig = spectra_figure(analysis.spectra)                       # the flagship figure (uncentered)
-    save_figure(fig, manifest, "figures/spectra")                # PNG and SVG, listed in the folder's manifest
+    save_figure(fig, manifest, "figures/spectra")                # PNG, listed in the folder's manifest
+    save_figure(fig, manifest, "figures/spectra", svg=True)      # PNG and SVG (vector, for print)
 
 Every function is pure: it reads tables with the columns of `headlab.analysis` (see each
 docstring), keeps one circuit (`"qk"` unless told), and returns a new Figure that pyplot does

@@ -56,26 +56,37 @@ def styled(draw):
     return wrapper
 
 
-# The files a figure is saved as: PNG at 130 dpi (what report.md shows) and SVG (for print), without
-# a date and with its element ids hashed with a fixed salt instead of a random one (rc_context below):
-# the same figure gives the same bytes in every run.
+# The files a figure is saved as: PNG at 130 dpi (what report.md shows), and with `svg` also SVG (for
+# print: about as long again to draw, so only on request), without a date and with its element ids
+# hashed with a fixed salt instead of a random one (rc_context below): the same figure gives the same
+# bytes in every run.
 FIGURE_FORMATS = {".png": {"dpi": 130}, ".svg": {"metadata": {"Date": None}}}
 
 
-def figure_files(name: str) -> list[str]:
-    """The files `save_figure` writes for `name`."""
-    return [name + suffix for suffix in FIGURE_FORMATS]
+def figure_suffixes(svg: bool = False) -> list[str]:
+    """The formats a figure is saved as: PNG, and SVG with `svg`."""
+    return [suffix for suffix in FIGURE_FORMATS if svg or suffix != ".svg"]
 
 
-def save_figure(figure: Figure, manifest: Manifest, name: str) -> Path:
-    """Write `figure` as `figure_files(name)` (<name>.png and <name>.svg) into the folder of
-    `manifest`, which records them (`name` may hold a subfolder: 'figures/x'); each is drawn into
-    memory and written atomically, never through a link. Returns the PNG's path."""
+def figure_files(name: str, svg: bool = False) -> list[str]:
+    """The files `save_figure` writes for `name`: <name>.png, and <name>.svg with `svg`."""
+    return [name + suffix for suffix in figure_suffixes(svg)]
+
+
+def save_figure(figure: Figure, manifest: Manifest, name: str, svg: bool = False) -> Path:
+    """Write `figure` as `figure_files(name, svg)` (<name>.png, and <name>.svg with `svg`) into the
+    folder of `manifest`, which records them (`name` may hold a subfolder: 'figures/x'); each is
+    drawn into memory and written atomically, never through a link. A format not drawn this time
+    that an earlier write left (<name>.svg, listed) is retired: it would show an older drawing, and
+    the folder's writer deletes it when it ends (`headlab.io.writing`). Returns the PNG's path."""
     drawn = {}
     with matplotlib.rc_context({"svg.hashsalt": "headlab"}):
-        for suffix, options in FIGURE_FORMATS.items():
+        for suffix in figure_suffixes(svg):
             buffer = io.BytesIO()
-            figure.savefig(buffer, format=suffix[1:], bbox_inches="tight", **options)
+            figure.savefig(buffer, format=suffix[1:], bbox_inches="tight", **FIGURE_FORMATS[suffix])
             drawn[name + suffix] = buffer.getvalue()
     manifest.write_all({file: lambda out, data=data: out.write(data) for file, data in drawn.items()})
+    for stale in (name + suffix for suffix in FIGURE_FORMATS if name + suffix not in drawn):
+        if stale in manifest.files:
+            manifest.retire(stale)
     return manifest.file(name + ".png")
