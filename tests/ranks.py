@@ -32,10 +32,12 @@ def _read_all(read: int, into: bytearray) -> None:
         into.extend(pipe.read())
 
 
-def on_ranks(work: Callable[[int], object], world_size: int = 2, timeout: float = 120) -> list:
+def on_ranks(work: Callable[[int], object], world_size: int = 2, timeout: float = 120, killed: bool = False) -> list:
     """[work(rank) for each rank], run at once in `world_size` forked processes of one node. A
     rank that raises returns the `Exception`'s "Type: message" line in place of its result (it
-    leaves the group without the exit barrier, which its peers might never reach)."""
+    leaves the group without the exit barrier, which its peers might never reach). With `killed`,
+    every rank is expected to end without a result (as a kill ends it: `os._exit` inside `work`),
+    and None is each one's result."""
     port, children = _free_port(), []
     for rank in range(world_size):
         read, write = os.pipe()
@@ -78,6 +80,6 @@ def on_ranks(work: Callable[[int], object], world_size: int = 2, timeout: float 
     for reader in readers:
         reader.join()
     results = [pickle.loads(received[pid]) if received[pid] else None for pid, _ in children]
-    if len(ended) < world_size or None in results:
+    if len(ended) < world_size or (None in results) != killed or killed and any(results):
         raise RankFailed(f"{world_size - len(ended)} rank(s) still ran after {timeout} s; results: {results}")
     return results

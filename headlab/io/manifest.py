@@ -42,9 +42,8 @@ from headlab.io.files import (
 from headlab.io.locks import LOCK, FolderLock, being_written
 
 FORMAT = "headlab"
-# The names of headlab's manifests, one per kind of folder (a run's, an analysis's, a study's, ...),
-# so that a folder can tell a sub-folder that holds one: no file there is its own. A manifest of
-# another name adds it here when it is made.
+# The names of headlab's manifests, one per kind of folder (a run's, an analysis's, a study's, ...), so that a
+# folder can tell a sub-folder that holds one: no file there is its own (a manifest of a new name adds it here).
 MANIFEST_NAMES = {"manifest.json", "analysis.json", "study.json", "docs.json", "sweep.json"}
 
 
@@ -473,9 +472,8 @@ class Manifest:
 class writing:
     """`with writing(folder, name, kind, writer) as manifest:` the manifest of `folder` to write
     files into, claimed as `Manifest.claim` does (a folder holding files but no manifest is
-    refused), under the folder's lock and with a killed writer's leftovers removed; saved when
-    the block ends without error (what it wrote is then listed), and what the block retired (a
-    figure's SVG an earlier write left, when this one draws PNG only) then deleted."""
+    refused), under the folder's lock and with a killed writer's leftovers removed; saved when the
+    block ends without error (what it wrote is then listed) and what it retired then deleted."""
 
     def __init__(self, folder: Path, name: str, kind: str, writer: str):
         self.folder, self.name, self.kind, self.writer = Path(folder), name, kind, writer

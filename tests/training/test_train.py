@@ -447,15 +447,44 @@ def test_eight_process_fsdp_with_empty_shards_equals_single_process_training(tmp
     assert _max_difference(load_run(tmp_path / "fsdp"), single_process_run) < 1e-5
 
 
+def _killed_at_forward(argv: list[str], exit_at: int, ranks: int | None = None) -> None:
+    """`headlab ARGV` forked (nothing imported again), as `ranks` ranks with torchrun's environment
+    or, without, one plain process; each ended as a kill ends it, `os._exit`, on its `exit_at`-th
+    training forward (the ranks step together, so all end in the same step)."""
+    def killed_at_forward(rank: int = 0) -> None:
+        original, calls = GPT.forward, [0]
+
+        def forward(self, *args, **kwargs):
+            if self.training:
+                calls[0] += 1
+                if calls[0] == exit_at:
+                    os._exit(3)
+            return original(self, *args, **kwargs)
+        GPT.forward = forward  # in this forked process only
+        main(argv)
+        os._exit(0)  # not killed: the test's assertion on the checkpoint says so
+
+    if ranks:
+        on_ranks(killed_at_forward, world_size=ranks, timeout=240, killed=True)
+        return
+    pid = os.fork()
+    if pid == 0:
+        try:
+            killed_at_forward()
+        finally:
+            os._exit(1)
+    os.waitpid(pid, 0)
+
+
 @pytest.mark.slow
 def test_checkpoints_resume_across_world_sizes_to_the_uninterrupted_run(tmp_path, single_process_run):
+    """Two FSDP ranks killed in step 3, one plain process (DDP settings, no accumulation) taking the
+    run over and killed in step 5, both forked; then two FSDP processes under torchrun finish it."""
     fsdp = [*FSDP_ARGS, "--parallel", "fsdp", "--grad-accum", "2", "--out", str(tmp_path / "run")]
-    killed = _headlab(tmp_path, fsdp, processes=2, exit_at=2 * 2 + 1)  # in step 3, after the step-2 checkpoint
-    assert killed.returncode != 0 and current_checkpoint(tmp_path / "run").name == "checkpoint-00000002"
-    # one process (DDP settings, no accumulation) takes it over and is killed in step 5 ...
-    killed = _headlab(tmp_path, [*FSDP_ARGS, "--resume", "--out", str(tmp_path / "run")], exit_at=3)
-    assert killed.returncode != 0 and current_checkpoint(tmp_path / "run").name == "checkpoint-00000004"
-    # ... and two FSDP processes finish it
+    _killed_at_forward(fsdp, exit_at=2 * 2 + 1, ranks=2)  # in step 3, after the step-2 checkpoint
+    assert current_checkpoint(tmp_path / "run").name == "checkpoint-00000002"
+    _killed_at_forward([*FSDP_ARGS, "--resume", "--out", str(tmp_path / "run")], exit_at=3)
+    assert current_checkpoint(tmp_path / "run").name == "checkpoint-00000004"
     resumed = _headlab(tmp_path, [*fsdp, "--resume"], processes=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _max_difference(load_run(tmp_path / "run"), single_process_run) < 1e-5
