@@ -1,6 +1,7 @@
 """Analysis snapshots through training: schedule, kill-and-resume, per-step tables."""
 
 import importlib
+import json
 
 import pytest
 import torch
@@ -129,19 +130,24 @@ def _moments(run_dir):
 
 
 FSDP_SCRIPT = """
-import atexit, os, sys
+import atexit, json, os, sys
 from pathlib import Path
 import torch.distributed as dist
-from headlab import load_corpus, preset, train, train_preset
+from headlab import TrainConfig, load_corpus, preset, train
 # registered first, so it runs last: by then headlab must have left the process group it
 # joined (gloo aborts the process when a live group meets interpreter shutdown). Each rank
 # answers in its own file: two processes printing to one pipe interleave their lines.
 answer = Path(sys.argv[1] + f".rank{os.environ.get('RANK', '0')}.left-group")
 atexit.register(lambda: answer.write_text(str(not dist.is_initialized())))
-config = train_preset("tiny", steps=3, batch_size=4, eval_every=3, eval_batches=1, checkpoint_every=3, log_every=1,
-                      snapshot_every=2, device="cpu", lr=1e-3, parallel=sys.argv[2])
-train(preset("tiny", "lrkv"), config, load_corpus("synthetic", n_chars=30_000), out=sys.argv[1], progress=False)
+train(preset("tiny", "lrkv"), TrainConfig.from_dict(json.loads(sys.argv[2])), load_corpus("synthetic", n_chars=30_000),
+      out=sys.argv[1], progress=False)
 """
+
+
+def snapshot_training(parallel: str) -> TrainConfig:
+    """What the single process and `FSDP_SCRIPT`'s ranks train: 3 steps, a snapshot every 2."""
+    return train_preset("tiny", steps=3, batch_size=4, eval_every=3, eval_batches=1, checkpoint_every=3, log_every=1,
+                        snapshot_every=2, device="cpu", lr=1e-3, parallel=parallel)
 
 
 def test_two_fsdp_processes_gather_whole_snapshots_equal_to_one_process(tmp_path):
@@ -152,12 +158,13 @@ def test_two_fsdp_processes_gather_whole_snapshots_equal_to_one_process(tmp_path
     script = tmp_path / "run.py"
     script.write_text(FSDP_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, str(script), str(tmp_path / "one"), "ddp"], env=env, capture_output=True,
-                         text=True)
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           str(script),
-                          str(tmp_path / "two"), "fsdp"], env=env, capture_output=True, text=True)
-    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
+                          str(tmp_path / "two"), json.dumps(snapshot_training("fsdp").recorded())], env=env,
+                         capture_output=True, text=True)
+    assert two.returncode == 0, two.stderr[-3000:]
+    train(preset("tiny", "lrkv"), snapshot_training("ddp"), load_corpus("synthetic", n_chars=30_000),
+          out=tmp_path / "one", progress=False)  # the one process in this one: nothing imported again
     assert [tmp_path.joinpath(f"two.rank{rank}.left-group").read_text() for rank in (0, 1)] == ["True", "True"]
     single, sharded = snapshot_files(tmp_path / "one"), snapshot_files(tmp_path / "two")
     assert list(single) == list(sharded) == [0, 1, 2]
