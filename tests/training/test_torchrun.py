@@ -2,11 +2,13 @@
 rerun reuses every run, one rank's failure ends every process with one clear line, and each rank
 picks its own GPU (CUDA stubbed)."""
 
+import gc
 import json
 import os
 import signal
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -15,12 +17,14 @@ import torch.distributed as dist
 
 from conftest import TORCHRUN_STUDY, TORCHRUN_VARIANTS, torchrun_headlab
 from headlab import GPT, preset
+from headlab.data.corpus import load_corpus
 from headlab.io import FolderLock, Manifest
 from headlab.runs.layout import STARTS
 from headlab.training import distributed
 from headlab.training.config import train_preset
 from headlab.training.distributed import join_process_group, training_device
-from headlab.training.trainer import train
+from headlab.training.trainer import prepared_corpus, train
+from ranks import on_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the failure tests allow two ranks to start, fail and end: a hang would last the group's 30-minute
@@ -132,7 +136,7 @@ def test_a_run_resumes_under_other_execution_settings_and_records_what_changed(t
 # "fsdp-study" trains a two-variant FSDP study with the cyclic collector off, and each rank prints
 # how many models were alive before each run and after the last.
 API_SCRIPT = """
-import gc, json, os, sys, weakref
+import json, os, sys
 from headlab import GPT, preset
 from headlab.data.corpus import load_corpus
 from headlab.training.config import train_preset
@@ -140,26 +144,6 @@ from headlab.training.trainer import prepared_corpus, train
 
 mode, rank = sys.argv[1], int(os.environ["RANK"])
 open(f"rank{rank}.pid", "w").write(str(os.getpid()))  # torchrun starts each worker in a session of its own
-if mode == "fsdp-study":
-    from headlab.study import study as study_module
-
-    built, alive, init, train_run = [], [], GPT.__init__, study_module.train
-
-    def recorded_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        if not self.lm_head.weight.is_meta:  # weights, not the study's meta-device probe of its settings
-            built.append(weakref.ref(self))  # (on torch 2.11-2.13 the first meta model outlives a gc-off run)
-
-    def counted_train(*args, **kwargs):
-        alive.append(sum(model() is not None for model in built))
-        return train_run(*args, **kwargs)
-
-    GPT.__init__, study_module.train = recorded_init, counted_train
-    gc.disable()
-    study_module.Study("tiny", 2, "study", corpus="synthetic", only=("mha", "mqa"),
-                       train_overrides={"parallel": "fsdp"}).train(progress=False, log=print)
-    print(json.dumps({"rank": rank, "alive": alive + [sum(model() is not None for model in built)]}))
-    sys.exit()
 if mode == "raise" and rank == 1:
     forward, calls = GPT.forward, [0]
 
@@ -171,10 +155,7 @@ if mode == "raise" and rank == 1:
 
     GPT.forward = failing_forward
 corpus = prepared_corpus(lambda: load_corpus("synthetic"), "cpu")
-run = train(preset("tiny", "mha"), train_preset("tiny", steps=3, eval_every=3, device="cpu"), corpus, progress=False)
-if rank == 0:
-    print(json.dumps({"bucket_views": [p.grad is not None and p.grad._base is not None
-                                       for p in run.model.parameters()]}))
+train(preset("tiny", "mha"), train_preset("tiny", steps=3, eval_every=3, device="cpu"), corpus, progress=False)
 """
 
 
@@ -208,26 +189,53 @@ def _torchrun_script(tmp_path, args, timeout):
     return subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
 
 
-@pytest.mark.slow
-def test_ddp_gradients_are_views_into_its_buckets(tmp_path):
+def _bucket_views(rank: int) -> list[bool]:
+    """On a forked rank (`on_ranks`): DDP-train the tiny MHA for 3 steps; whether each parameter's
+    gradient is a view into another tensor (DDP's bucket)."""
+    corpus = prepared_corpus(lambda: load_corpus("synthetic"), "cpu")
+    run = train(preset("tiny", "mha"), train_preset("tiny", steps=3, eval_every=3, device="cpu"), corpus,
+                progress=False)
+    return [p.grad is not None and p.grad._base is not None for p in run.model.parameters()] if rank == 0 else []
+
+
+def test_ddp_gradients_are_views_into_its_buckets(own_cache):
     """gradient_as_bucket_view=True with gradients zeroed in place: DDP keeps one copy of the
     gradients (its buckets), not a second 4 B per parameter."""
-    done = _torchrun_script(tmp_path, ["buckets"], timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    views = json.loads(done.stdout.strip().splitlines()[-1])["bucket_views"]
+    views, _ = on_ranks(_bucket_views, timeout=240)
     assert views and all(views)
 
 
-@pytest.mark.slow
-def test_an_fsdp_study_frees_each_run_on_every_rank_without_waiting_for_the_collector(tmp_path):
+def _models_alive_before_each_run(rank: int) -> tuple[int, list[int]]:
+    """On a forked rank with Python's cyclic collector off: an FSDP study of two tiny variants; how
+    many models this rank built, and how many of them are alive as each run starts and after the last."""
+    from headlab.study import study as study_module
+
+    built, alive, init, train_run = [], [], GPT.__init__, study_module.train
+
+    def recorded_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if not self.lm_head.weight.is_meta:  # weights, not the study's meta-device probe of its settings
+            built.append(weakref.ref(self))  # (on torch 2.11-2.13 the first meta model outlives a gc-off run)
+
+    def counted_train(*args, **kwargs):
+        alive.append(sum(model() is not None for model in built))
+        return train_run(*args, **kwargs)
+
+    GPT.__init__, study_module.train = recorded_init, counted_train  # in this forked rank only
+    gc.disable()
+    study_module.Study("tiny", 2, "study", corpus="synthetic", only=("mha", "mqa"),
+                       train_overrides={"parallel": "fsdp"}).train(progress=False, log=lambda line: None)
+    return len(built), alive + [sum(model() is not None for model in built)]
+
+
+def test_an_fsdp_study_frees_each_run_on_every_rank_without_waiting_for_the_collector(own_cache, tmp_path,
+                                                                                       monkeypatch):
     """An FSDP-sharded model and its FSDP state refer to each other: with Python's cyclic
     collector off, each run's shards (and rank 0's gathered model) must still be gone before the
     next run builds its model, and after the last run, on both ranks."""
-    done = _torchrun_script(tmp_path, ["fsdp-study"], timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    counts = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"rank"')]
-    assert sorted(c["rank"] for c in counts) == [0, 1]
-    assert all(c["alive"] == [0, 0, 0] for c in counts), counts
+    monkeypatch.chdir(tmp_path)
+    for built, alive in on_ranks(_models_alive_before_each_run, timeout=240):
+        assert built >= 2 and alive == [0, 0, 0], (built, alive)
 
 
 @pytest.mark.slow
