@@ -3,8 +3,6 @@
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -12,7 +10,7 @@ from torch._dynamo.utils import counters
 from torch.nn.parallel import DistributedDataParallel
 
 import headlab
-from conftest import forge_manifest_entry
+from conftest import forge_manifest_entry, torchrun_headlab
 from headlab import (
     FAMILIES,
     TrainConfig,
@@ -307,15 +305,10 @@ def test_muon_split_trains_and_routes_lrkv_3d_factors_to_adamw(synthetic):
 
 
 def test_two_process_gloo_run_with_accumulation_follows_the_single_process_curve(tmp_path, synthetic):
-    args = ["-m", "headlab", "train", "--preset", "tiny", "--attention", "gqa", "--corpus", "synthetic",
-            "--steps", "12", "--log-every", "1", "--eval-every", "6", "--device", "cpu", "--no-progress"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    single = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], env=env, capture_output=True,
-                            text=True)
-    assert single.returncode == 0, single.stderr
-    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             *args, "--grad-accum", "2", "--out", str(tmp_path / "two")], env=env, capture_output=True,
-                            text=True)
+    args = ["train", "--preset", "tiny", "--attention", "gqa", "--corpus", "synthetic", "--steps", "12",
+            "--log-every", "1", "--eval-every", "6", "--device", "cpu", "--no-progress"]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0  # in this process: nothing imported again
+    double = torchrun_headlab(tmp_path, [*args, "--grad-accum", "2", "--out", str(tmp_path / "two")])
     assert double.returncode == 0, double.stderr[-3000:]
     one, two = load_run(tmp_path / "one").metrics, load_run(tmp_path / "two").metrics
     assert [r["step"] for r in one] == [r["step"] for r in two]
@@ -337,30 +330,6 @@ def test_gradient_accumulation_takes_the_same_steps_as_one_batch(synthetic):
 FSDP_ARGS = ["train", "--preset", "tiny", "--attention", "lrkv", "--corpus", "synthetic", "--steps", "6",
              "--lr", "1e-3", "--log-every", "1", "--eval-every", "3", "--checkpoint-every", "2", "--device", "cpu",
              "--no-progress"]
-# Runs `headlab` but ends the process (as a kill would) on its `HEADLAB_TEST_EXIT_AT`-th training forward.
-EXIT_AT_FORWARD = """
-import os, sys
-from headlab.cli.main import main
-from headlab.model.gpt import GPT
-original, calls = GPT.forward, [0]
-def forward(self, *args, **kwargs):
-    if self.training:
-        calls[0] += 1
-        if calls[0] == int(os.environ["HEADLAB_TEST_EXIT_AT"]):
-            os._exit(3)
-    return original(self, *args, **kwargs)
-GPT.forward = forward
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def _headlab(tmp_path, args, processes=1, exit_at=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HEADLAB_TEST_EXIT_AT": str(exit_at or 0)}
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
-    script = tmp_path / "exit_at_forward.py"
-    script.write_text(EXIT_AT_FORWARD)
-    result = subprocess.run([sys.executable, *launcher, str(script), *args], env=env, capture_output=True, text=True)
-    return result
 
 
 def _max_difference(a, b) -> float:
@@ -484,7 +453,7 @@ def test_checkpoints_resume_across_world_sizes_to_the_uninterrupted_run(tmp_path
     assert current_checkpoint(tmp_path / "run").name == "checkpoint-00000002"
     _killed_at_forward([*FSDP_ARGS, "--resume", "--out", str(tmp_path / "run")], exit_at=3)
     assert current_checkpoint(tmp_path / "run").name == "checkpoint-00000004"
-    resumed = _headlab(tmp_path, [*fsdp, "--resume"], processes=2)
+    resumed = torchrun_headlab(tmp_path, [*fsdp, "--resume"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _max_difference(load_run(tmp_path / "run"), single_process_run) < 1e-5
 
