@@ -197,24 +197,41 @@ def threads(request):
 
 class NotebooksWriteOnlyRuns:
     """nbmake runs the notebooks in this checkout, from notebooks/: each may add to the checkout's
-    top level and to notebooks/ nothing but runs/ (in a fresh clone, test_notebooks_fresh.py
-    checks the same of the notebooks it runs alone first)."""
+    top level and to notebooks/ nothing but runs/, and one that finds a finished small-mode study
+    (the one the first notebook to need it trained: 03 in CI's clone) takes it up and adds nothing
+    to it (in a fresh clone, test_notebooks_fresh.py checks the same of the notebooks it runs alone
+    first)."""
 
     def __init__(self):
         self.before: set[str] = set()
+        self.studies: dict[Path, set[Path]] = {}
 
     @staticmethod
     def listing() -> set[str]:
         return {path.name for path in ROOT.iterdir()} | {f"notebooks/{p.name}" for p in (ROOT / "notebooks").iterdir()}
 
+    @staticmethod
+    def finished_studies() -> dict[Path, set[Path]]:
+        """Every finished small-mode study of this checkout, with every path inside it."""
+        return {meta.parent: set(meta.parent.rglob("*"))
+                for meta in (ROOT / "runs" / "notebooks" / "small").glob("*/study.json")}
+
     def pytest_runtest_setup(self, item):
         if item.path.suffix == ".ipynb":
-            self.before = self.listing()
+            self.before, self.studies = self.listing(), self.finished_studies()
 
     def pytest_runtest_teardown(self, item):
         if item.path.suffix == ".ipynb":
             added = sorted(self.listing() - self.before - {"runs"})
             assert not added, f"{item.path.name} wrote {added} into the checkout: a notebook writes only into runs/"
+            for study, paths in self.studies.items():
+                added = sorted(str(path.relative_to(study)) for path in set(study.rglob("*")) - paths)
+                assert not added, f"{item.path.name} added {added} to the finished study {study}: it should take it up"
+
+
+# nbmake's order: 03 (the flagship) is the first to need the small study, so in CI's clone it trains it
+# alone first, and 01, 02 and 05 take it up (test_notebooks_fresh.py runs those three alone first).
+NBMAKE_ORDER = ("00", "03", "01", "02", "04", "05")
 
 
 def pytest_configure(config):
@@ -255,7 +272,7 @@ def pytest_collection_modifyitems(items):
     one long test on one core while the other idles. The notebooks count as slow, so their group
     starts early, and the browser test comes after them: its notebook 03 writes the small study
     into this checkout's runs/ (its lab folder holds no pyproject.toml), so before nbmake's it would
-    take from nbmake's 01 the training alone first that a CI clone gives it."""
+    take from nbmake's 03 the training alone first that a CI clone gives it (`NBMAKE_ORDER`)."""
     for item in items:
         if item.path.suffix == ".ipynb" or item.path.name == "test_browser.py":
             item.add_marker(pytest.mark.xdist_group("notebooks"))
@@ -264,4 +281,5 @@ def pytest_collection_modifyitems(items):
         elif "tiny_study" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("tiny_study"))
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None and item.path.suffix != ".ipynb",
-                                 item.path.name == "test_browser.py"))
+                                 item.path.name == "test_browser.py",
+                                 NBMAKE_ORDER.index(item.path.name[:2]) if item.path.suffix == ".ipynb" else 0))

@@ -134,8 +134,9 @@ def test_every_grid_point_trains_distinct_runs():
 
 def test_a_sweep_of_some_roles_over_a_field_compares_the_same_variant_at_every_point(tmp_path, capsys):
     out = tmp_path / "some"
+    # one job: worker processes (test_study.py holds them bit for bit) would each import torch again
     assert main(["sweep", "--preset", "tiny", "--lengths", "0.1", "--set", "kv_residual_init=0,1", "--seeds", "2",
-                 "--only", "mha", "lrkv-large", "--out", str(out), "--svg"]) == 0
+                 "--only", "mha", "lrkv-large", "--jobs", "1", "--out", str(out), "--svg"]) == 0
     table = load_tables(out, "sweep.json", "a sweep folder")[0]["sweep"]
     listed = Manifest.read(out, "sweep.json", "a sweep folder").files
     assert {"figures/sweep.png", "figures/sweep.svg"} <= set(listed) and (out / "figures" / "sweep.svg").is_file()
