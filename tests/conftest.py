@@ -212,9 +212,11 @@ class NotebooksWriteOnlyRuns:
 
     @staticmethod
     def finished_studies() -> dict[Path, set[Path]]:
-        """Every finished small-mode study of this checkout, with every path inside it."""
+        """Every finished small-mode study of this checkout (its tables written: one begun and
+        stopped is for the next notebook to finish), with every path inside it."""
         return {meta.parent: set(meta.parent.rglob("*"))
-                for meta in (ROOT / "runs" / "notebooks" / "small").glob("*/study.json")}
+                for meta in (ROOT / "runs" / "notebooks" / "small").glob("*/study.json")
+                if (meta.parent / "summary.csv").exists()}
 
     def pytest_runtest_setup(self, item):
         if item.path.suffix == ".ipynb":
