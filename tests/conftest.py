@@ -229,6 +229,10 @@ class NotebooksWriteOnlyRuns:
             for study, paths in self.studies.items():
                 added = sorted(str(path.relative_to(study)) for path in set(study.rglob("*")) - paths)
                 assert not added, f"{item.path.name} added {added} to the finished study {study}: it should take it up"
+            if self.studies:
+                studies = set((ROOT / "runs" / "notebooks" / "small").glob("*/study.json"))
+                assert {meta.parent for meta in studies} == set(self.studies), \
+                    f"{item.path.name} began another small study beside the finished one: it should take that up"
 
 
 # nbmake's order: 03 (the flagship) is the first to need the small study, so in CI's clone it trains it

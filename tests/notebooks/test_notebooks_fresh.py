@@ -74,10 +74,12 @@ ALONE = [notebook.name for notebook in NOTEBOOKS if notebook.name.startswith(("0
 
 @pytest.mark.parametrize("name", ALONE, ids=lambda name: name[:2])
 def test_notebook_runs_alone_first_in_a_fresh_clone(tmp_path, name):
-    """Each writes only into runs/."""
+    """Each writes only into runs/, and one that trains the small study trains one, of six runs."""
     clone = fresh_clone(tmp_path)
     execute(clone, name)
     assert {p.name for p in clone.iterdir()} <= {"pyproject.toml", "notebooks", "runs"}
+    studies = list((clone / "runs" / "notebooks" / "small").glob("*/study.json"))
+    assert len(studies) <= 1 and all(len(list((s.parent / "runs").glob("*-seed0"))) == 6 for s in studies)
 
 
 @pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS[1:3]], ids=lambda name: name[:2])
