@@ -99,15 +99,16 @@ SHAPE = ("n_layer", "n_head", "d_model", "head_dim", "corpus", "tokenizer", "ste
 def recipes_beside(tables: StudyTables, root: Path | None = None) -> list[StudyTables]:
     """The studies shipped with headlab (under `root`, default `SHIPPED_ROOT`) that differ from
     `tables` in their recipe alone: the same `SHAPE` (model, corpus, steps, seeds), another
-    `recipe_name`; in name order. What the explorer sets beside a study to switch recipes."""
+    `recipe_name`; in name order. What the explorer sets beside a study to switch recipes. Each
+    study is chosen by the meta in its study.json, and only a chosen one's tables are read (and
+    verified: `read_study_tables`), so the shipped studies of other shapes cost a notebook nothing."""
     beside = []
     for name in shipped_names(root):
-        if not ((root or SHIPPED_ROOT) / name / MANIFEST).is_file():
-            continue  # an analysis of one model: no recipe to switch to
-        other = read_study_tables((root or SHIPPED_ROOT) / name)
-        if (all(other.meta.get(key) == tables.meta.get(key) for key in SHAPE)
-                and recipe_name(other.meta) != recipe_name(tables.meta)):
-            beside.append(other)
+        folder = (root or SHIPPED_ROOT) / name
+        meta = study_meta(folder) if (folder / MANIFEST).is_file() else None  # None: an analysis of one model
+        if (meta is not None and all(meta.get(key) == tables.meta.get(key) for key in SHAPE)
+                and recipe_name(meta) != recipe_name(tables.meta)):
+            beside.append(read_study_tables(folder))
     return beside
 
 
