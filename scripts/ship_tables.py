@@ -13,10 +13,13 @@ used), the commits and headlab version that trained them, and a one-line note th
 
     python scripts/ship_tables.py --add-init cpu-small    # shipped tables older than init_spectra, init_summary
     python scripts/ship_tables.py --rekey cpu-small       # after TrainConfig gained fields that keep their defaults
+    python scripts/ship_tables.py --conclusions cpu-small # shipped tables older than their conclusions, or their code
 
 adds the random-initialisation baseline to shipped tables written before a study made it, without their
 runs: each run's step-0 weights are its config's draw with its seed (`headlab.study.tables.initial_weights`),
-checked against the step-0 rows of the shipped snapshot_summary (the runs' own step-0 snapshots).
+checked against the step-0 rows of the shipped snapshot_summary (the runs' own step-0 snapshots);
+--conclusions writes the conclusion tables (claims, seed distances, spreads: `headlab.study.conclusions`)
+beside shipped tables older than them, which reading would compute each time, or again after their code changed.
 
 An analysis folder (`headlab analyze --out DIR`, `Analysis.save`: the tables of one model, such as a
 pretrained checkpoint, no seeds) ships verified as it is, under the name given.
@@ -43,6 +46,7 @@ from headlab.analysis.tables import save_tables
 from headlab.io import read_regular
 from headlab.model.config import ModelConfig, preset
 from headlab.runs.layout import EXECUTION_FIELDS
+from headlab.study.conclusions import CONCLUSIONS, with_conclusions
 from headlab.study.study import Study, StudyRun, settings_digest, settings_key
 from headlab.study.table_files import (
     SHIPPED_ROOT,
@@ -155,6 +159,17 @@ def add_init(destination: Path) -> StudyTables:
     return read_study_tables(destination)
 
 
+def write_conclusions(destination: Path) -> StudyTables:
+    """Write into the shipped tables of `destination` the conclusion tables computed from their other
+    tables (`headlab.study.conclusions`), their meta unchanged: for tables shipped before studies kept
+    their conclusions, which reading would compute each time, and after the conclusions' code
+    changed. Returns the tables as read back."""
+    tables = read_study_tables(destination)
+    kept = {name: table for name, table in tables.tables.items() if name not in CONCLUSIONS}
+    write_study_tables(StudyTables(with_conclusions(kept, tables.meta), tables.meta), destination)
+    return read_study_tables(destination)
+
+
 def rekey(destination: Path) -> StudyTables:
     """Record today's settings_key in the shipped tables of `destination` when their runs were trained
     with today's settings, the key's rule having changed since (fields added, how a run executes left
@@ -186,15 +201,18 @@ if __name__ == "__main__":
                              "when their recipe is today's (checked), instead (no study)")
     parser.add_argument("--add-init", metavar="NAME",
                         help="add the random-initialisation baseline to the shipped tables NAME instead (no study)")
+    parser.add_argument("--conclusions", metavar="NAME",
+                        help="write the conclusion tables computed from the shipped tables NAME into them instead "
+                             "(no study)")
     parser.add_argument("--analysis", type=Path, metavar="DIR", help="ship an analysis folder as --name instead")
     parser.add_argument("--name", help="the name an analysis ships under (with --analysis)")
     parser.add_argument("--through-training", type=Path, metavar="PAGE",
                         help="ship the regime study's page's table of both views through training instead")
     args = parser.parse_args()
-    chosen = (args.add_init, args.rekey, args.study, args.analysis, args.through_training)
+    chosen = (args.add_init, args.conclusions, args.rekey, args.study, args.analysis, args.through_training)
     if sum(option is not None for option in chosen) != 1 or (args.analysis is None) != (args.name is None):
-        parser.error("give one of: a study folder, --add-init NAME, --rekey NAME, --analysis DIR --name NAME, "
-                     "--through-training PAGE")
+        parser.error("give one of: a study folder, --add-init NAME, --conclusions NAME, --rekey NAME, "
+                     "--analysis DIR --name NAME, --through-training PAGE")
     try:
         if args.through_training:
             table = ship_through_training(args.through_training)["through_training"]
@@ -205,6 +223,7 @@ if __name__ == "__main__":
             print(f"shipped the analysis in {args.analysis} as {SHIPPED_ROOT / args.name}")
             sys.exit(0)
         shipped = (add_init(shipped_folder(args.add_init)) if args.add_init else
+                   write_conclusions(shipped_folder(args.conclusions)) if args.conclusions else
                    rekey(shipped_folder(args.rekey)) if args.rekey else ship(args.study))
     except (ValueError, OSError) as error:
         print(f"ship_tables: error: {error}", file=sys.stderr)

@@ -49,7 +49,7 @@ def study_calls(run) -> set[tuple[str, str]]:
 
 @pytest.mark.parametrize("what", ["report", "headline"])
 def test_the_report_renders_the_studys_tables_and_computes_nothing(what, tmp_path, monkeypatch):
-    tables = read_study_tables(SHIPPED)  # the conclusions are computed here, by the study, before rendering
+    tables = read_study_tables(SHIPPED)  # with the conclusions the study computed, as it wrote them
     monkeypatch.setattr(headlab.report.writer, "plots", NoFigures(headlab.report.writer.plots))
     run = (lambda: write_report(tables, tmp_path)) if what == "report" else (lambda: headline_lines(tables))
     calls = study_calls(run)
