@@ -18,7 +18,8 @@ tables and compute nothing of their own.
                       baseline beside every rank, the paper's numbers by role
 
 `analyze_study` writes them with the other tables; `read_study_tables` computes them, the same way,
-for tables written before studies kept them (the demo tables shipped with headlab among them)."""
+for tables written before studies kept them (shipped tables get theirs written by
+`scripts/ship_tables.py --conclusions NAME`)."""
 
 from __future__ import annotations
 
