@@ -18,12 +18,14 @@ NOT_IMPORTED := /tests/|/transformers/models/(?!($(HF_FAMILIES_READ))/)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip uv
-	@# torch through pip, which reads this machine's pip configuration (the CPU build on its disk);
-	@# the rest through uv, which fetches and unpacks in parallel: 5 s here where pip took 19.
-	$(PY) -m pip install --quiet --no-compile $(TORCH_PIN)
-	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[notebooks,test]'
-	@# Neither compiles the installed files to bytecode (pip would, one at a time); compileall uses every
-	@# core. Like pip, it goes past the few files written for newer Pythons (torch's py312_intrinsics).
+	@# torch is fetched by pip, which reads this machine's pip configuration (here: the CPU build on its
+	@# disk), and installed by uv with the rest: uv fetches and unpacks in parallel (5 s here where
+	@# installing torch and the rest through pip took 19).
+	$(PY) -m pip download --quiet --no-deps --dest $(VENV)/wheels $(TORCH_PIN)
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --find-links $(VENV)/wheels '$(TORCH_PIN)' -e '.[notebooks,test]'
+	rm -rf $(VENV)/wheels
+	@# uv leaves the installed files uncompiled to bytecode (pip would compile, one at a time); compileall
+	@# uses every core. Like pip, it goes past the few files written for newer Pythons (torch's py312_intrinsics).
 	@# Left out: what nothing imports, the packages' own test suites and the model families of
 	@# transformers that headlab does not read (99 of the 290 MB of sources: 54 -> 39 s here, loaded).
 	$(PY) -m compileall -q -j 0 -x '$(NOT_IMPORTED)' $(VENV)/lib > /dev/null || true
