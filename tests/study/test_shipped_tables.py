@@ -2,8 +2,8 @@
 scripts/ship_tables.py copies there (tables, never runs, with the settings and commits
 behind them), when `study_tables` reads them (nothing of the study on disk, the same settings),
 and a non-editable install outside the repository (as on Colab) showing notebook 03 from them
-without training. The shipped study here is the notebooks' small-mode one (tiny, 60 steps, one
-seed), so notebook 03 in its default mode reads exactly it."""
+without training. The study shipped here is the notebooks' small-mode one (tiny, 60 steps, one
+seed); the installed notebook shows make demo's, which headlab ships."""
 
 from __future__ import annotations
 
@@ -14,17 +14,17 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from headlab.study import tables as tables_module
 from headlab.study.notebook import NotebookStudy
 from headlab.study.study import Study, settings_key
-from headlab.study.table_files import read_study_tables
+from headlab.study.table_files import read_study_tables, shipped_names
 from headlab.study.tables import shipped_tables, study_tables, tabulate_study
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import ship_tables
+from execute_notebooks import execute as execute_in_mode
 
 pytestmark = pytest.mark.xdist_group("shipped_tables_study")  # `finished` trains runs: made once (conftest)
 
@@ -135,11 +135,13 @@ def test_damaged_shipped_tables_name_the_damaged_installation(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_notebook_03_installed_outside_the_repository_shows_the_shipped_tables_untrained(finished, shipped, tmp_path,
-                                                                                          monkeypatch):
-    """pip installs a copy of the source tree (with the tables shipped into it) as a plain,
-    non-editable package; notebook 03 then runs from a folder outside any checkout, on that
-    package, and must read the package's tables and train nothing."""
+def test_notebook_03_installed_outside_the_repository_shows_the_shipped_tables_untrained(tmp_path, monkeypatch):
+    """pip installs a copy of the source tree as a plain, non-editable package; notebook 03 then runs
+    in full mode (make demo's study, as a Colab user chooses it) from a folder outside any checkout,
+    on that package, beside a make demo under way (its runs/ begun, no tables yet): it shows the
+    cpu-small tables the package holds, with the other recipe shipped beside them in its explorer,
+    and trains nothing and writes nothing into the study. (Full mode in a fresh clone: notebook 02
+    in tests/notebooks/test_notebooks_fresh.py.)"""
     source = tmp_path / "source"
     files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout.split()
@@ -147,25 +149,31 @@ def test_notebook_03_installed_outside_the_repository_shows_the_shipped_tables_u
         if (ROOT / name).is_file():
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             (source / name).write_bytes((ROOT / name).read_bytes())
-    ship_tables.ship(finished.folder, source / "headlab" / "study" / "shipped" / SMALL.preset)
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--target", str(site), str(source)], check=True)
-    installed = site / "headlab" / "study" / "shipped" / SMALL.preset
-    assert {p.name for p in installed.iterdir()} == {p.name for p in shipped.iterdir()} - {".lock"}  # package data
+    shipped = source / "headlab" / "study" / "shipped"
+    for name in shipped_names(shipped):  # package data: every shipped table and manifest
+        assert {p.name for p in (site / "headlab" / "study" / "shipped" / name).iterdir()} == \
+            {p.name for p in (shipped / name).iterdir()} - {".lock"}, name
 
     elsewhere = tmp_path / "colab"
-    elsewhere.mkdir()
+    (elsewhere / "runs" / "reproduce" / "runs").mkdir(parents=True)
     monkeypatch.setenv("PYTHONPATH", str(site))  # the kernel imports the installed copy, not this checkout
     monkeypatch.delenv("HEADLAB_STUDY", raising=False)
     notebook = nbformat.read(ROOT / "notebooks" / "03_compare_layers.ipynb", as_version=4)
     notebook.cells.append(nbformat.v4.new_code_cell("import headlab\nprint(headlab.__file__)"))
-    NotebookClient(notebook, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(elsewhere)}}).execute()
-    printed = "".join(o.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs)
+    nbformat.write(notebook, elsewhere / "03_compare_layers.ipynb")
+    execute_in_mode(elsewhere / "03_compare_layers.ipynb", "full")
+    printed = "".join(o.get("text", "") for cell in nbformat.read(elsewhere / "03_compare_layers.ipynb",
+                                                                   as_version=4).cells
+                      if cell.cell_type == "code" for o in cell.outputs)
     assert f"{site / 'headlab' / '__init__.py'}\n" in printed
-    assert "showing instead the tiny tables shipped with headlab" in printed
-    assert not list(elsewhere.rglob("runs/notebooks/small/*/runs"))  # nothing trained
+    assert ("the study in runs/reproduce is not finished (no tables yet): showing instead the cpu-small tables "
+            "shipped with headlab") in printed
+    assert "recipes in the explorer: Muon split, AdamW on W_Q, W_K" in printed
+    assert not list(elsewhere.rglob("config.json"))  # no run trained, begun or loaded into a folder
+    assert [p.name for p in (elsewhere / "runs" / "reproduce").iterdir()] == ["runs"]  # the study's folder untouched
 
 
 @pytest.mark.parametrize("edit", ["none", "recipe", "added"])
