@@ -18,6 +18,17 @@ def shipped():
     return read_study_tables(SHIPPED)
 
 
+def assert_conclusions_equal(read: StudyTables, computed: dict[str, pd.DataFrame]) -> None:
+    """Every conclusion table of `read` as in `computed`: the report's text tables cell for cell (an
+    empty cell included), the numbers to 1e-12."""
+    for name in CONCLUSIONS:
+        if name in DISPLAY:
+            assert read[name].equals(computed[name]), name
+        else:
+            pd.testing.assert_frame_equal(read[name].reset_index(drop=True), computed[name].reset_index(drop=True),
+                                          check_dtype=False, check_names=False, check_exact=False, rtol=1e-12)
+
+
 @pytest.fixture(scope="module")
 def written_before(shipped, tmp_path_factory):
     """The demo study's tables as a study wrote them before it kept its conclusions."""
@@ -36,12 +47,7 @@ def test_tables_written_before_studies_kept_conclusions_get_them_when_read(shipp
     assert not any((written_before / f"{name}.csv").exists() for name in CONCLUSIONS)
     before = read_study_tables(written_before)
     assert set(CONCLUSIONS) <= set(before.tables)  # it has init spectra, LRKV and the measures: every one
-    for name in CONCLUSIONS:  # computed on reading as they were when written
-        if name in DISPLAY:
-            assert before[name].equals(shipped[name]), name
-        else:
-            pd.testing.assert_frame_equal(before[name].reset_index(drop=True), shipped[name].reset_index(drop=True),
-                                          check_dtype=False, check_names=False, check_exact=False, rtol=1e-12)
+    assert_conclusions_equal(before, shipped.tables)  # computed on reading as they were when written
 
 
 def test_conclusions_written_once_are_read_back_as_computed(shipped, tmp_path):
@@ -49,14 +55,8 @@ def test_conclusions_written_once_are_read_back_as_computed(shipped, tmp_path):
     write_study_tables(shipped, tmp_path)
     again = read_study_tables(tmp_path)
     computed = conclusions({k: v for k, v in shipped.tables.items() if k not in CONCLUSIONS}, shipped.meta)
-    for name in CONCLUSIONS:
-        assert (tmp_path / f"{name}.csv").is_file()
-        if name in DISPLAY:  # text as the report prints it, an empty cell included
-            assert again[name].equals(computed[name]), name
-        else:
-            pd.testing.assert_frame_equal(again[name].reset_index(drop=True), computed[name].reset_index(drop=True),
-                                          check_dtype=False, check_names=False, check_exact=False,
-                                          rtol=1e-12)
+    assert all((tmp_path / f"{name}.csv").is_file() for name in CONCLUSIONS)
+    assert_conclusions_equal(again, computed)
 
 
 def test_a_claims_data_says_what_its_sentence_says(shipped):
