@@ -23,6 +23,7 @@ from headlab.study.table_files import (
     recipes_beside,
     shipped_folder,
     shipped_names,
+    write_study_tables,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,3 +77,20 @@ def test_recipes_beside_a_study_are_the_shipped_studies_of_its_shape_under_anoth
     assert [recipe_name(study.meta) for study in beside] == ["Muon split"]
     assert recipes_beside(type(demo)(demo.tables, {**other, "steps": 450}), root) == []  # another shape
     assert SHIPPED.parent == SHIPPED_ROOT
+
+
+def test_recipes_beside_a_study_read_no_table_of_a_shipped_study_of_another_shape(tmp_path):
+    """A shipped study is chosen by its study.json's meta: one of another shape is never read, so its
+    tables cost a notebook nothing (here they would not even verify), while a chosen one's are."""
+    root = tmp_path / "shipped"
+    shutil.copytree(SHIPPED, root / "cpu-small")
+    demo = read_study_tables(SHIPPED)
+    write_study_tables(type(demo)(demo.tables, {**demo.meta, "steps": 450}), root / "cpu-small-450")
+    with (root / "cpu-small-450" / "summary.csv").open("a") as table:
+        table.write("damaged\n")
+    other = type(demo)(demo.tables, {**demo.meta, "train": {**demo.meta["train"], "muon_qk": False}})
+    assert [recipe_name(study.meta) for study in recipes_beside(other, root)] == ["Muon split"]
+    with (root / "cpu-small" / "summary.csv").open("a") as table:
+        table.write("damaged\n")
+    with pytest.raises(ValueError):
+        recipes_beside(other, root)
