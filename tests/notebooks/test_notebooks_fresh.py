@@ -22,6 +22,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from notebook_runs import full_mode_beside_a_begun_demo
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 from execute_notebooks import execute as execute_in_mode
@@ -89,14 +91,7 @@ def test_notebook_02_in_full_mode_reads_shipped_tables_and_trains_nothing(tmp_pa
     in full mode runs beside such a study installed outside any checkout:
     tests/study/test_shipped_tables.py.)"""
     clone = fresh_clone(tmp_path)
-    (clone / "runs" / "reproduce" / "runs").mkdir(parents=True)
-    path = clone / "notebooks" / next(p.name for p in NOTEBOOKS if p.name.startswith("02"))
-    execute_in_mode(path, "full")
-    printed = "".join(o.get("text", "") for cell in nbformat.read(path, as_version=4).cells
-                      if cell.cell_type == "code" for o in cell.outputs)
-    assert ("the study in ../runs/reproduce is not finished (no tables yet): showing instead the cpu-small tables "
-            "shipped with headlab") in printed
-    assert not list(clone.rglob("config.json"))  # no run trained, begun or loaded into a folder
-    assert [p.name for p in (clone / "runs" / "reproduce").iterdir()] == ["runs"]  # the study's folder untouched
-    assert "all-MiniLM-L6-v2: 6 layers x 12 heads" in printed
-    assert "cpu-small, 3 seed(s) per variant. Trained with the paper's split: Muon" in printed
+    text = full_mode_beside_a_begun_demo(clone, clone / "notebooks" / next(p.name for p in NOTEBOOKS
+                                                                          if p.name.startswith("02")))
+    assert "all-MiniLM-L6-v2: 6 layers x 12 heads" in text
+    assert "cpu-small, 3 seed(s) per variant. Trained with the paper's split: Muon" in text

@@ -20,11 +20,11 @@ from headlab.study.notebook import NotebookStudy
 from headlab.study.study import Study, settings_key
 from headlab.study.table_files import read_study_tables, shipped_names
 from headlab.study.tables import shipped_tables, study_tables, tabulate_study
+from notebook_runs import full_mode_beside_a_begun_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import ship_tables
-from execute_notebooks import execute as execute_in_mode
 
 pytestmark = pytest.mark.xdist_group("shipped_tables_study")  # `finished` trains runs: made once (conftest)
 
@@ -158,22 +158,15 @@ def test_notebook_03_installed_outside_the_repository_shows_the_shipped_tables_u
             {p.name for p in (shipped / name).iterdir()} - {".lock"}, name
 
     elsewhere = tmp_path / "colab"
-    (elsewhere / "runs" / "reproduce" / "runs").mkdir(parents=True)
+    elsewhere.mkdir()
     monkeypatch.setenv("PYTHONPATH", str(site))  # the kernel imports the installed copy, not this checkout
     monkeypatch.delenv("HEADLAB_STUDY", raising=False)
     notebook = nbformat.read(ROOT / "notebooks" / "03_compare_layers.ipynb", as_version=4)
     notebook.cells.append(nbformat.v4.new_code_cell("import headlab\nprint(headlab.__file__)"))
     nbformat.write(notebook, elsewhere / "03_compare_layers.ipynb")
-    execute_in_mode(elsewhere / "03_compare_layers.ipynb", "full")
-    printed = "".join(o.get("text", "") for cell in nbformat.read(elsewhere / "03_compare_layers.ipynb",
-                                                                   as_version=4).cells
-                      if cell.cell_type == "code" for o in cell.outputs)
-    assert f"{site / 'headlab' / '__init__.py'}\n" in printed
-    assert ("the study in runs/reproduce is not finished (no tables yet): showing instead the cpu-small tables "
-            "shipped with headlab") in printed
-    assert "recipes in the explorer: Muon split, AdamW on W_Q, W_K" in printed
-    assert not list(elsewhere.rglob("config.json"))  # no run trained, begun or loaded into a folder
-    assert [p.name for p in (elsewhere / "runs" / "reproduce").iterdir()] == ["runs"]  # the study's folder untouched
+    text = full_mode_beside_a_begun_demo(elsewhere, elsewhere / "03_compare_layers.ipynb")
+    assert f"{site / 'headlab' / '__init__.py'}\n" in text
+    assert "recipes in the explorer: Muon split, AdamW on W_Q, W_K" in text
 
 
 @pytest.mark.parametrize("edit", ["none", "recipe", "added"])
