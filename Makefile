@@ -13,11 +13,15 @@ CHROMIUM := /usr/bin/chromium
 
 # The sources left out of the bytecode compile (a regular expression on their paths).
 HF_FAMILIES_READ := auto|bert|llama|gemma|gemma2|gemma3|gpt2|qwen2|qwen3|mistral|deepseek_v2|deepseek_v3
-NOT_IMPORTED := /tests/|/transformers/models/(?!($(HF_FAMILIES_READ))/)
+ONLY_SENTENCE_TRANSFORMERS := sentence_transformers|sklearn|narwhals|joblib|threadpoolctl
+NOT_IMPORTED := /tests/|/transformers/models/(?!($(HF_FAMILIES_READ))/)|/site-packages/($(ONLY_SENTENCE_TRANSFORMERS))/
 
 $(STAMP): pyproject.toml Makefile
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip uv
+	@# The venv without ensurepip (which unpacks its bundled pip: 5 s here), pip and uv installed into it by
+	@# this Python's own pip (4 s); a Python without pip, or one too old for --python, takes ensurepip's way.
+	$(PYTHON) -m venv --without-pip $(VENV)
+	$(PYTHON) -m pip --python $(PY) install --quiet --upgrade pip uv \
+		|| { $(PY) -m ensurepip --upgrade && $(PY) -m pip install --quiet --upgrade pip uv; }
 	@# torch is fetched by pip, which reads this machine's pip configuration (here: the CPU build on its
 	@# disk), and installed by uv with the rest: uv fetches and unpacks in parallel (5 s here where
 	@# installing torch and the rest through pip took 19).
@@ -27,9 +31,10 @@ $(STAMP): pyproject.toml Makefile
 	@# uv leaves the installed files uncompiled to bytecode (pip would compile them, one at a time);
 	@# scripts/compile_bytecode.py writes what compileall -j 0 would, in 16-25 s here where compileall
 	@# took 23-39 (it hands its workers one file at a time). Left out: what nothing imports, the packages'
-	@# own test suites and the model families of transformers that headlab does not read (99 of the 290 MB
-	@# of sources).
-	$(PY) scripts/compile_bytecode.py $(VENV)/lib '$(NOT_IMPORTED)'
+	@# own test suites, the model families of transformers that headlab does not read, and what only the
+	@# MiniLM wheel's sentence-transformers requirement brings (headlab reads its safetensors alone). headlab's
+	@# own sources are compiled too, so the test workers do not both compile them at once.
+	$(PY) scripts/compile_bytecode.py --exclude '$(NOT_IMPORTED)' $(VENV)/lib headlab
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,7 +1,7 @@
-"""Compile the Python sources under a folder to bytecode, on every core: what `make install` runs
-over the new .venv (uv, like pip --no-compile, leaves them uncompiled).
+"""Compile the Python sources under folders to bytecode, on every core: what `make install` runs
+over the new .venv (uv, like pip --no-compile, leaves them uncompiled) and headlab's own sources.
 
-    python scripts/compile_bytecode.py FOLDER [EXCLUDE]   # EXCLUDE: a regular expression on paths
+    python scripts/compile_bytecode.py [--exclude REGEX] FOLDER...   # REGEX: on the sources' paths
 
 It writes what `python -m compileall -j 0 -x EXCLUDE FOLDER` writes (the same .pyc files, checked:
 11,285 of them in this project's .venv), in 16-25 s here where compileall took 23-39: compileall sends
@@ -10,18 +10,18 @@ compiling. Here each worker is given its whole share at once, the files dealt ou
 A source that does not compile (a few files written for newer Pythons, such as torch's
 py312_intrinsics) is passed over, as compileall passes over it."""
 
+import argparse
 import os
 import py_compile
 import re
-import sys
 from concurrent.futures import ProcessPoolExecutor
 
 
-def sources(folder: str, exclude: str | None) -> list[str]:
-    """Every .py file under `folder` whose path `exclude` does not match, largest first."""
+def sources(folders: list[str], exclude: str | None) -> list[str]:
+    """Every .py file under `folders` whose path `exclude` does not match, largest first."""
     skip = re.compile(exclude) if exclude else None
-    found = [os.path.join(parent, name) for parent, _, names in os.walk(folder) for name in names
-             if name.endswith(".py")]
+    found = [os.path.join(parent, name) for folder in folders for parent, _, names in os.walk(folder)
+             for name in names if name.endswith(".py")]
     return sorted((path for path in found if not (skip and skip.search(path))), key=os.path.getsize, reverse=True)
 
 
@@ -38,10 +38,12 @@ def compile_all(paths: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
-        sys.exit(f"usage: {os.path.basename(__file__)} FOLDER [EXCLUDE]")
-    paths = sources(sys.argv[1], sys.argv[2] if len(sys.argv) == 3 else None)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="+", metavar="FOLDER")
+    parser.add_argument("--exclude", metavar="REGEX", help="leave out the sources whose path this matches")
+    args = parser.parse_args()
+    paths = sources(args.folders, args.exclude)
     workers = os.cpu_count() or 1
     with ProcessPoolExecutor(workers) as pool:
         compiled = sum(pool.map(compile_all, [paths[worker::workers] for worker in range(workers)]))
-    print(f"compiled {compiled} of {len(paths)} sources under {sys.argv[1]}")
+    print(f"compiled {compiled} of {len(paths)} sources under {' '.join(args.folders)}")
