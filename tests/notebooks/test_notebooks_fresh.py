@@ -10,8 +10,10 @@ order 00, 03, 01, 02, 04, 05 (tests/conftest.py). 00 reads only the tables shipp
 and writes nothing, so in CI's clone nbmake runs 03 alone first: it trains the small study, and
 01, 02 and 05 take it up (tests/conftest.py checks that each of nbmake's notebooks writes only
 into runs/ and adds nothing to a finished study it finds). 04 reads no study, so where it runs
-cannot change what it does. Here the other three, which train or read runs of their own where
-they find none, run alone first; and 02 in full mode, beside a make demo under way."""
+cannot change what it does. Here 01 and 05 run alone first: 01 trains a run with `headlab.train`
+before `STUDY.train` takes it up, and 05 says it found no runs of 01. 02, alone, would train
+through the calls that 01 (`STUDY.train`) and nbmake's 03 (`study_tables(train=True)`) already
+run alone first, so it runs here only in full mode, beside a make demo under way."""
 
 from __future__ import annotations
 
@@ -70,8 +72,8 @@ def test_six_notebooks_are_found():
     assert [p.name[:2] for p in [STORY, *NOTEBOOKS]] == ["00", "01", "02", "03", "04", "05"]
 
 
-# nbmake runs 03 alone first in CI's clone (and 04, which reads no study): the other three alone first here.
-ALONE = [notebook.name for notebook in NOTEBOOKS if notebook.name.startswith(("01", "02", "05"))]
+# nbmake runs 03 alone first in CI's clone (and 04, which reads no study); 02 alone repeats 01's and 03's calls.
+ALONE = [notebook.name for notebook in NOTEBOOKS if notebook.name.startswith(("01", "05"))]
 
 
 @pytest.mark.parametrize("name", ALONE, ids=lambda name: name[:2])
