@@ -1,8 +1,11 @@
-"""The job under torchrun as a user launches it (2 gloo processes on the CPU): a finished study
-rerun reuses every run, one rank's failure ends every process with one clear line, and each rank
-picks its own GPU (CUDA stubbed)."""
+"""The job under torchrun as a user launches it (2 gloo processes on the CPU): one rank's failure
+ends every process with one clear line, and each rank picks its own GPU (CUDA stubbed); and the
+study that torchrun trained (the `torchrun_study` fixture), rerun on two ranks, reuses every run.
+"""
 
+import contextlib
 import gc
+import io
 import json
 import os
 import signal
@@ -17,6 +20,7 @@ import torch.distributed as dist
 
 from conftest import TORCHRUN_STUDY, TORCHRUN_VARIANTS, torchrun_headlab
 from headlab import GPT, preset
+from headlab.cli.main import main
 from headlab.data.corpus import load_corpus
 from headlab.io import FolderLock, Manifest
 from headlab.runs.layout import STARTS
@@ -38,18 +42,30 @@ def _saved(runs: Path) -> dict:
             for path in sorted([run / "metrics.jsonl", *run.glob("checkpoint-*/*")])}
 
 
+def _rerun(cwd: Path) -> tuple[int, str]:
+    """`headlab TORCHRUN_STUDY --out study` in `cwd` on this rank: its exit status and what it printed."""
+    os.chdir(cwd)  # a forked rank's own working directory
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = main([*TORCHRUN_STUDY, "--out", "study"])
+    return status, printed.getvalue()
+
+
 @pytest.mark.slow
-def test_a_finished_study_rerun_under_torchrun_reuses_every_run(torchrun_study):
+def test_a_finished_study_rerun_on_two_ranks_reuses_every_run(torchrun_study):
+    """The rerun's two ranks are forked with torchrun's environment (`on_ranks`): a third torchrun
+    launch would import torch and headlab in three processes again (~8 CPU-s) to show what the
+    fixture's launch and the failure tests below show of torchrun itself."""
     cwd, first = torchrun_study
     assert first.returncode == 0, first.stderr[-3000:]
     runs = cwd / "study" / "runs"
     saved = _saved(runs)
-    second = torchrun_headlab(cwd, [*TORCHRUN_STUDY, "--out", "study"])
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert second.stdout.count("report written:") == 1
+    (status, on_main), (other_status, on_other) = on_ranks(lambda rank: _rerun(cwd), timeout=240)
+    assert status == other_status == 0
+    assert on_main.count("report written:") == 1 and "report written:" not in on_other
     assert len([line for line in first.stdout.splitlines() if "validation loss" in line]) == len(TORCHRUN_VARIANTS)
-    assert f"{len(TORCHRUN_VARIANTS)} finished run(s) in" in second.stdout
-    assert "validation loss" not in second.stdout  # one line, not one per run
+    assert f"{len(TORCHRUN_VARIANTS)} finished run(s) in" in on_main
+    assert "validation loss" not in on_main + on_other  # one line, not one per run
     assert _saved(runs) == saved  # nothing retrained, no checkpoint rewritten
     for run in runs.iterdir():  # every start is recorded: trained at step 0, reused at step 4
         starts = [json.loads(line) for line in (run / STARTS).read_text().splitlines()]
