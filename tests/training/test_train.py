@@ -10,7 +10,7 @@ from torch._dynamo.utils import counters
 from torch.nn.parallel import DistributedDataParallel
 
 import headlab
-from conftest import forge_manifest_entry, torchrun_headlab
+from conftest import forge_manifest_entry
 from headlab import (
     FAMILIES,
     TrainConfig,
@@ -308,8 +308,8 @@ def test_two_process_gloo_run_with_accumulation_follows_the_single_process_curve
     args = ["train", "--preset", "tiny", "--attention", "gqa", "--corpus", "synthetic", "--steps", "12",
             "--log-every", "1", "--eval-every", "6", "--device", "cpu", "--no-progress"]
     assert main([*args, "--out", str(tmp_path / "one")]) == 0  # in this process: nothing imported again
-    double = torchrun_headlab(tmp_path, [*args, "--grad-accum", "2", "--out", str(tmp_path / "two")])
-    assert double.returncode == 0, double.stderr[-3000:]
+    double = [*args, "--grad-accum", "2", "--out", str(tmp_path / "two")]
+    assert on_ranks(lambda rank: main(double), timeout=240) == [0, 0]
     one, two = load_run(tmp_path / "one").metrics, load_run(tmp_path / "two").metrics
     assert [r["step"] for r in one] == [r["step"] for r in two]
     for a, b in zip(one, two):
@@ -348,8 +348,9 @@ def single_process_run(tmp_path_factory):
 
 
 def test_two_process_fsdp_with_accumulation_equals_single_process_training(tmp_path, single_process_run):
-    """Two ranks forked with torchrun's environment (`on_ranks`), as the tests below: the
-    torchrun-launched runs are test_two_process_gloo_run_… and the resume across world sizes."""
+    """Two ranks forked with torchrun's environment (`on_ranks`), as in every test here: torchrun
+    itself starts tests/conftest.py's `torchrun_study`, the failure tests of test_torchrun.py and
+    tools/gpu_check.py's smoke run (tests/cli/test_gpu_check.py)."""
     argv = [*FSDP_ARGS, "--parallel", "fsdp", "--grad-accum", "2", "--out", str(tmp_path / "fsdp")]
     assert on_ranks(lambda rank: main(argv), timeout=240) == [0, 0]
     assert _max_difference(load_run(tmp_path / "fsdp"), single_process_run) < 1e-5
@@ -407,8 +408,7 @@ def test_eight_process_fsdp_with_empty_shards_equals_single_process_training(tmp
     (4 rows) leave ranks 4-7 with empty shards. They all-gather, reduce and step like the others:
     the run equals the single-process one. The 8 ranks run `headlab train` forked from this process
     with torchrun's environment (`on_ranks`): 8 torchrun processes would each import torch and
-    headlab again (~5 CPU-s apiece); test_two_process_gloo_run_… and the resume across world
-    sizes start it through torchrun itself."""
+    headlab again (~5 CPU-s apiece)."""
     assert min(p.shape[0] for p in GPT(preset("tiny", "lrkv")).parameters()) < 8  # some shards are empty
     argv = [*FSDP_ARGS, "--parallel", "fsdp", "--out", str(tmp_path / "fsdp")]
     assert on_ranks(lambda rank: main(argv), world_size=8, timeout=240) == [0] * 8
@@ -447,14 +447,13 @@ def _killed_at_forward(argv: list[str], exit_at: int, ranks: int | None = None) 
 @pytest.mark.slow
 def test_checkpoints_resume_across_world_sizes_to_the_uninterrupted_run(tmp_path, single_process_run):
     """Two FSDP ranks killed in step 3, one plain process (DDP settings, no accumulation) taking the
-    run over and killed in step 5, both forked; then two FSDP processes under torchrun finish it."""
+    run over and killed in step 5, both forked; then two forked FSDP ranks finish it."""
     fsdp = [*FSDP_ARGS, "--parallel", "fsdp", "--grad-accum", "2", "--out", str(tmp_path / "run")]
     _killed_at_forward(fsdp, exit_at=2 * 2 + 1, ranks=2)  # in step 3, after the step-2 checkpoint
     assert current_checkpoint(tmp_path / "run").name == "checkpoint-00000002"
     _killed_at_forward([*FSDP_ARGS, "--resume", "--out", str(tmp_path / "run")], exit_at=3)
     assert current_checkpoint(tmp_path / "run").name == "checkpoint-00000004"
-    resumed = torchrun_headlab(tmp_path, [*fsdp, "--resume"])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert on_ranks(lambda rank: main([*fsdp, "--resume"]), timeout=240) == [0, 0]
     assert _max_difference(load_run(tmp_path / "run"), single_process_run) < 1e-5
 
 
