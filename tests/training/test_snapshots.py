@@ -1,10 +1,11 @@
 """Analysis snapshots through training: schedule, kill-and-resume, per-step tables."""
 
 import importlib
-import json
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file
 
 import headlab.model
@@ -14,6 +15,8 @@ from headlab.analysis.snapshots import analyze_snapshots
 from headlab.cli.main import main
 from headlab.runs.layout import run_manifest
 from headlab.runs.snapshots import snapshot_files, snapshot_steps
+from headlab.training import distributed
+from ranks import on_ranks
 
 RUN_FOLDER = importlib.import_module("headlab.runs.folder")
 RUN = train_preset("tiny", steps=12, batch_size=4, eval_every=6, eval_batches=1, checkpoint_every=4, log_every=4,
@@ -129,43 +132,31 @@ def _moments(run_dir):
     return input_moments(run_dir, encode_text(run_dir, "to be or not to be, that is the question " * 20))
 
 
-FSDP_SCRIPT = """
-import atexit, json, os, sys
-from pathlib import Path
-import torch.distributed as dist
-from headlab import TrainConfig, load_corpus, preset, train
-# registered first, so it runs last: by then headlab must have left the process group it
-# joined (gloo aborts the process when a live group meets interpreter shutdown). Each rank
-# answers in its own file: two processes printing to one pipe interleave their lines.
-answer = Path(sys.argv[1] + f".rank{os.environ.get('RANK', '0')}.left-group")
-atexit.register(lambda: answer.write_text(str(not dist.is_initialized())))
-train(preset("tiny", "lrkv"), TrainConfig.from_dict(json.loads(sys.argv[2])), load_corpus("synthetic", n_chars=30_000),
-      out=sys.argv[1], progress=False)
-"""
-
-
 def snapshot_training(parallel: str) -> TrainConfig:
-    """What the single process and `FSDP_SCRIPT`'s ranks train: 3 steps, a snapshot every 2."""
+    """What the single process and the two FSDP ranks train: 3 steps, a snapshot every 2."""
     return train_preset("tiny", steps=3, batch_size=4, eval_every=3, eval_batches=1, checkpoint_every=3, log_every=1,
                         snapshot_every=2, device="cpu", lr=1e-3, parallel=parallel)
 
 
-def test_two_fsdp_processes_gather_whole_snapshots_equal_to_one_process(tmp_path):
-    import os
-    import subprocess
-    import sys
+def _trained_on_this_rank(out, config: TrainConfig) -> bool:
+    """`train` of tiny LRKV into `out` on a forked rank, then what it registered to run at the
+    interpreter's exit (which a forked rank never reaches); whether the rank then left the process
+    group train() joined: gloo aborts a process whose live group meets interpreter shutdown."""
+    at_exit = []
+    distributed.atexit = SimpleNamespace(register=at_exit.append)  # this forked rank's own module
+    torch.set_num_threads(1)
+    train(preset("tiny", "lrkv"), config, load_corpus("synthetic", n_chars=30_000), out=out, progress=False)
+    for function in at_exit:
+        function()
+    return bool(at_exit) and not dist.is_initialized()
 
-    script = tmp_path / "run.py"
-    script.write_text(FSDP_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(script),
-                          str(tmp_path / "two"), json.dumps(snapshot_training("fsdp").recorded())], env=env,
-                         capture_output=True, text=True)
-    assert two.returncode == 0, two.stderr[-3000:]
+
+def test_two_fsdp_processes_gather_whole_snapshots_equal_to_one_process(tmp_path):
+    """Two FSDP ranks forked with torchrun's environment (`on_ranks`), nothing imported again."""
+    sharded_training = snapshot_training("fsdp")
+    assert on_ranks(lambda rank: _trained_on_this_rank(tmp_path / "two", sharded_training), timeout=240) == [True] * 2
     train(preset("tiny", "lrkv"), snapshot_training("ddp"), load_corpus("synthetic", n_chars=30_000),
-          out=tmp_path / "one", progress=False)  # the one process in this one: nothing imported again
-    assert [tmp_path.joinpath(f"two.rank{rank}.left-group").read_text() for rank in (0, 1)] == ["True", "True"]
+          out=tmp_path / "one", progress=False)
     single, sharded = snapshot_files(tmp_path / "one"), snapshot_files(tmp_path / "two")
     assert list(single) == list(sharded) == [0, 1, 2]
     for step in single:
