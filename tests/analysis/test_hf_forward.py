@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -229,15 +226,16 @@ def test_a_hub_name_reads_the_cached_snapshot(hub_cache):
     assert set(attention_similarity("hf:org/tiny-gpt2", tokens[:1])["model"]) == {"org/tiny-gpt2"}
 
 
-def test_cli_analyzes_a_hub_name_offline(hub_cache, tmp_path):
+def test_cli_analyzes_a_hub_name_offline(hub_cache, tmp_path, capsys):
+    """In this process (`python -m headlab` itself is tests/cli/test_cli.py's): another would
+    import torch and transformers again for a 4-head model."""
     text = tmp_path / "text.txt"
     text.write_text(TEXT)
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, "-m", "headlab", "analyze", "hf:org/tiny-gpt2", "--measure", "data",
-                             "--text", str(text), "--out", str(out)], capture_output=True, text=True,
-                            env=dict(os.environ))
-    assert result.returncode == 0, result.stderr
-    assert "org/tiny-gpt2 · qk · data · 4 heads" in result.stdout
+    status = cli_main(["analyze", "hf:org/tiny-gpt2", "--measure", "data", "--text", str(text), "--out", str(out)])
+    printed = capsys.readouterr()
+    assert status == 0, printed.err
+    assert "org/tiny-gpt2 · qk · data · 4 heads" in printed.out
     assert (out / "similarity.csv").exists()
 
 
