@@ -1,7 +1,7 @@
 """The GPU check: what breaks on a GPU node, checked on what the node has, in one summary table.
 
     tools/gpu_check.sh                 # the node's GPUs: about 8 to 10 minutes on an H100/H200 (estimated)
-    python tools/gpu_check.py --smoke  # CPU, tiny preset, a few steps: checks the script
+    python tools/gpu_check.py --smoke  # CPU, tiny preset, a few steps: checks the script (FSDP's torchrun alone)
 
 Stages (each gives rows of the summary table: check, PASS / FAIL / SKIP, detail):
 
@@ -122,11 +122,14 @@ sys.exit(main(sys.argv[1:]))
 @dataclass(frozen=True)
 class Launch:
     """Where the torchrun and resume checks train: `processes` ranks on `device` (one per GPU; two
-    CPU processes in --smoke), with run folders under `folder`."""
+    CPU processes in --smoke), with run folders under `folder`, launched with each of `parallels`
+    (--smoke launches FSDP alone: DDP's launch runs the same check, and each costs three processes'
+    imports of torch)."""
 
     device: str
     processes: int
     folder: Path
+    parallels: tuple[str, ...] = ("ddp", "fsdp")
 
     @property
     def batch_size(self) -> int:
@@ -225,9 +228,16 @@ def distributed_checks(launch: Launch) -> list[Check]:
     if not out.exists():  # the reference run failed, so the run to be killed never began
         return [Check("torchrun and resume: 1-process reference run", FAIL, failure(killed))]
     reference = load_run(launch.folder / "reference")
-    checks = stage("torchrun DDP", parallel_check, launch, reference, "ddp")
-    checks += (stage("torchrun FSDP", parallel_check, launch, reference, "fsdp") if launch.processes > 1 else
-               [Check("torchrun FSDP", SKIP, "needs >= 2 GPUs; this node has 1")])
+    checks = []
+    for parallel in ("ddp", "fsdp"):
+        check = f"torchrun {parallel.upper()}"
+        if parallel not in launch.parallels:
+            checks.append(Check(check, SKIP, f"--smoke launches {', '.join(launch.parallels).upper()} alone (the same "
+                                             "check); a GPU node runs both"))
+        elif parallel == "fsdp" and launch.processes < 2:
+            checks.append(Check(check, SKIP, "needs >= 2 GPUs; this node has 1"))
+        else:
+            checks += stage(check, parallel_check, launch, reference, parallel)
     return checks + stage("checkpoint and exact resume", resume_check, launch, killed, out, reference)
 
 
@@ -299,7 +309,8 @@ def main(argv=None) -> int:
                                  "steps x batch": f"{steps} x {batch_size}"}, quick=args.smoke), flush=True)
     runs_dir = Path(args.runs_dir or tempfile.mkdtemp(prefix="headlab-gpu-check-"))
     results = {"device": name, "gpus": gpus, "preset": mode.preset, "steps": steps, "batch_size": batch_size}
-    launch = Launch(device, gpus or 2, runs_dir / "torchrun")  # one rank per GPU; two CPU ranks in --smoke
+    launch = Launch(device, gpus or 2, runs_dir / "torchrun",  # one rank per GPU; two CPU ranks in --smoke
+                    ("fsdp",) if args.smoke else ("ddp", "fsdp"))
     if no_gpu:
         checks = [Check(name, SKIP, no_gpu) for name in GPU_STAGES]
     else:

@@ -44,13 +44,15 @@ def test_gpu_check_smoke_runs_every_stage(gpu_check, tmp_path, capsys):
     report = json.loads(results.read_text())
     checks = {c["check"]: c for c in report["checks"]}
     assert len(checks) == len(report["checks"]) and {c["result"] for c in checks.values()} == {"PASS", "SKIP"}
-    for name in ("torchrun DDP", "torchrun FSDP", "checkpoint and exact resume", "decode cache bytes = formula",
+    for name in ("torchrun FSDP", "checkpoint and exact resume", "decode cache bytes = formula",
                  "head analysis and report measurements", "tokenization: byte", "tokenization: bpe:8192"):
         assert checks[name]["result"] == "PASS", checks[name]
     assert "2 x cpu (gloo)" in checks["torchrun FSDP"]["detail"]
     assert "bit-identical" in checks["checkpoint and exact resume"]["detail"]
     for name in ("peak memory vs plan", "recompiles under --compile", "Standard MHA MFU", "tokens/s: MQA"):
         assert checks[name]["result"] == "SKIP", checks[name]  # GPU-only, or a performance target
+    assert checks["torchrun DDP"] == {"check": "torchrun DDP", "result": "SKIP", "detail": "--smoke launches FSDP "
+                                      "alone (the same check); a GPU node runs both"}
     assert report["sdpa_backends"] == {label: ["FLASH_ATTENTION (CPU)"] for label in report["sdpa_backends"]}
     assert len(report["sdpa_backends"]) == 6 and all(checks[f"SDPA backend: {v}"]["result"] == "PASS"
                                                      for v in report["sdpa_backends"])
