@@ -1,6 +1,7 @@
 """The head analysis of every snapshot of a run (`headlab.runs.snapshots`), step by step.
 
     analyze_snapshots("runs/x")             # an Analysis whose tables carry a `step` column
+    analyze_snapshots_each("runs/x", [{"mla_rope": "included"}, {"mla_rope": "excluded"}])  # one read, both
     snapshot_heads("runs/x", 0)             # the heads of one snapshot (None: the run kept none there)
 """
 
@@ -27,9 +28,17 @@ def analyze_snapshots(run_dir: str | Path, label: str | None = None, **options) 
     """`analyze()` of every snapshot of the run in `run_dir` and of its current checkpoint, as
     one Analysis whose tables gain a `step` column (after `model`). `options` are analyze()'s
     (circuit, layers, mla_rope); measure must stay "frobenius" (snapshots hold attention weights only)."""
-    if options.get("measure", "frobenius") != "frobenius" or options.get("inputs") is not None:
-        raise ValueError(f"measure = {options.get('measure')!r} is invalid for snapshots: they keep attention "
-                         "weights only, so only measure 'frobenius' applies")
+    (analysis,) = analyze_snapshots_each(run_dir, [options], label)
+    return analysis
+
+
+def analyze_snapshots_each(run_dir: str | Path, option_sets: list[dict], label: str | None = None) -> list[Analysis]:
+    """`analyze_snapshots(run_dir, label, **options)` for each `options` of `option_sets` (both
+    MLA RoPE settings, say), every snapshot and the checkpoint read and verified once."""
+    for options in option_sets:
+        if options.get("measure", "frobenius") != "frobenius" or options.get("inputs") is not None:
+            raise ValueError(f"measure = {options.get('measure')!r} is invalid for snapshots: they keep attention "
+                             "weights only, so only measure 'frobenius' applies")
     run_dir = Path(run_dir)
     config = ModelConfig.from_dict(read_config(run_dir)["model"])
     files = snapshot_files(run_dir)
@@ -41,9 +50,13 @@ def analyze_snapshots(run_dir: str | Path, label: str | None = None, **options) 
     label = label or config.label
     if isinstance(files.get(0), Path):
         check_initial_snapshot(run_dir, config, files[0])
-    analyses = [_with_step(analyze(_heads(config, source, label, f"{run_dir} step {step}"), **options), step)
-                for step, source in sorted(files.items())]
-    return Analysis(**{name: stack_tables([getattr(a, name) for a in analyses]) for name in COLUMNS})
+    per_options: list[list[Analysis]] = [[] for _ in option_sets]
+    for step, source in sorted(files.items()):  # one step's heads in memory at a time
+        heads = _heads(config, source, label, f"{run_dir} step {step}")
+        for analyses, options in zip(per_options, option_sets):
+            analyses.append(_with_step(analyze(heads, **options), step))
+    return [Analysis(**{name: stack_tables([getattr(a, name) for a in analyses]) for name in COLUMNS})
+            for analyses in per_options]
 
 
 def snapshot_heads(run_dir: str | Path, step: int, label: str | None = None) -> ModelHeads | None:

@@ -50,7 +50,7 @@ from headlab.analysis.lrkv import deviation_table, factor_table, rank_r_model
 from headlab.analysis.measures import measure_agreement, measure_views
 from headlab.analysis.qk_norm import norm_scale_effect
 from headlab.analysis.similarity import analyze, concat, stack_tables
-from headlab.analysis.snapshots import analyze_snapshots, snapshot_heads
+from headlab.analysis.snapshots import analyze_snapshots_each, snapshot_heads
 from headlab.data.shards import Corpus, random_windows
 from headlab.model.gpt import initial_model
 from headlab.runs.divergence import run_divergence
@@ -202,8 +202,7 @@ def snapshot_tables(runs: list[StudyRun]) -> tuple[pd.DataFrame, pd.DataFrame]:
     seed, role, step, layer, norm_ratio: the mean over heads of ‖U_h B_hᵀ‖_F over ‖W_shared‖_F)."""
     summaries, ratios = [], []
     for r in runs:
-        for setting in MLA_ROPE:
-            analysis = analyze_snapshots(r.folder, r.label, mla_rope=setting)
+        for analysis in analyze_snapshots_each(r.folder, [{"mla_rope": setting} for setting in MLA_ROPE], r.label):
             summaries.append(analysis.summary.assign(seed=r.seed, role=r.role))
         if r.config.attention == "lrkv":  # LRKV's norms do not depend on mla_rope
             norms = analysis.norms.pivot_table(index=["model", "step", "layer"], columns="part",

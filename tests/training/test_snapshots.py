@@ -3,6 +3,7 @@
 import importlib
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
@@ -54,6 +55,24 @@ def test_snapshots_hold_attention_weights_of_each_scheduled_step(reference):
     for name, tensor in tensors.items():
         assert torch.equal(tensor, initial.state_dict()[name]), name
     assert not torch.equal(load_file(files[1])["blocks.0.attn.c_q.weight"], tensors["blocks.0.attn.c_q.weight"])
+
+
+def test_each_setting_of_a_runs_snapshots_is_analysed_from_one_read_of_the_checkpoint(reference, monkeypatch):
+    """analyze_snapshots_each gives what analyze_snapshots gives per setting, reading (and hashing)
+    the run's checkpoint once for all of them: a study analyses both MLA RoPE settings."""
+    snapshots, reads = importlib.import_module("headlab.analysis.snapshots"), []
+    separate = [analyze_snapshots(reference, mla_rope=setting) for setting in ("included", "excluded")]
+
+    def counted(folder, *args, **kwargs):
+        reads.append(folder)
+        return RUN_FOLDER.load_weights(folder, *args, **kwargs)
+
+    monkeypatch.setattr(snapshots, "load_weights", counted)
+    both = snapshots.analyze_snapshots_each(reference, [{"mla_rope": "included"}, {"mla_rope": "excluded"}])
+    assert reads == [reference]
+    for one, each in zip(separate, both):
+        for name in ("similarity", "spectra", "summary"):
+            pd.testing.assert_frame_equal(getattr(one, name), getattr(each, name))
 
 
 class _Killed(Exception):
