@@ -22,8 +22,9 @@ A redraw of a large study takes seconds, and clicks arrive faster. In a kernel, 
 marks the figure pending (the line below the controls says so) and the redraw waits until no
 change has come for `SETTLE_SECONDS`: changes that queued up while a figure was drawing are
 coalesced, and only the latest state is drawn, so the figure always ends on the controls' state.
-The pending line goes only once the new figure has been sent to the page and no change waits
-behind it: whenever the figure shown is not the controls' state, the line says so. The figures
+The pending line goes only once the new figure has been sent to the page, has had
+`DRAWN_SECONDS` to show there, and no change waits behind it: whenever the figure shown is not the
+controls' state, the line says so. The figures
 of the last `KEPT_VIEWS` states are kept, so going back to one (the default view) is instant.
 Outside an event loop (scripts, tests) every change redraws at once.
 
@@ -66,6 +67,9 @@ KIND_OPTIONS = (("uncentered", "uncentered"), ("centered (PCA)", "centered"))
 USES_KIND = ("spectra", "effective rank", "cumulative variance")  # views the Spectrum control changes
 NO_METHOD = "Select at least one method."
 SETTLE_SECONDS = 0.15  # a redraw waits this long after the last change (clicks queued behind a draw come at once)
+# The pending line stays this long after a figure is sent: a busy page can apply the line's change
+# before it shows the figure's PNG (seen in Chromium under load, once in nine runs, at 0.15 s).
+DRAWN_SECONDS = 0.5
 KEPT_VIEWS = 12  # states whose figures are kept for going back to them
 CROP_MARGIN = 10  # pixels of white kept around each figure (savefig's pad_inches=0.1 at 100 dpi)
 PENDING = "<i>redrawing for the controls' new state…</i>"
@@ -249,7 +253,7 @@ class Explorer(widgets.VBox):
         try:
             # Clicks that came while this state drew wait in the kernel's queue: they are handled
             # before this callback, and keep the pending line (see `_clear_status`).
-            asyncio.get_running_loop().call_later(SETTLE_SECONDS, self._clear_status)
+            asyncio.get_running_loop().call_later(DRAWN_SECONDS, self._clear_status)
         except RuntimeError:
             self._clear_status()
 
