@@ -46,7 +46,7 @@ from headlab.analysis.tables import save_tables
 from headlab.io import read_regular
 from headlab.model.config import ModelConfig, preset
 from headlab.runs.layout import EXECUTION_FIELDS
-from headlab.study.conclusions import CONCLUSIONS, with_conclusions
+from headlab.study.conclusions import conclusions, without_conclusions
 from headlab.study.study import Study, StudyRun, settings_digest, settings_key
 from headlab.study.table_files import (
     SHIPPED_ROOT,
@@ -165,8 +165,8 @@ def write_conclusions(destination: Path) -> StudyTables:
     their conclusions, which reading would compute each time, and after the conclusions' code
     changed. Returns the tables as read back."""
     tables = read_study_tables(destination)
-    kept = {name: table for name, table in tables.tables.items() if name not in CONCLUSIONS}
-    write_study_tables(StudyTables(with_conclusions(kept, tables.meta), tables.meta), destination)
+    kept = without_conclusions(tables.tables)
+    write_study_tables(StudyTables({**kept, **conclusions(kept, tables.meta)}, tables.meta), destination)
     return read_study_tables(destination)
 
 

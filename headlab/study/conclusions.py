@@ -250,6 +250,11 @@ def measure_table(measures: pd.DataFrame) -> pd.DataFrame:
             .rename(columns=VIEWS))
 
 
+def without_conclusions(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """`tables` less the conclusion tables: what a study's conclusions are computed from."""
+    return {name: table for name, table in tables.items() if name not in CONCLUSIONS}
+
+
 def with_conclusions(tables: dict[str, pd.DataFrame], meta: dict) -> dict[str, pd.DataFrame]:
     """`tables` and the conclusion tables they lack (tables written before studies kept them)."""
     if all(name in tables for name in ("metrics", "claims", "quantities")):

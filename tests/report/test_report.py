@@ -20,7 +20,7 @@ from headlab.cli.main import main
 from headlab.model.gpt import GPT
 from headlab.report.writer import DOCS_FIGURES, FIGURES, write_report
 from headlab.study.claims import claims, per_seed_metrics, rule_text
-from headlab.study.conclusions import CONCLUSIONS, rank_table, with_conclusions
+from headlab.study.conclusions import rank_table, with_conclusions, without_conclusions
 from headlab.study.paper import PAPER, SEED_SPECTRA
 from headlab.study.roles import comparison_roles
 from headlab.study.table_files import SHIPPED, StudyTables, read_study_tables
@@ -478,7 +478,7 @@ def test_headline_md_quotes_the_baseline_and_the_distance_to_the_seed_figure():
                  for _, g in mha.groupby("seed")]
     row = next(line for line in text.splitlines() if line.startswith("| Standard MHA | Standard MHA | Early (L=0)"))
     assert row.split("|")[-3].strip() == _spread(distances)  # d₁ ours, before d₁ random init
-    kept = {k: v for k, v in shipped.tables.items() if not k.startswith("init_") and k not in CONCLUSIONS}
+    kept = {k: v for k, v in without_conclusions(shipped.tables).items() if not k.startswith("init_")}
     old = StudyTables(with_conclusions(kept, shipped.meta), shipped.meta)  # as tables before init spectra read
     older = "\n".join(headlab.report.writer.headline_lines(old))
     assert "No random-initialisation baseline in these tables" in older and "| random init" not in older

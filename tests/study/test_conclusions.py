@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from headlab.study.conclusions import CONCLUSIONS, DISPLAY, conclusions
+from headlab.study.conclusions import CONCLUSIONS, DISPLAY, conclusions, without_conclusions
 from headlab.study.stats import HIGHER, LOWER, UNDECIDED, WITHIN
 from headlab.study.table_files import SHIPPED, StudyTables, read_study_tables, write_study_tables
 
@@ -33,8 +33,7 @@ def assert_conclusions_equal(read: StudyTables, computed: dict[str, pd.DataFrame
 def written_before(shipped, tmp_path_factory):
     """The demo study's tables as a study wrote them before it kept its conclusions."""
     folder = tmp_path_factory.mktemp("before-conclusions")
-    kept = {name: table for name, table in shipped.tables.items() if name not in CONCLUSIONS}
-    write_study_tables(StudyTables(kept, shipped.meta), folder)
+    write_study_tables(StudyTables(without_conclusions(shipped.tables), shipped.meta), folder)
     return folder
 
 
@@ -54,7 +53,7 @@ def test_conclusions_written_once_are_read_back_as_computed(shipped, tmp_path):
     """And the shipped ones are what today's code computes (else: scripts/ship_tables.py --conclusions cpu-small)."""
     write_study_tables(shipped, tmp_path)
     again = read_study_tables(tmp_path)
-    computed = conclusions({k: v for k, v in shipped.tables.items() if k not in CONCLUSIONS}, shipped.meta)
+    computed = conclusions(without_conclusions(shipped.tables), shipped.meta)
     assert all((tmp_path / f"{name}.csv").is_file() for name in CONCLUSIONS)
     assert_conclusions_equal(again, computed)
 
