@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from execute_notebooks import execute as execute_in_mode  # noqa: E402
+from execute_notebooks import execute as execute_in_mode  # noqa: E402, F401  (the fresh-clone tests run it too)
 
 STAND_IN = "is not finished (no tables yet): showing instead the cpu-small tables shipped with headlab"
 

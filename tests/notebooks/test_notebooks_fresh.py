@@ -18,17 +18,14 @@ run alone first, so it runs here only in full mode, beside a make demo under way
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from notebook_runs import full_mode_beside_a_begun_demo
+from notebook_runs import execute_in_mode, full_mode_beside_a_begun_demo
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-from execute_notebooks import execute as execute_in_mode
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 STORY, *NOTEBOOKS = NOTEBOOKS  # 00_the_finding, then the five that share a study (01-05)
