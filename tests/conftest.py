@@ -14,6 +14,30 @@ from pathlib import Path
 # notebook kernels inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# The tests' folders (tmp_path) go into memory when the machine has room there: the suite writes GBs of
+# checkpoints (the paper-128m test alone 2.7 GB), and this machine's disk charged their page cache and
+# writeback ~6 CPU-s and ~8 s of wall time in the disk and training tests that write most (61-63 s on
+# /dev/shm against 67-69 s on /tmp, back to back). No test here is about a disk's speed: the full-disk
+# tests inject the failure, or mount a tmpfs of their own. A passing test's folder is removed when it
+# ends (tmp_path_retention_policy = "failed" in pyproject.toml), so memory holds only the running tests'.
+# An explicit --basetemp or PYTEST_DEBUG_TEMPROOT (pytest's own setting for this) wins.
+MEMORY_FOLDER = Path("/dev/shm")
+MEMORY_NEEDED = 8 * 2 ** 30  # bytes free, for the 128m test's checkpoints beside the other worker's folders
+
+
+def memory_folder_with_room(folder: Path = MEMORY_FOLDER, needed: int = MEMORY_NEEDED) -> Path | None:
+    """`folder` if it is a directory this user may write in with `needed` bytes free, else None."""
+    try:
+        usage = os.statvfs(folder)
+    except OSError:
+        return None
+    room = usage.f_bavail * usage.f_frsize
+    return folder if folder.is_dir() and os.access(folder, os.W_OK | os.X_OK) and room >= needed else None
+
+
+if (memory := memory_folder_with_room()) is not None:
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(memory))
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings

@@ -47,12 +47,19 @@ WATCH = """(root, pendingText) => {
   }).observe(root, {subtree: true, childList: true, characterData: true, attributes: true});
 }"""
 
+# Whether the explorer's cell `root` shows a figure other than the one whose image sources were `before`.
+FIGURE_CHANGED = """([root, before]) => {
+  const now = Array.from(root.querySelectorAll("img")).map(i => i.src).join("|");
+  return now !== "" && now !== before;
+}"""
+
 pytestmark = pytest.mark.slow
 
 try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 except ModuleNotFoundError:  # a failure, not a skip: `make test` must run this test
-    sync_playwright = None
+    sync_playwright = PlaywrightTimeout = None
 
 
 def _free_port() -> int:
@@ -105,9 +112,14 @@ def lab(tmp_path):
         log.close()
 
 
+def _figure_sources(explorer) -> str:
+    """The sources of every image the explorer's cell shows now (its figure: a PNG output below the controls)."""
+    return explorer.locator("img").evaluate_all("images => images.map(i => i.src).join('|')")
+
+
 def _figure_hash(explorer) -> str:
-    """A digest of every image the explorer's cell shows now (its figure: a PNG output below the controls)."""
-    sources = explorer.locator("img").evaluate_all("images => images.map(i => i.src).join('|')")
+    """A digest of `_figure_sources` ("" for no figure)."""
+    sources = _figure_sources(explorer)
     return hashlib.sha256(sources.encode()).hexdigest() if sources else ""
 
 
@@ -170,11 +182,13 @@ def test_notebook_03_runs_and_every_explorer_control_redraws(lab, tmp_path):
 
         def changes(name: str, action) -> None:
             """Do `action`, then wait until the explorer shows a different figure and its pending line is gone."""
+            before = _figure_sources(explorer)
             click(action)
-            deadline = time.monotonic() + REDRAW_TIMEOUT_S
-            while (now := _figure_hash(explorer)) in (shown["hash"], "") and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert now not in (shown["hash"], ""), f"the figure did not change after: {name}"
+            try:  # checked in the page at each frame: the next figure is taken up as soon as it is drawn
+                page.wait_for_function(FIGURE_CHANGED, arg=[explorer.element_handle(), before],
+                                       timeout=REDRAW_TIMEOUT_S * 1000)
+            except PlaywrightTimeout:
+                raise AssertionError(f"the figure did not change after: {name}") from None
             pending.wait_for(state="hidden", timeout=REDRAW_TIMEOUT_S * 1000)
             shown["hash"] = _figure_hash(explorer)
             clicks.append(name)
