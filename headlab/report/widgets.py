@@ -24,7 +24,9 @@ change has come for `SETTLE_SECONDS`: changes that queued up while a figure was 
 coalesced, and only the latest state is drawn, so the figure always ends on the controls' state.
 The pending line goes only once the new figure has been sent to the page, has had
 `DRAWN_SECONDS` to show there, and no change waits behind it: whenever the figure shown is not the
-controls' state, the line says so. The figures
+controls' state, the line says so (a figure's clearing is dropped when a later figure comes). JupyterLab
+may hand widget messages to kernel subshells, threads with event loops of their own: every change is
+taken up on the first change's loop, so redraws never run at once. The figures
 of the last `KEPT_VIEWS` states are kept, so going back to one (the default view) is instant.
 Outside an event loop (scripts, tests) every change redraws at once.
 
@@ -189,6 +191,8 @@ class Explorer(widgets.VBox):
         self.drawn: OrderedDict[tuple, dict] = OrderedDict()  # state -> its figures and (once made) PNG bundle
         self.shown: tuple | None = None  # the state whose figures are shown
         self.pending: asyncio.TimerHandle | None = None  # the redraw waiting for changes to settle
+        self.clearing: asyncio.TimerHandle | None = None  # the pending line's clearing, DRAWN_SECONDS after a figure
+        self.loop: asyncio.AbstractEventLoop | None = None  # where changes are taken up (`changed`)
 
         for control in (*self.methods.values(), self.view, self.kind, *self.choices.values(), self.layers):
             control.observe(self.changed, names="value")
@@ -206,17 +210,33 @@ class Explorer(widgets.VBox):
                 tuple(m for m, box in self.methods.items() if box.value))
 
     def changed(self, change=None) -> None:
-        """A control changed (called by every control): in a kernel's event loop, mark the figure
-        pending and (re)start the wait for the changes behind this one; elsewhere redraw now."""
-        self._enable_controls()
+        """A control changed (called by every control, in whichever thread took the change in:
+        JupyterLab hands widget messages to kernel subshells, each a thread with an event loop of
+        its own). In a kernel, the change is taken up on one event loop, the first change's, so
+        that one redraw runs at a time; there it marks the figure pending and (re)starts the wait
+        for the changes behind it. Outside any event loop (scripts, tests), redraw now."""
         try:
-            loop = asyncio.get_running_loop()
+            here = asyncio.get_running_loop()
         except RuntimeError:
-            return self.render()
+            here = None
+        if self.loop is None or self.loop.is_closed():
+            self.loop = here
+        if self.loop is None:
+            self._enable_controls()
+            self.render()
+        elif here is self.loop:
+            self._mark_pending()
+        else:
+            self.loop.call_soon_threadsafe(self._mark_pending)
+
+    def _mark_pending(self) -> None:
+        """On the explorer's event loop: say the figure is pending and redraw once no change has
+        come for `SETTLE_SECONDS`."""
+        self._enable_controls()
         if self.pending is not None:
             self.pending.cancel()
         self.status.value = PENDING
-        self.pending = loop.call_later(SETTLE_SECONDS, self._render_pending)
+        self.pending = self.loop.call_later(SETTLE_SECONDS, self._render_pending)
 
     def _render_pending(self) -> None:
         """`render`, run by the event loop: a failure is said below the controls, not only in the kernel's log."""
@@ -250,11 +270,14 @@ class Explorer(widgets.VBox):
         self.shown, self.figures = state, self.drawn[state]["figures"]
         if self.displayed:
             self.figure_display.update(self.figure_bundle(), raw=True)
+        if self.clearing is not None:  # an earlier figure's: it would clear the line before this one shows
+            self.clearing.cancel()
         try:
             # Clicks that came while this state drew wait in the kernel's queue: they are handled
             # before this callback, and keep the pending line (see `_clear_status`).
-            asyncio.get_running_loop().call_later(DRAWN_SECONDS, self._clear_status)
+            self.clearing = asyncio.get_running_loop().call_later(DRAWN_SECONDS, self._clear_status)
         except RuntimeError:
+            self.clearing = None
             self._clear_status()
 
     def _clear_status(self) -> None:

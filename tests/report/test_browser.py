@@ -127,7 +127,11 @@ def figure_lags_unnoticed(log: list[dict], clicks: list[float]) -> list[str]:
     """When the explorer's figure was not the controls' state and its pending line did not say
     so, from the page's log of figure and pending-line changes (`WATCH`) and the click times (ms):
     a click the line did not answer within `ROUND_TRIP_MS`, the line going out before a new
-    figure came, or a figure coming after the line had gone out (it was still on its way)."""
+    figure came, or a figure coming after the line had gone out (it was still on its way).
+
+    The line going out just after a click, while the click is on its way to the kernel (the
+    kernel clearing it for the figure before), is the same round trip as a click's line coming
+    late: allowed when the line comes back, before any figure, within `ROUND_TRIP_MS` of the click."""
     problems, pending = [], False
     for n, event in enumerate(log):
         last_click = max((c for c in clicks if c <= event["t"]), default=None)
@@ -136,7 +140,10 @@ def figure_lags_unnoticed(log: list[dict], clicks: list[float]) -> list[str]:
                 (last_click is None or event["t"] - last_click > ROUND_TRIP_MS):
             problems.append(f"at {event['t']:.0f} ms the figure changed with no pending line")
         if pending and not event["pending"] and not any(e["figure"] for e in since_click):
-            problems.append(f"at {event['t']:.0f} ms the pending line went out before the new figure came")
+            back = next(iter(log[n + 1:]), None)
+            if not (back is not None and back["pending"] and not back["figure"]
+                    and back["t"] - last_click <= ROUND_TRIP_MS):
+                problems.append(f"at {event['t']:.0f} ms the pending line went out before the new figure came")
         pending = event["pending"]
     for click in clicks:
         before = [e for e in log if e["t"] <= click]
@@ -144,6 +151,27 @@ def figure_lags_unnoticed(log: list[dict], clicks: list[float]) -> list[str]:
         if not (before and before[-1]["pending"]) and not answered:
             problems.append(f"the click at {click:.0f} ms got no pending line within {ROUND_TRIP_MS} ms")
     return problems
+
+
+CLICK = 1_000.0  # ms
+
+
+@pytest.mark.parametrize("log, lags", [
+    # the figure and then the line, as each redraw should
+    ([{"t": 1_400, "pending": True, "figure": True}, {"t": 1_900, "pending": False, "figure": False}], False),
+    # the line out as the click travels (the figure before's clearing), back before the figure
+    ([{"t": 1_020, "pending": False, "figure": False}, {"t": 1_060, "pending": True, "figure": False},
+      {"t": 1_400, "pending": True, "figure": True}, {"t": 1_900, "pending": False, "figure": False}], False),
+    # the line out before the figure that follows (the page drew the line's change first)
+    ([{"t": 1_390, "pending": False, "figure": False}, {"t": 1_400, "pending": False, "figure": True}], True),
+    # the line back only after the round trip
+    ([{"t": 1_020, "pending": False, "figure": False}, {"t": 1_000 + ROUND_TRIP_MS + 100, "pending": True,
+      "figure": False}, {"t": 3_400, "pending": True, "figure": True}], True),
+])
+def test_figure_lags_unnoticed_allows_only_the_clicks_round_trip(log, lags):
+    """`figure_lags_unnoticed` on page logs of one click at 1 s, the line showing before it."""
+    problems = figure_lags_unnoticed([{"t": 500.0, "pending": True, "figure": False}, *log], [CLICK])
+    assert bool(problems) == lags, problems
 
 
 def test_notebook_03_runs_and_every_explorer_control_redraws(lab, tmp_path):
@@ -180,8 +208,11 @@ def test_notebook_03_runs_and_every_explorer_control_redraws(lab, tmp_path):
             clicked_at.append(page.evaluate("performance.now()"))
             action()
 
-        def changes(name: str, action) -> None:
-            """Do `action`, then wait until the explorer shows a different figure and its pending line is gone."""
+        def changes(name: str, action, settled: bool = False) -> None:
+            """Do `action`, then wait until the explorer shows a different figure; `settled`: and until
+            its pending line is gone (before a screenshot). The next click may come while the line still
+            shows (it stays `headlab.report.widgets.DRAWN_SECONDS` after each figure): the explorer takes
+            it up as any click, and the page's log must still show no figure lagging unnoticed."""
             before = _figure_sources(explorer)
             click(action)
             try:  # checked in the page at each frame: the next figure is taken up as soon as it is drawn
@@ -189,7 +220,8 @@ def test_notebook_03_runs_and_every_explorer_control_redraws(lab, tmp_path):
                                        timeout=REDRAW_TIMEOUT_S * 1000)
             except PlaywrightTimeout:
                 raise AssertionError(f"the figure did not change after: {name}") from None
-            pending.wait_for(state="hidden", timeout=REDRAW_TIMEOUT_S * 1000)
+            if settled:
+                pending.wait_for(state="hidden", timeout=REDRAW_TIMEOUT_S * 1000)
             shown["hash"] = _figure_hash(explorer)
             clicks.append(name)
 
@@ -203,7 +235,8 @@ def test_notebook_03_runs_and_every_explorer_control_redraws(lab, tmp_path):
             label = explorer.locator(".widget-checkbox").nth(n).inner_text()
             changes(f"method {label} off", checkboxes.nth(n).uncheck)
             changes(f"method {label} on", checkboxes.nth(n).check)
-        changes("spectrum centered", lambda: kind.get_by_role("button", name="centered (PCA)", exact=True).click())
+        changes("spectrum centered", lambda: kind.get_by_role("button", name="centered (PCA)", exact=True).click(),
+                settled=True)
         page.screenshot(path=str(SCREENSHOTS / "02_centered.png"), full_page=True)
         changes("spectrum uncentered", lambda: kind.get_by_role("button", name="uncentered", exact=True).click())
         options = layers.locator("option").all_inner_texts()
@@ -215,7 +248,8 @@ def test_notebook_03_runs_and_every_explorer_control_redraws(lab, tmp_path):
                 changes(f"layers {options[0]}", lambda: layers.select_option(label=options[0]))
             changes(f"layer button {name}", button.click)
         for name in ("heatmaps", "effective rank", "cumulative variance", "loss curves", "spectra"):
-            changes(f"view {name}", lambda name=name: view.get_by_role("button", name=name, exact=True).click())
+            changes(f"view {name}", lambda name=name: view.get_by_role("button", name=name, exact=True).click(),
+                    settled=True)
             page.screenshot(path=str(SCREENSHOTS / f"03_view_{name.replace(' ', '_')}.png"), full_page=True)
             if name == "heatmaps":
                 assert kind.get_by_role("button", name="centered (PCA)", exact=True).is_disabled()

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import asyncio
 import gc
 import io
+import threading
 from types import SimpleNamespace
 
 import ipywidgets as widgets
@@ -311,6 +312,67 @@ def test_the_pending_line_stays_until_the_figure_of_the_controls_state_is_shown(
     asyncio.run(click())
     pending = headlab.report.widgets.PENDING
     assert seen == [pending, ("figure", "spectra"), ("figure", "heatmaps"), "cleared"]
+
+
+def test_a_click_soon_after_a_figure_keeps_the_line_until_its_own_figure_has_had_time_to_show(explorer, monkeypatch):
+    """A click that comes while the line still shows after a figure (for `DRAWN_SECONDS`): the
+    clearing that figure scheduled must not clear the line for the next figure before that one
+    has had its own `DRAWN_SECONDS` on the page."""
+    loop_time = []
+    events = []
+    explorer.status.observe(lambda change: events.append((loop_time[0](), change["new"] or "cleared")), names="value")
+    monkeypatch.setattr(headlab.report.widgets, "display", lambda bundle, **options: None)
+    explorer._ipython_display_()
+
+    def update(bundle, **options):
+        events.append((loop_time[0](), ("figure", explorer.shown[0])))
+        if explorer.shown[0] == "spectra":  # the next click, soon after this figure is sent
+            asyncio.get_running_loop().call_later(0.05, setattr, explorer.view, "value", "heatmaps")
+
+    monkeypatch.setattr(explorer.figure_display, "update", update)
+
+    async def click():
+        loop_time.append(asyncio.get_running_loop().time)
+        explorer.kind.value = "centered"
+        await settled(explorer)
+
+    asyncio.run(click())
+    (cleared,) = [t for t, event in events if event == "cleared"]
+    last_figure = max(t for t, event in events if isinstance(event, tuple))
+    assert [event for _, event in events if isinstance(event, tuple)] == [("figure", "spectra"), ("figure", "heatmaps")]
+    assert cleared - last_figure >= 0.99 * headlab.report.widgets.DRAWN_SECONDS, events
+
+
+def test_a_change_from_another_thread_waits_for_the_redraw_and_is_drawn_on_the_explorers_loop(explorer, monkeypatch):
+    """JupyterLab may hand widget messages to kernel subshells, each a thread with an event loop of its
+    own: a change taken in there while the explorer draws must not draw beside it. It is drawn after,
+    on the explorer's loop, and the pending line stays until that figure has had `DRAWN_SECONDS`."""
+    loop_time, events, drawn_in = [], [], []
+    explorer.status.observe(lambda change: events.append((loop_time[0](), change["new"] or "cleared")), names="value")
+    monkeypatch.setattr(headlab.report.widgets, "display", lambda bundle, **options: None)
+    explorer._ipython_display_()
+
+    def update(bundle, **options):
+        drawn_in.append(threading.get_ident())
+        events.append((loop_time[0](), ("figure", explorer.shown[0])))
+        if explorer.shown[0] == "spectra":  # a subshell takes a click in while this figure is sent
+            subshell = threading.Thread(target=setattr, args=(explorer.view, "value", "heatmaps"))
+            subshell.start()
+            subshell.join()
+
+    monkeypatch.setattr(explorer.figure_display, "update", update)
+
+    async def click():
+        loop_time.append(asyncio.get_running_loop().time)
+        explorer.kind.value = "centered"
+        await settled(explorer)
+
+    asyncio.run(click())
+    assert drawn_in == [threading.get_ident()] * 2
+    assert [event for _, event in events if isinstance(event, tuple)] == [("figure", "spectra"), ("figure", "heatmaps")]
+    (cleared,) = [t for t, event in events if event == "cleared"]
+    last_figure = max(t for t, event in events if isinstance(event, tuple))
+    assert cleared - last_figure >= 0.99 * headlab.report.widgets.DRAWN_SECONDS, events
 
 
 async def settled(explorer) -> None:
