@@ -314,65 +314,54 @@ def test_the_pending_line_stays_until_the_figure_of_the_controls_state_is_shown(
     assert seen == [pending, ("figure", "spectra"), ("figure", "heatmaps"), "cleared"]
 
 
-def test_a_click_soon_after_a_figure_keeps_the_line_until_its_own_figure_has_had_time_to_show(explorer, monkeypatch):
-    """A click that comes while the line still shows after a figure (for `DRAWN_SECONDS`): the
-    clearing that figure scheduled must not clear the line for the next figure before that one
-    has had its own `DRAWN_SECONDS` on the page."""
-    loop_time = []
-    events = []
-    explorer.status.observe(lambda change: events.append((loop_time[0](), change["new"] or "cleared")), names="value")
+def second_click_as_the_spectra_are_sent(explorer, monkeypatch, second_click) -> list[int]:
+    """In an event loop, click "centered"; as its figure (the spectra) is sent, `second_click()` brings
+    the heatmaps. Both figures must be sent, in order, and the pending line must stay until the
+    last has had `DRAWN_SECONDS` (by the loop's clock). Returns the threads that sent the figures."""
+    clock, events, sent_in = [], [], []
+    explorer.status.observe(lambda change: events.append((clock[0](), change["new"] or "cleared")), names="value")
     monkeypatch.setattr(headlab.report.widgets, "display", lambda bundle, **options: None)
     explorer._ipython_display_()
 
     def update(bundle, **options):
-        events.append((loop_time[0](), ("figure", explorer.shown[0])))
-        if explorer.shown[0] == "spectra":  # the next click, soon after this figure is sent
-            asyncio.get_running_loop().call_later(0.05, setattr, explorer.view, "value", "heatmaps")
+        sent_in.append(threading.get_ident())
+        events.append((clock[0](), ("figure", explorer.shown[0])))
+        if explorer.shown[0] == "spectra":
+            second_click()
 
     monkeypatch.setattr(explorer.figure_display, "update", update)
 
     async def click():
-        loop_time.append(asyncio.get_running_loop().time)
+        clock.append(asyncio.get_running_loop().time)
         explorer.kind.value = "centered"
         await settled(explorer)
 
     asyncio.run(click())
+    figures = [(t, event) for t, event in events if isinstance(event, tuple)]
+    assert [event for _, event in figures] == [("figure", "spectra"), ("figure", "heatmaps")]
     (cleared,) = [t for t, event in events if event == "cleared"]
-    last_figure = max(t for t, event in events if isinstance(event, tuple))
-    assert [event for _, event in events if isinstance(event, tuple)] == [("figure", "spectra"), ("figure", "heatmaps")]
-    assert cleared - last_figure >= 0.99 * headlab.report.widgets.DRAWN_SECONDS, events
+    assert cleared - figures[-1][0] >= 0.99 * headlab.report.widgets.DRAWN_SECONDS, events
+    return sent_in
+
+
+def test_a_click_soon_after_a_figure_keeps_the_line_until_its_own_figure_has_had_time_to_show(explorer, monkeypatch):
+    """A click that comes while the line still shows after a figure (for `DRAWN_SECONDS`): the
+    clearing that figure scheduled must not clear the line for the next figure before that one
+    has had its own `DRAWN_SECONDS` on the page."""
+    second_click_as_the_spectra_are_sent(explorer, monkeypatch, lambda: asyncio.get_running_loop().call_later(
+        0.05, setattr, explorer.view, "value", "heatmaps"))
 
 
 def test_a_change_from_another_thread_waits_for_the_redraw_and_is_drawn_on_the_explorers_loop(explorer, monkeypatch):
     """JupyterLab may hand widget messages to kernel subshells, each a thread with an event loop of its
     own: a change taken in there while the explorer draws must not draw beside it. It is drawn after,
     on the explorer's loop, and the pending line stays until that figure has had `DRAWN_SECONDS`."""
-    loop_time, events, drawn_in = [], [], []
-    explorer.status.observe(lambda change: events.append((loop_time[0](), change["new"] or "cleared")), names="value")
-    monkeypatch.setattr(headlab.report.widgets, "display", lambda bundle, **options: None)
-    explorer._ipython_display_()
+    def in_a_subshell():
+        subshell = threading.Thread(target=setattr, args=(explorer.view, "value", "heatmaps"))
+        subshell.start()
+        subshell.join()
 
-    def update(bundle, **options):
-        drawn_in.append(threading.get_ident())
-        events.append((loop_time[0](), ("figure", explorer.shown[0])))
-        if explorer.shown[0] == "spectra":  # a subshell takes a click in while this figure is sent
-            subshell = threading.Thread(target=setattr, args=(explorer.view, "value", "heatmaps"))
-            subshell.start()
-            subshell.join()
-
-    monkeypatch.setattr(explorer.figure_display, "update", update)
-
-    async def click():
-        loop_time.append(asyncio.get_running_loop().time)
-        explorer.kind.value = "centered"
-        await settled(explorer)
-
-    asyncio.run(click())
-    assert drawn_in == [threading.get_ident()] * 2
-    assert [event for _, event in events if isinstance(event, tuple)] == [("figure", "spectra"), ("figure", "heatmaps")]
-    (cleared,) = [t for t, event in events if event == "cleared"]
-    last_figure = max(t for t, event in events if isinstance(event, tuple))
-    assert cleared - last_figure >= 0.99 * headlab.report.widgets.DRAWN_SECONDS, events
+    assert second_click_as_the_spectra_are_sent(explorer, monkeypatch, in_a_subshell) == [threading.get_ident()] * 2
 
 
 async def settled(explorer) -> None:
