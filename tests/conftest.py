@@ -19,7 +19,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # writeback ~6 CPU-s and ~8 s of wall time in the disk and training tests that write most (61-63 s on
 # /dev/shm against 67-69 s on /tmp, back to back). No test here is about a disk's speed: the full-disk
 # tests inject the failure, or mount a tmpfs of their own. A passing test's folder is removed when it
-# ends (tmp_path_retention_policy = "failed" in pyproject.toml), so memory holds only the running tests'.
+# ends (tmp_path_retention_policy = "failed" in pyproject.toml), so memory holds the running tests' folders and
+# the shared fixtures' (removed with the rest when the session passes).
 # An explicit --basetemp or PYTEST_DEBUG_TEMPROOT (pytest's own setting for this) wins.
 MEMORY_FOLDER = Path("/dev/shm")
 MEMORY_NEEDED = 8 * 2 ** 30  # bytes free, for the 128m test's checkpoints beside the other worker's folders
