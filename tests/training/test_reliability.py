@@ -4,6 +4,7 @@ One test (or more) per numbered finding of the issue, then faults at many instan
 SIGKILLs of a checkpoint-every-step run, a full disk at each write of a checkpoint (simulated),
 and a real full tmpfs where the machine allows mounting one."""
 
+import contextlib
 import errno
 import json
 import math
@@ -261,19 +262,23 @@ EVERY_STEP = TINY.replace(checkpoint_every=1)
 
 @needs_fork
 def test_random_kills_at_any_instant_resume_to_identical_weights(tmp_path, corpus):
-    """SIGKILL a checkpoint-every-step run at random instants, checkpoint writes slowed so most
-    kills land inside one, and resume each time: the result equals an uninterrupted run."""
-    import headlab.runs.checkpoints
-
+    """SIGKILL a checkpoint-every-step run and resume it, again and again: the result equals an
+    uninterrupted run. Every other kill comes at a random instant (the fsyncs slowed, so many land
+    inside a write); the others at the child's n-th fsync for a random n, inside a write (the
+    resume's or a checkpoint's) however fast or slow the machine."""
     reference = train(preset("tiny", "gqa"), EVERY_STEP, corpus, out=tmp_path / "ref", progress=False)
     folder, rng = tmp_path / "run", random.Random(0)
-    import headlab.io
 
-    real_fsync = headlab.io.fsync_path
+    def slow_trainer(writing):
+        real_fsync = os.fsync
 
-    def slow_trainer():  # every fsync of a checkpoint write (files, folders, manifest.json) takes 10 ms more
-        slow_fsync = lambda path: (time.sleep(0.01), real_fsync(path))[1]
-        headlab.runs.checkpoints.fsync_path = headlab.io.fsync_path = slow_fsync
+        def told_and_slow_fsync(fd):  # every fsync: files, folders, manifest.json
+            with contextlib.suppress(OSError):  # the parent stopped listening (EPIPE)
+                os.write(writing, b"f")
+            time.sleep(0.002)
+            real_fsync(fd)
+
+        os.fsync = told_and_slow_fsync
         train(preset("tiny", "gqa"), EVERY_STEP, corpus, out=folder, resume=True, progress=False)
 
     def has_leftovers() -> bool:
@@ -285,8 +290,16 @@ def test_random_kills_at_any_instant_resume_to_identical_weights(tmp_path, corpu
 
     kills = leftovers = 0
     for attempt in range(200):
-        pid = _fork(slow_trainer)
-        time.sleep(rng.uniform(0.0, 0.05 + 0.01 * attempt))
+        listening, writing = os.pipe()
+        pid = _fork(lambda: slow_trainer(writing))
+        os.close(writing)
+        if attempt % 2:
+            for _ in range(rng.randint(1, 60)):  # a checkpoint takes about 25 fsyncs
+                if not os.read(listening, 1):  # the child ended
+                    break
+        else:
+            time.sleep(rng.uniform(0.0, 0.05 + 0.01 * attempt))
+        os.close(listening)
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
         if os.WIFEXITED(status):
