@@ -238,6 +238,15 @@ def build_on_meta(config: ModelConfig) -> GPT:
         return GPT(config)
 
 
+def build_for_loading(config: ModelConfig) -> GPT:
+    """GPT(config) with its parameters allocated but not drawn (torch.nn.init is skipped), for
+    weights about to be loaded over every one of them: drawing paper-128m's weights costs a
+    second that the load throws away, and leaves the global torch generator where it was. Its
+    buffers (the RoPE tables) are computed as in GPT(config)."""
+    with _SkippingInitialisation():
+        return GPT(config)
+
+
 @functools.lru_cache(maxsize=64)
 def meta_model(config: ModelConfig) -> GPT:
     """`build_on_meta(config)`, built once per config and shared, so callers only read it:

@@ -46,7 +46,7 @@ import torch
 
 from headlab.io import FolderLock, Manifest, append_line, make_folder, read_regular, refuse_foreign
 from headlab.model.config import ModelConfig
-from headlab.model.gpt import GPT
+from headlab.model.gpt import GPT, build_for_loading
 from headlab.runs.checkpoints import (
     Checkpoint,
     checkpoint_of,
@@ -282,8 +282,8 @@ class Weights:
 
     def model(self, device: str | torch.device = "cpu") -> GPT:
         """A GPT holding these weights (refused unless they fit its config and are finite), in eval mode."""
-        model = GPT(self.model_config)
-        set_weights(model, self.tensors, self.file)
+        model = build_for_loading(self.model_config)
+        set_weights(model, self.tensors, self.file)  # every weight: none is left as allocated
         return model.to(device).eval()
 
 

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from headlab.data.corpus import load_corpus
 from headlab.data.shards import Corpus, random_windows, read_shards
 from headlab.model.config import ModelConfig
-from headlab.model.gpt import GPT, eval_mode, initial_model
+from headlab.model.gpt import GPT, build_for_loading, eval_mode, initial_model
 from headlab.runs.checkpoints import gather_training_state, is_fsdp_module
 from headlab.runs.divergence import Divergence, is_diverged
 from headlab.runs.folder import RunFolder
@@ -427,8 +427,8 @@ def _whole_model_on_main(model: torch.nn.Module, model_config: ModelConfig, ddp:
     if not ddp.is_main:
         return None
     with torch.device(device):
-        whole = GPT(model_config)
-    whole.load_state_dict(weights)
+        whole = build_for_loading(model_config)
+    whole.load_state_dict(weights)  # strict: every weight
     return whole
 
 

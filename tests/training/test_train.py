@@ -57,7 +57,9 @@ def test_run_folder_holds_the_documented_files_and_loads_back(tmp_path, syntheti
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["model"]["attention"] == "lrkv" and config["headlab_version"] == headlab.__version__
     assert config["train"]["steps"] == TINY_TRAIN.steps and config["data"]["name"] == "synthetic"
+    generator_before = torch.get_rng_state()
     loaded = load_run(tmp_path / "run")
+    assert torch.equal(torch.get_rng_state(), generator_before)  # no weight drawn that the load would replace
     assert loaded.model_config == run.model_config and loaded.train_config == TINY_TRAIN
     assert loaded.metrics == run.metrics
     tokens = torch.randint(0, 256, (2, 16))
