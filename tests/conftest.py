@@ -51,6 +51,7 @@ from headlab.runs.checkpoints import save_checkpoint
 from headlab.runs.layout import MANIFEST, RUN, run_manifest
 from headlab.runs.metrics import MetricsLog
 from headlab.schema import FAMILIES
+from stand_in_figures import figures_as_stand_ins
 
 # Property tests draw a fixed sequence of examples, so `make test` is reproducible and a red run is red
 # on every rerun, on any machine; HEADLAB_EXPLORE=1 (`make test-explore`) draws new ones each run.
@@ -161,6 +162,14 @@ def tiny_study(tmp_path_factory, synthetic_tokens) -> Path:
         patch.setenv(sources.CACHE_ENV, str(shutil.copytree(synthetic_tokens, out.parent / "cache")))
         assert main([*TINY_STUDY, "--out", str(out)]) == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def figures_saved_as_stand_ins():
+    """Every figure of the module's tests saved as a stand-in (tests/stand_in_figures.py), for the
+    modules that judge what commands do to files: `pytestmark = pytest.mark.usefixtures(...)`."""
+    with figures_as_stand_ins():
+        yield
 
 
 def write_run(folder: Path, model: GPT, dtype: torch.dtype | None = None, **config_changes) -> Path:

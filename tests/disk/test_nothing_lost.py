@@ -26,6 +26,9 @@ from headlab.study.table_files import MANIFEST as STUDY_MANIFEST
 from headlab.study.table_files import read_study_tables
 from headlab.training.runs import load_run
 
+# what the commands do to files is judged here, not what their figures show (tests/stand_in_figures.py)
+pytestmark = pytest.mark.usefixtures("figures_saved_as_stand_ins")
+
 TINY = TINY_TRAINING
 RESUME = ["train", "--preset", "tiny", "--corpus", "synthetic", "--steps", "4", "--batch-size", "4",
           "--eval-every", "2", "--checkpoint-every", "2", "--log-every", "1", "--no-progress", "--resume"]

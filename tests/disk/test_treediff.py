@@ -28,6 +28,9 @@ from headlab.io import Manifest
 from headlab.training.runs import load_run
 from treediff import Tree, check, run_cli
 
+# what the commands do to files is judged here, not what their figures show (tests/stand_in_figures.py)
+pytestmark = pytest.mark.usefixtures("figures_saved_as_stand_ins")
+
 TRAIN = ["train", "--preset", "tiny", "--corpus", "synthetic", "--batch-size", "4", "--eval-every", "2",
          "--checkpoint-every", "2", "--log-every", "1", "--no-progress"]
 KILLED = [*TRAIN, "--steps", "8", "--resume"]  # killed midway, then given again: it resumes where it was

@@ -1,0 +1,56 @@
+"""Figures saved as stand-ins, for the tests that judge what commands do to files and folders
+(tests/disk/test_treediff.py, tests/disk/test_nothing_lost.py): their reports and docs redraw every
+figure, and drawing took 18 of their 51 CPU-seconds. What a figure shows is the subject of the
+report's and plots' own tests, and of tests/disk/test_reproducible_figures.py, which keep real ones.
+
+A stand-in goes through everything a real figure does after it is drawn (`save_figure`: into
+memory, then through the folder's manifest, atomically): only its bytes differ. They are a digest
+of what the figure shows (so a redraw of the same tables gives the same bytes and other tables
+other bytes, as real figures do), padded to about a real PNG's size (so a file-size limit or a
+write cut short still lands on a figure)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+
+import pytest
+from matplotlib.figure import Figure
+
+STAND_IN_BYTES = 48 * 1024  # the report's PNGs take 30-110 KB
+
+
+def shown(figure: Figure) -> str:
+    """A digest of what `figure` shows: each axes' title, labels, texts and drawn data."""
+    digest = hashlib.sha256()
+    for axes in figure.axes:
+        digest.update("|".join([axes.get_title(), axes.get_xlabel(), axes.get_ylabel(),
+                                *(text.get_text() for text in axes.texts)]).encode())
+        for line in axes.lines:
+            digest.update(line.get_xydata().tobytes())
+        for collection in axes.collections:
+            digest.update(collection.get_offsets().tobytes())
+            if collection.get_array() is not None:  # a heatmap's values
+                digest.update(collection.get_array().tobytes())
+        for image in axes.images:
+            digest.update(image.get_array().tobytes())
+    return digest.hexdigest()
+
+
+def save_stand_in(figure: Figure, fname, format: str | None = None, **options) -> None:
+    """What `Figure.savefig(fname, format=...)` is given in place of the drawing."""
+    header = f"headlab test stand-in for a {format} figure: {shown(figure)}\n".encode()
+    data = header + b"." * (STAND_IN_BYTES - len(header))
+    if hasattr(fname, "write"):
+        fname.write(data)
+    else:
+        with open(fname, "wb") as file:
+            file.write(data)
+
+
+@contextlib.contextmanager
+def figures_as_stand_ins():
+    """Every Figure saved inside this block is saved as a stand-in."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Figure, "savefig", save_stand_in)
+        yield
