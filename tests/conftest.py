@@ -164,10 +164,10 @@ def tiny_study(tmp_path_factory, synthetic_tokens) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def figures_saved_as_stand_ins():
-    """Every figure of the module's tests saved as a stand-in (tests/stand_in_figures.py), for the
-    modules that judge what commands do to files: `pytestmark = pytest.mark.usefixtures(...)`."""
+    """Every figure the test saves saved as a stand-in (tests/stand_in_figures.py), for the tests
+    that judge what commands do to files, or a report's text: `pytest.mark.usefixtures(...)`."""
     with figures_as_stand_ins():
         yield
 

@@ -1,7 +1,9 @@
 """Figures saved as stand-ins, for the tests that judge what commands do to files and folders
-(tests/disk/test_treediff.py, tests/disk/test_nothing_lost.py): their reports and docs redraw every
-figure, and drawing took 18 of their 51 CPU-seconds. What a figure shows is the subject of the
-report's and plots' own tests, and of tests/disk/test_reproducible_figures.py, which keep real ones.
+(tests/disk/test_treediff.py, tests/disk/test_nothing_lost.py) or what a report says: their reports
+and docs redraw every figure, and drawing took 18 of the disk tests' 51 CPU-seconds. What a figure
+shows is the subject of the plots' and report's other tests, and of
+tests/disk/test_reproducible_figures.py, which keep real ones. The figures are still built (their
+data, axes and artists): only their rasterising and encoding is left out.
 
 A stand-in goes through everything a real figure does after it is drawn (`save_figure`: into
 memory, then through the folder's manifest, atomically): only its bytes differ. They are a digest

@@ -343,6 +343,7 @@ def test_the_report_states_the_training_recipe_and_what_changed_from_the_preset(
         "decay 0.1: not the paper's recipe; MLA's joint key/value latents stay on Muon) (lr 0.02" in qk_by_adamw
 
 
+@pytest.mark.usefixtures("figures_saved_as_stand_ins")  # the settings are judged here, not the figures
 def test_reproduce_set_replaces_preset_settings_and_records_them(tmp_path, capsys):
     out = tmp_path / "study"
     assert main(["reproduce", "--preset", "tiny", "--steps", "2", "--seeds", "1", "--corpus", "synthetic",

@@ -38,6 +38,7 @@ def _with_zero_forms(demo: StudyTables) -> StudyTables:
     return StudyTables(tables, demo.meta)
 
 
+@pytest.mark.usefixtures("figures_saved_as_stand_ins")  # drawn from the NaN tables, then saved as stand-ins
 def test_the_report_names_undefined_layers_and_dead_heads_and_leaves_them_out_of_the_means(demo, tmp_path):
     tables = _with_zero_forms(demo)
     text = write_report(tables, tmp_path / "report").read_text()
