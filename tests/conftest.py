@@ -42,6 +42,7 @@ if (memory := memory_folder_with_room()) is not None:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings
+from matplotlib.figure import Figure
 
 from cpu_seconds import CpuSeconds
 from headlab import GPT, load_corpus, preset, train, train_preset
@@ -51,7 +52,7 @@ from headlab.runs.checkpoints import save_checkpoint
 from headlab.runs.layout import MANIFEST, RUN, run_manifest
 from headlab.runs.metrics import MetricsLog
 from headlab.schema import FAMILIES
-from stand_in_figures import figures_as_stand_ins
+from stand_in_figures import save_stand_in
 
 # Property tests draw a fixed sequence of examples, so `make test` is reproducible and a red run is red
 # on every rerun, on any machine; HEADLAB_EXPLORE=1 (`make test-explore`) draws new ones each run.
@@ -165,11 +166,12 @@ def tiny_study(tmp_path_factory, synthetic_tokens) -> Path:
 
 
 @pytest.fixture
-def figures_saved_as_stand_ins():
+def figures_saved_as_stand_ins(monkeypatch):
     """Every figure the test saves saved as a stand-in (tests/stand_in_figures.py), for the tests
-    that judge what commands do to files, or a report's text: `pytest.mark.usefixtures(...)`."""
-    with figures_as_stand_ins():
-        yield
+    that judge what commands do to files, or a report's text: `pytest.mark.usefixtures(...)`.
+    Through the test's own `monkeypatch`, so a patch of `Figure.savefig` the test makes on top is
+    undone before this one, whichever fixture was set up first."""
+    monkeypatch.setattr(Figure, "savefig", save_stand_in)
 
 
 def write_run(folder: Path, model: GPT, dtype: torch.dtype | None = None, **config_changes) -> Path:

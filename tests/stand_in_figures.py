@@ -13,10 +13,8 @@ write cut short still lands on a figure)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 
-import pytest
 from matplotlib.figure import Figure
 
 STAND_IN_BYTES = 48 * 1024  # the report's PNGs take 30-110 KB
@@ -49,10 +47,3 @@ def save_stand_in(figure: Figure, fname, format: str | None = None, **options) -
         with open(fname, "wb") as file:
             file.write(data)
 
-
-@contextlib.contextmanager
-def figures_as_stand_ins():
-    """Every Figure saved inside this block is saved as a stand-in."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Figure, "savefig", save_stand_in)
-        yield

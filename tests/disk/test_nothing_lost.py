@@ -181,6 +181,15 @@ def test_a_listed_figure_replaced_by_a_link_is_neither_replaced_nor_written_thro
     assert figure.is_symlink() and figure.resolve() == outside
 
 
+def test_the_stand_in_figures_end_with_the_tests_own_patches(monkeypatch):
+    """This module's tests patch `Figure.savefig` over the stand-in (tests/stand_in_figures.py),
+    with a `monkeypatch` that an autouse fixture may have set up before it: undoing the test's
+    patches must give back matplotlib's own savefig, not leave a stand-in to the tests that follow."""
+    monkeypatch.setattr(Figure, "savefig", lambda *args, **kwargs: None)
+    monkeypatch.undo()
+    assert Figure.savefig.__module__ == "matplotlib.figure"
+
+
 @pytest.mark.parametrize("options, failing", [([], "png"), (["--svg"], "svg")])
 def test_a_figure_write_that_fails_midway_keeps_the_previous_figures_and_report(study, capsys, monkeypatch, options,
                                                                                 failing):
