@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -258,6 +259,7 @@ def test_10_divergence_before_any_checkpoint_does_not_claim_one(tmp_path, corpus
 # ---- faults at any instant -----------------------------------------------------------------------------------
 
 EVERY_STEP = TINY.replace(checkpoint_every=1)
+CHILD_STALL_S = 60  # seconds a killed-at-random trainer may go without an fsync
 
 
 @needs_fork
@@ -295,6 +297,10 @@ def test_random_kills_at_any_instant_resume_to_identical_weights(tmp_path, corpu
         os.close(writing)
         if attempt % 2:
             for _ in range(rng.randint(1, 60)):  # a checkpoint takes about 25 fsyncs
+                if not select.select([listening], [], [], CHILD_STALL_S)[0]:  # never wait on a hung child forever
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    pytest.fail(f"a resumed trainer went {CHILD_STALL_S} s without an fsync (attempt {attempt})")
                 if not os.read(listening, 1):  # the child ended
                     break
         else:
