@@ -37,13 +37,8 @@ def shown(figure: Figure) -> str:
     return digest.hexdigest()
 
 
-def save_stand_in(figure: Figure, fname, format: str | None = None, **options) -> None:
-    """What `Figure.savefig(fname, format=...)` is given in place of the drawing."""
+def save_stand_in(figure: Figure, buffer, format: str | None = None, **options) -> None:
+    """What `Figure.savefig(buffer, format=...)` writes in place of the drawing (headlab saves every
+    figure into memory first: `save_figure`, the explorer, a notebook's PNG)."""
     header = f"headlab test stand-in for a {format} figure: {shown(figure)}\n".encode()
-    data = header + b"." * (STAND_IN_BYTES - len(header))
-    if hasattr(fname, "write"):
-        fname.write(data)
-    else:
-        with open(fname, "wb") as file:
-            file.write(data)
-
+    buffer.write(header + b"." * (STAND_IN_BYTES - len(header)))
