@@ -27,6 +27,11 @@ def run() -> int:
             parser = importlib.import_module("headlab.cli.parser")
             args = parser.parse_arguments()  # --help ends here, without torch
             problem = parser.path_problem(args)  # so does a mistyped path
+            if not problem:
+                # The command's own module before headlab.cli.main: it loads numpy before torch, so memory
+                # that runs out (ulimit -v) fails mapping torch's library, an ImportError, not inside torch's
+                # static initialisers, which abort the process (std::bad_alloc).
+                parser.handler_place(args.handler)
             cli = None if problem else importlib.import_module("headlab.cli.main")
         except (ImportError, OSError, MemoryError) as error:
             if not resources.out_of_memory(error):

@@ -174,7 +174,7 @@ def test_the_checks_catch_what_they_guard(arrow, problem):
 # the level below it.
 NUMERIC = ("numpy", "scipy.linalg", "pandas", "matplotlib.figure", "matplotlib.pyplot", "seaborn", "ipywidgets",
            "IPython.display")
-PRELOADS = {"stdlib": (), "numeric": NUMERIC, "torch": (*NUMERIC, "torch")}
+PRELOADS = {"stdlib": (), "numeric": NUMERIC, "torch": (*NUMERIC, "torch"), "torch alone": ("torch",)}
 
 FORK_PER_IMPORT = """
 import os, sys
@@ -269,6 +269,18 @@ def test_the_tables_vocabulary_imports_only_the_standard_library():
 def test_the_command_lines_parser_loads_neither_torch_nor_pandas():
     """`headlab --help`, `--version` and a usage error answer from the parser alone (headlab.__main__)."""
     assert not {"torch", "pandas", "numpy"} & loaded_modules("headlab.cli.parser")
+
+
+def test_the_train_and_info_commands_load_no_figures_and_no_analysis():
+    """A `headlab train` process (each torchrun rank) or `headlab info` loads the command line and
+    its handler's module alone: not matplotlib, scipy or the report and analysis modules, a second
+    of every rank's start."""
+    for module in ("headlab.cli.main", "headlab.cli.model_commands"):
+        loaded = loaded_modules(module, preload="torch alone")
+        assert not {"matplotlib", "scipy", "seaborn", "headlab.cli.commands"} & loaded, module
+        # the two that the parser's path checks use (headlab.cli.paths) are light and load no torch
+        figures_or_analysis = {name for name in loaded if name.startswith(("headlab.report", "headlab.analysis."))}
+        assert figures_or_analysis <= {"headlab.analysis.gguf_sources", "headlab.analysis.hub"}, module
 
 
 @pytest.mark.parametrize("package", ["headlab", *(f"headlab.{name}" for name in PACKAGES)])

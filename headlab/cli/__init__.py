@@ -1,3 +1,4 @@
 """The command line: `headlab.cli.parser` parses (its subcommands are the table `COMMANDS`) without
 loading torch, `headlab.cli.arguments` holds the options they take, `headlab.cli.main` runs a parsed
-command and `headlab.cli.commands` holds what each one does."""
+command, `headlab.cli.model_commands` holds what `info` and `train` do and `headlab.cli.commands`
+what the others do."""

@@ -1,5 +1,6 @@
 """The command line run: `main` parses (headlab.cli.parser), calls the subcommand's handler
-(headlab.cli.commands) and ends every error in one line and an exit status (the list in
+(headlab.cli.model_commands for `info` and `train`, headlab.cli.commands for the others: only the
+handler's own module is loaded) and ends every error in one line and an exit status (the list in
 `headlab --help`)."""
 
 from __future__ import annotations
@@ -8,8 +9,7 @@ import os
 import sys
 import traceback
 
-from headlab.cli import commands
-from headlab.cli.parser import DEBUG_ENV, parse_arguments, path_problem, printable
+from headlab.cli.parser import DEBUG_ENV, handler_place, parse_arguments, path_problem, printable
 from headlab.cli.resources import encodable_output, memory_message, one_line_warnings, out_of_memory
 from headlab.io.files import silence_stdout
 from headlab.training.distributed import FailedOnAnotherRank, abandon, in_process_group, launched_processes
@@ -38,7 +38,8 @@ def run(args) -> int:
         problem = path_problem(args)  # `python -m headlab` tells it before torch loads; a call in-process here
         if problem:
             raise ValueError(problem)
-        return getattr(commands, args.handler)(args)
+        module, function = handler_place(args.handler)
+        return getattr(module, function)(args)
     except KeyboardInterrupt as error:
         if debug and not in_process_group():
             raise

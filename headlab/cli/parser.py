@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 from dataclasses import dataclass
 from functools import partial
+from types import ModuleType
 from typing import Callable
 
 from headlab.cli.arguments import (
@@ -82,7 +84,7 @@ class Command:
     name: str
     help: str
     description: str
-    handler: str  # its function's name in headlab.cli.commands, loaded only to run it
+    handler: str  # "module.function" under headlab.cli, its module loaded only to run it
     arguments: tuple[Callable[[argparse.ArgumentParser], None], ...]
     epilog: str | None = None
     # what is wrong with the paths the parsed arguments name (None each where nothing is), told
@@ -93,12 +95,12 @@ COMMANDS = (
     Command("info", "parameter count and KV-cache size of a preset or config",
             "Parameter counts (no weights allocated) and decode KV-cache sizes of the six variants `headlab "
             "reproduce` trains on a preset, of one attention family (--attention), or of one ModelConfig JSON file.",
-            "cmd_info", (partial(add_model_arguments, attention_default=None), info_arguments)),
+            "model_commands.cmd_info", (partial(add_model_arguments, attention_default=None), info_arguments)),
     Command("train", "train one model into a run folder (works under torchrun)",
             "Train one model. With --out, the run folder keeps config.json, metrics.jsonl and atomic checkpoints; "
             "--resume continues it exactly, after checking that the model, training and data settings match the "
             "saved run. Training settings default to the preset's.",
-            "cmd_train", (partial(add_model_arguments, attention_default="mha"),
+            "model_commands.cmd_train", (partial(add_model_arguments, attention_default="mha"),
                         partial(add_corpus_arguments, tokenizer_default="byte"),
                         train_arguments, add_plan_arguments)),
     Command("analyze", "head similarity, eigen-spectra and effective rank per layer (paper §4.3)",
@@ -106,12 +108,12 @@ COMMANDS = (
             "per-layer first eigenvalue (beside its random-init value for run folders) and effective rank, and draw "
             "the uncentered spectra of the early, middle and late layer (spectra_uncentered.png). Models are listed "
             "in family order (MHA, LRKV, MQA, MLA, GQA, then others as given), or in the order of --label when given.",
-            "cmd_analyze", (analyze_arguments,), path_problems=analyze_problems),
+            "commands.cmd_analyze", (analyze_arguments,), path_problems=analyze_problems),
     Command("reproduce", "train the six comparison variants, analyse their heads, write figures and a report beside "
             "the paper's numbers",
             "The main job: train MHA, LRKV (two ranks), MQA, MLA and GQA, analyse their heads and write figures and "
             "report.md. Finished runs are reused and interrupted ones resumed.",
-            "cmd_reproduce", (study_budget_arguments, partial(add_corpus_arguments, tokenizer_default=None),
+            "commands.cmd_reproduce", (study_budget_arguments, partial(add_corpus_arguments, tokenizer_default=None),
                             reproduce_arguments, partial(add_plan_arguments, tokens=False)),
             epilog=REPRODUCE_EXAMPLE),
     Command("sweep", "the comparison with Standard MHA across a grid of training lengths, depths and model or "
@@ -121,19 +123,19 @@ COMMANDS = (
             "Standard MHA ± its 95% half-width per comparison and point, and which orderings hold everywhere, change "
             "sign or shrink toward zero. Example: headlab sweep --preset cpu-small --lengths 1 4 10 --seeds 3 "
             "--jobs 2 --out runs/sweep",
-            "cmd_sweep", (sweep_arguments,)),
+            "commands.cmd_sweep", (sweep_arguments,)),
     Command("report", "redraw a study's report.md and figures from its tables",
             "Redraw report.md and every figure of a study folder (what `headlab reproduce` wrote) from its tables "
             "alone, in seconds: nothing is trained or analysed again. The tables are checked against study.json "
             "first.",
-            "cmd_report", (study_folder_argument, svg_argument), path_problems=study_folder_problems),
+            "commands.cmd_report", (study_folder_argument, svg_argument), path_problems=study_folder_problems),
     Command("docs", "draw the README's figures and headline table from a study",
             "Write the flagship figure, the effective rank per layer and the loss against cache size (PNG; with "
             "--svg, SVG beside each) "
             "and headline.md (loss and effective rank, mean ± sd over seeds, paired differences to MHA ± 95% "
             "half-width) from a study folder's tables; `make docs` does it for make demo's study (how long a study "
             "took is no table's: the README states the measured time).",
-            "cmd_docs", (study_folder_argument, docs_arguments), path_problems=study_folder_problems),
+            "commands.cmd_docs", (study_folder_argument, docs_arguments), path_problems=study_folder_problems),
 )
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,6 +164,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:  # the subcommand's usage, not the top level's, says what it takes
         args.command_parser.error(unknown_arguments(args.command_parser, unknown))
     return args
+
+
+def handler_place(handler: str) -> tuple[ModuleType, str]:
+    """The module of a subcommand's `handler` ("module.function" under headlab.cli), loaded now
+    (torch with it), and the function's name in it."""
+    module, function = handler.rsplit(".", 1)
+    return importlib.import_module(f"headlab.cli.{module}"), function
 
 
 def path_problem(args: argparse.Namespace) -> str | None:

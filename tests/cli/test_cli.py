@@ -7,9 +7,8 @@ import sys
 import pytest
 
 from headlab import GPT, preset
-from headlab.cli import commands
 from headlab.cli.main import main
-from headlab.cli.parser import COMMANDS, build_parser
+from headlab.cli.parser import COMMANDS, build_parser, handler_place
 from headlab.model.gpt import describe
 from headlab.study.roles import comparison_variants
 from headlab.training.config import TRAIN_PRESETS
@@ -71,7 +70,8 @@ def test_every_parser_refuses_abbreviated_options():
 
 
 def test_a_mistyped_flag_prints_its_subcommands_usage_and_the_flag_it_resembles(capsys, monkeypatch):
-    monkeypatch.setattr(commands, "cmd_reproduce", lambda args: pytest.fail(f"--seed was taken for --seeds: {args}"))
+    monkeypatch.setattr(*handler_place("commands.cmd_reproduce"),
+                        lambda args: pytest.fail(f"--seed was taken for --seeds: {args}"))
     with pytest.raises(SystemExit) as exit_:
         main(["reproduce", "--seed", "2"])
     err = capsys.readouterr().err
@@ -90,7 +90,7 @@ def test_every_subcommand_refuses_an_unknown_argument_with_its_usage_and_one_lin
                                                                                    unknown):
     assert {each.name for each in COMMANDS} == set(REQUIRED)  # a new subcommand is checked here too
     for each in COMMANDS:
-        monkeypatch.setattr(commands, each.handler,
+        monkeypatch.setattr(*handler_place(each.handler),
                             lambda args, name=each.name: pytest.fail(f"{name} ran with an unknown argument: {args}"))
     with pytest.raises(SystemExit) as exit_:
         main([command, *REQUIRED[command], *unknown])

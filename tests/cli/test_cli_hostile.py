@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import EXPLORE_ENV
-from headlab.cli import commands
+from headlab.cli import model_commands
 from headlab.cli.main import EXIT_CLOSED_OUTPUT, EXIT_INPUT, EXIT_INTERRUPTED, main
 from headlab.cli.parser import build_parser, printable
 from headlab.training.hardware import StepTime
@@ -49,7 +49,7 @@ def untimed_plans(monkeypatch):
     """A CPU plan times a step of each variant (tests/training/test_plan.py): six models built and
     stepped seven times for every value that parses, 60% of these tests' CPU-seconds. What is
     checked here is the line a value ends in, so a plan takes its step time as given."""
-    monkeypatch.setattr(commands, "measure_step", lambda *args, **kwargs: StepTime(0.01, 0.0, 0.005, 1))
+    monkeypatch.setattr(model_commands, "measure_step", lambda *args, **kwargs: StepTime(0.01, 0.0, 0.005, 1))
 
 
 @pytest.mark.parametrize("value", HOSTILE)
@@ -113,7 +113,7 @@ def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(commands, "cmd_info", interrupted)
+    monkeypatch.setattr(model_commands, "cmd_info", interrupted)
     assert main(["info"]) == EXIT_INTERRUPTED
     assert capsys.readouterr().err.strip().splitlines() == [
         "headlab: error: interrupted; a run folder resumes from its last checkpoint (--resume)"]

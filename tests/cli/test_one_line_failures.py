@@ -22,7 +22,7 @@ import headlab
 from conftest import tiny_model, write_run
 from headlab import load_corpus, preset, train, train_preset
 from headlab.analysis.tables import save_tables
-from headlab.cli import commands
+from headlab.cli import model_commands
 from headlab.cli.main import main
 from headlab.io import writing
 from headlab.runs.checkpoints import current_checkpoint
@@ -53,7 +53,7 @@ def test_memory_running_out_while_torch_loads_is_one_line(tmp_path):
 def test_memory_running_out_in_a_command_is_said_so_not_called_a_bug(capsys, monkeypatch, error):
     def runs_out(args):
         raise error
-    monkeypatch.setattr(commands, "cmd_info", runs_out)
+    monkeypatch.setattr(model_commands, "cmd_info", runs_out)
     err = one_line(capsys, ["info"])
     assert "memory ran out while running info" in err and "bug" not in err
 

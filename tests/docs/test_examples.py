@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-import headlab.cli.commands
+import headlab.cli.model_commands
 import headlab.study.study
 from doc_blocks import ROOT, all_blocks, argv, code_block, commands, run_python
 from headlab.cli.main import main
@@ -80,7 +80,7 @@ def no_training(monkeypatch):
         raise StopBeforeTraining()
 
     monkeypatch.setattr(headlab.study.study.Study, "train", stop)  # reproduce and every point of a sweep
-    monkeypatch.setattr(headlab.cli.commands, "prepared_corpus", stop)  # train
+    monkeypatch.setattr(headlab.cli.model_commands, "prepared_corpus", stop)  # train
 
 
 def every_command() -> list:
