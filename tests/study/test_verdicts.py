@@ -64,17 +64,22 @@ def shipped() -> StudyTables:
     return read_study_tables(SHIPPED)
 
 
-def test_the_shipped_verdicts_are_stated_and_unambiguous(shipped):
+@pytest.fixture(scope="module")
+def shipped_verdicts(shipped) -> list[str]:
+    """`verdict_sentences(shipped)`, worked out once for every copy it is compared with."""
+    return verdict_sentences(shipped)
+
+
+def test_the_shipped_verdicts_are_stated_and_unambiguous(shipped_verdicts):
     """The comparison is worth making: the shipped study states verdicts of each kind it can."""
-    sentences = verdict_sentences(shipped)
-    assert any("within ±#" in s for s in sentences) and any(" by # ± #" in s for s in sentences)
+    assert any("within ±#" in s for s in shipped_verdicts) and any(" by # ± #" in s for s in shipped_verdicts)
 
 
 @pytest.mark.parametrize("copy", range(COPIES))
-def test_machine_noise_moves_no_verdict_of_the_shipped_study(shipped, copy):
+def test_machine_noise_moves_no_verdict_of_the_shipped_study(shipped, shipped_verdicts, copy):
     noisy = moved(shipped, np.random.default_rng(copy))
     assert not noisy["training"]["val_loss"].equals(shipped["training"]["val_loss"])
-    assert verdict_sentences(noisy) == verdict_sentences(shipped)
+    assert verdict_sentences(noisy) == shipped_verdicts
 
 
 FRESH_DEMO = Path(__file__).resolve().parents[2] / "runs" / "reproduce"  # where `make demo` writes
@@ -83,7 +88,7 @@ FRESH_DEMO = Path(__file__).resolve().parents[2] / "runs" / "reproduce"  # where
 @pytest.mark.skipif(not (FRESH_DEMO / "study.json").is_file(),
                     reason="no make demo study in runs/reproduce: run `make demo` before `make test` to compare "
                            "its verdicts with the shipped ones")
-def test_a_fresh_make_demo_states_the_shipped_verdicts(shipped):
+def test_a_fresh_make_demo_states_the_shipped_verdicts(shipped_verdicts):
     """The real thing the noisy copies stand in for: the study `make demo` trained on this machine
     gives every verdict the shipped study gives (its numbers may differ within the margins)."""
-    assert verdict_sentences(read_study_tables(FRESH_DEMO)) == verdict_sentences(shipped)
+    assert verdict_sentences(read_study_tables(FRESH_DEMO)) == shipped_verdicts
