@@ -67,7 +67,7 @@ ship-demo: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m headlab docs runs/reproduce --out docs
 
-# Property tests draw the same examples on every run and machine (tests/conftest.py);
+# Property tests draw the same examples on every run and machine (tests/shared_fixtures.py);
 # `make test-explore` runs the suite with new draws each time. Pin a draw that fails as an @example.
 # PYTHONDONTWRITEBYTECODE (set on some machines, this one among them) would have each of the suite's ~90
 # Python processes compile headlab's modules again and each worker rewrite every test module: the suite

@@ -11,12 +11,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from conftest import tiny_model, write_run
 from headlab.analysis.attention_maps import attention_similarity, js_distance_matrix, recorded_attention
 from headlab.analysis.qk_norm import norm_scale_effect
 from headlab.analysis.similarity import Analysis, analyze, concat
 from headlab.cli.main import main as cli_main
 from headlab.schema import COLUMNS, FAMILIES
+from shared_fixtures import tiny_model, write_run
 
 
 def _write_model_folder(folder, model, dtype=None):

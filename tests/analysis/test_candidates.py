@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import tiny_model
 from headlab.analysis.candidates import (
     WEIGHT_CANDIDATES,
     data_aware_similarity,
@@ -19,6 +18,7 @@ from headlab.analysis.heads import load_heads
 from headlab.analysis.inputs import input_moments
 from headlab.analysis.layer_weights import GroupedWeights
 from headlab.analysis.similarity import analyze
+from shared_fixtures import tiny_model
 
 
 def cosine(vectors: np.ndarray) -> np.ndarray:

@@ -25,12 +25,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_model
 from headlab.analysis.attention_maps import recorded_attention
 from headlab.analysis.gram import frobenius_gram
 from headlab.analysis.heads import load_heads
 from headlab.analysis.layer_weights import LRKVWeights, MLAWeights
 from headlab.schema import FAMILIES
+from shared_fixtures import tiny_model
 
 T = 6
 # and MLA's query latent; and MLA with nanochat's parameter-free latent norms (ModelConfig.arch)

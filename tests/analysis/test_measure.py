@@ -11,7 +11,6 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from conftest import tiny_model
 from headlab import preset, train, train_preset
 from headlab.analysis.gram import Factors, data_gram, frobenius_gram
 from headlab.analysis.heads import load_heads
@@ -21,6 +20,7 @@ from headlab.analysis.similarity import Analysis, analyze, concat
 from headlab.cli.main import main as cli_main
 from headlab.data.sources import synthetic_texts
 from headlab.schema import FAMILIES
+from shared_fixtures import tiny_model
 
 FAMILY_CASES = [*((family, {}) for family in FAMILIES), ("mla", {"q_latent_dim": 6})]  # and MLA's query latent
 FAMILY_IDS = [*FAMILIES, "mla-qlatent"]

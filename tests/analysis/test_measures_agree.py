@@ -182,8 +182,8 @@ def test_every_forward_measurement_runs_where_the_model_lives(measurement):
 
     import torch
 
-    from conftest import tiny_model
     from headlab.analysis import attention_maps, inputs, qk_norm
+    from shared_fixtures import tiny_model
 
     model = tiny_model("mha").to("meta")
     seen = []

@@ -12,7 +12,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import tiny_model, write_run
 from headlab.analysis.gram import DEAD_HEAD_RTOL, Factors, normalised_gram
 from headlab.analysis.layer_weights import GroupedWeights, ModelHeads
 from headlab.analysis.similarity import Analysis, analyze
@@ -21,6 +20,7 @@ from headlab.analysis.zero_forms import dead_heads, zero_form_note
 from headlab.cli.main import main as cli_main
 from headlab.report.analysis_output import layer_table as format_effective_ranks
 from headlab.schema import KINDS, SPECTRUM_METRICS
+from shared_fixtures import tiny_model, write_run
 
 H, D, E, LAYERS = 4, 12, 3, 2
 METRICS = [*SPECTRUM_METRICS, "mean_offdiag_similarity"]

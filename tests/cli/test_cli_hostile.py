@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import EXPLORE_ENV
 from headlab.cli import model_commands
 from headlab.cli.main import EXIT_CLOSED_OUTPUT, EXIT_INPUT, EXIT_INTERRUPTED, main
 from headlab.cli.parser import build_parser, printable
 from headlab.training.hardware import StepTime
+from shared_fixtures import EXPLORE_ENV
 
 HOSTILE = ["", "-1", "0", "99999999999999999999", "-99999999999999999999", "1e999", "nan", "inf", "1.5", "abc",
            "☃", "../../x", "\x01"]
@@ -62,7 +62,7 @@ def test_every_option_with_a_hostile_value_gives_one_line(tmp_path, capsys, monk
 
 
 # A command, one of its options and a hostile value, drawn together so that the draws that ever
-# failed can be pinned below (the fixed profile of tests/conftest.py draws a fixed sequence besides).
+# failed can be pinned below (the fixed profile of tests/shared_fixtures.py draws a fixed sequence besides).
 CASES = st.sampled_from(sorted(COMMANDS)).flatmap(lambda command: st.tuples(
     st.just(command), st.sampled_from([o for o in _options(command) if o not in COMMANDS[command]]), VALUES))
 
@@ -120,7 +120,7 @@ def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch):
 
 
 def test_property_tests_draw_a_fixed_sequence_unless_exploring():
-    """The profile of tests/conftest.py is the one loaded, so every property test's draws in `make
+    """The profile of tests/shared_fixtures.py is the one loaded, so every property test's draws in `make
     test` are the same on every run and machine; only HEADLAB_EXPLORE=1 explores."""
     assert settings.default.derandomize == (os.environ.get(EXPLORE_ENV, "") in ("", "0"))
     assert settings.default.database is None

@@ -19,7 +19,6 @@ import pandas as pd
 import pytest
 
 import headlab
-from conftest import tiny_model, write_run
 from headlab import load_corpus, preset, train, train_preset
 from headlab.analysis.tables import save_tables
 from headlab.cli import model_commands
@@ -27,6 +26,7 @@ from headlab.cli.main import main
 from headlab.io import writing
 from headlab.runs.checkpoints import current_checkpoint
 from headlab.study.table_files import MANIFEST, STUDY
+from shared_fixtures import tiny_model, write_run
 
 
 def one_line(capsys, argv) -> str:

@@ -13,7 +13,6 @@ import pytest
 from matplotlib.figure import Figure
 
 import treediff
-from conftest import TINY_CORPUS, TINY_STUDY, TINY_TRAINING
 from headlab import load_corpus, preset, train
 from headlab.analysis.similarity import Analysis
 from headlab.cli.main import main
@@ -25,6 +24,7 @@ from headlab.study.study import Study
 from headlab.study.table_files import MANIFEST as STUDY_MANIFEST
 from headlab.study.table_files import read_study_tables
 from headlab.training.runs import load_run
+from shared_fixtures import TINY_CORPUS, TINY_STUDY, TINY_TRAINING
 
 # what the commands do to files is judged here, not what their figures show (tests/stand_in_figures.py)
 pytestmark = pytest.mark.usefixtures("figures_saved_as_stand_ins")

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 import headlab.io
-from conftest import TINY_CORPUS, TINY_TRAINING, tiny_model, write_run
 from headlab import load_corpus, load_run, preset, train
 from headlab.analysis.similarity import Analysis
 from headlab.cli.main import main
@@ -22,6 +21,7 @@ from headlab.runs.layout import MANIFEST
 from headlab.study.study import Study
 from headlab.study.table_files import MANIFEST as STUDY_MANIFEST
 from headlab.study.table_files import STUDY
+from shared_fixtures import TINY_CORPUS, TINY_TRAINING, tiny_model, write_run
 from treediff import snapshot
 
 TINY = TINY_TRAINING

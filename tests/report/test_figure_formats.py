@@ -15,7 +15,6 @@ from matplotlib.figure import Figure
 import headlab.report.analysis_output
 import headlab.report.sweep_page
 import headlab.report.writer
-from conftest import TINY_STUDY
 from headlab.analysis.tables import ANALYSIS, ANALYSIS_MANIFEST
 from headlab.cli.main import main
 from headlab.cli.parser import parse_arguments
@@ -24,6 +23,7 @@ from headlab.report.analysis_output import write_spectra_figures
 from headlab.report.sweep_page import write_sweep_report
 from headlab.report.writer import DOCS, DOCS_FIGURES, DOCS_MANIFEST, FIGURES, FIGURES_FOLDER, write_docs, write_report
 from headlab.study.table_files import MANIFEST, SHIPPED, STUDY, SWEEP, SWEEP_MANIFEST, read_study_tables
+from shared_fixtures import TINY_STUDY
 
 ROOT = Path(__file__).resolve().parents[2]
 

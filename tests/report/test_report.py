@@ -186,8 +186,8 @@ def test_the_rule_states_how_many_orderings_chance_alone_would_give():
 def test_rope_to_latent_ratio_measures_the_rope_part(study):
     import torch
 
-    from conftest import tiny_model
     from headlab.study.study import StudyRun
+    from shared_fixtures import tiny_model
 
     _, runs, _ = study
     ratios = rope_ratio_table(runs)

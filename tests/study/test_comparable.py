@@ -10,7 +10,6 @@ import shutil
 
 import pytest
 
-from conftest import forge_manifest_entry
 from headlab.analysis.snapshots import snapshot_heads
 from headlab.cli.main import main
 from headlab.model.config import preset
@@ -20,6 +19,7 @@ from headlab.study.study import Study, StudyRun
 from headlab.study.tables import analyze_study, init_tables, tabulate_study
 from headlab.training.config import train_preset
 from headlab.training.trainer import train
+from shared_fixtures import forge_manifest_entry
 
 pytestmark = pytest.mark.xdist_group("comparable_runs")  # the module's fixture trains runs: made once (conftest)
 ONLY = ("mha", "mqa")

@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import save_file
 
 import headlab
-from conftest import write_run
 from headlab import ModelConfig, TrainConfig, load_corpus, preset, train_preset
 from headlab.analysis.similarity import Analysis, analyze
 from headlab.cli.main import main
 from headlab.model.gpt import GPT
+from shared_fixtures import write_run
 
 
 @pytest.fixture

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_model, write_run
 from headlab import load_corpus, load_run, preset, train, train_preset
 from headlab.model.config import RELEASED_FIELDS, ModelConfig
 from headlab.training.config import RELEASED_TRAIN_FIELDS, TrainConfig
+from shared_fixtures import tiny_model, write_run
 
 PREVIOUS_RELEASE = "91a3e0b"
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,6 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import TORCHRUN_STUDY, TORCHRUN_VARIANTS
 from headlab import GPT
 from headlab.cli.main import main
 from headlab.cli.parser import build_parser
@@ -25,6 +24,7 @@ from headlab.study.roles import comparison_roles
 from headlab.study.study import Study
 from headlab.study.tables import tabulate_study
 from headlab.training.config import train_preset
+from shared_fixtures import TORCHRUN_STUDY, TORCHRUN_VARIANTS
 
 
 @pytest.fixture

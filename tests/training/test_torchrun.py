@@ -18,7 +18,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import TORCHRUN_STUDY, TORCHRUN_VARIANTS, torchrun_headlab
 from headlab import GPT, preset
 from headlab.cli.main import main
 from headlab.data.corpus import load_corpus
@@ -29,6 +28,7 @@ from headlab.training.config import train_preset
 from headlab.training.distributed import join_process_group, training_device
 from headlab.training.trainer import prepared_corpus, train
 from ranks import on_ranks
+from shared_fixtures import TORCHRUN_STUDY, TORCHRUN_VARIANTS, torchrun_headlab
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the failure tests allow two ranks to start, fail and end: a hang would last the group's 30-minute

@@ -11,7 +11,6 @@ from torch._dynamo.utils import counters
 from torch.nn.parallel import DistributedDataParallel
 
 import headlab
-from conftest import forge_manifest_entry
 from headlab import (
     FAMILIES,
     TrainConfig,
@@ -30,6 +29,7 @@ from headlab.runs.metrics import read_metrics
 from headlab.training.optimizers import Muon, make_optimizers
 from headlab.training.trainer import compiled_bucket_cap_mb
 from ranks import on_ranks
+from shared_fixtures import forge_manifest_entry
 
 DISTRIBUTED_CHECKPOINT = "torch.distributed.checkpoint"
 
@@ -368,7 +368,7 @@ def single_process_run(tmp_path_factory):
 
 def test_two_process_fsdp_with_accumulation_equals_single_process_training(tmp_path, single_process_run):
     """Two ranks forked with torchrun's environment (`on_ranks`), as in every test here: torchrun
-    itself starts tests/conftest.py's `torchrun_study`, the failure tests of test_torchrun.py and
+    itself starts tests/shared_fixtures.py's `torchrun_study`, the failure tests of test_torchrun.py and
     tools/gpu_check.py's smoke run (tests/cli/test_gpu_check.py)."""
     argv = [*FSDP_ARGS, "--parallel", "fsdp", "--grad-accum", "2", "--out", str(tmp_path / "fsdp")]
     assert on_ranks(lambda rank: main(argv), timeout=240) == [0, 0]
