@@ -31,7 +31,11 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
 RUN_ALL_TIMEOUT_MS = 150_000
 REDRAW_TIMEOUT_S = 30
 PENDING_TEXT = "redrawing for the controls' new state"
-ROUND_TRIP_MS = 2_000  # a click reaches the kernel and its pending line comes back within this
+# A click reaches the kernel and its pending line comes back within this. With two busy loops beside the
+# browser test (make test's other worker is one), lines came back up to 2.1 s after their click (three runs),
+# and a make test failed at a 2 s bound ('the pending line went out before the new figure came'; its log was
+# not kept, which the failure message now prints): twice the worst seen.
+ROUND_TRIP_MS = 4_000
 # The sources of every image the explorer's cell `root` shows (its figure: a PNG output below the controls).
 FIGURE_SOURCES = 'root => Array.from(root.querySelectorAll("img")).map(i => i.src).join("|")'
 # Logs, in the page, every change of the explorer's figure (its images) or of its pending line.
@@ -274,6 +278,9 @@ def test_notebook_03_runs_and_every_explorer_control_redraws(lab, tmp_path):
         page.screenshot(path=str(SCREENSHOTS / "04_after_fast_clicks.png"), full_page=True)
         log = page.evaluate("window.explorerLog")
         browser.close()
-    assert not figure_lags_unnoticed(log, clicked_at), figure_lags_unnoticed(log, clicked_at)
+    problems = figure_lags_unnoticed(log, clicked_at)
+    assert not problems, "\n".join([*problems, "the page's log (ms, pending line, figure changed):",
+                                     *(f"{e['t']:.0f} {e['pending']} {e['figure']}" for e in log),
+                                     "clicks (ms): " + ", ".join(f"{t:.0f}" for t in clicked_at)])
     assert len(clicks) >= 12 + 2 + len(options) + 5, clicks
     assert not console_errors, "browser console errors:\n" + "\n".join(console_errors)
