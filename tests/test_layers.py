@@ -273,8 +273,8 @@ def test_the_command_lines_parser_loads_neither_torch_nor_pandas():
 
 def test_the_train_and_info_commands_load_no_figures_and_no_analysis():
     """A `headlab train` process (each torchrun rank) or `headlab info` loads the command line and
-    its handler's module alone: not matplotlib, scipy or the report and analysis modules, a second
-    of every rank's start."""
+    its handler's module alone: not matplotlib, scipy or the report and analysis modules (0.6-0.9 s
+    of every rank's start here)."""
     for module in ("headlab.cli.main", "headlab.cli.model_commands"):
         loaded = loaded_modules(module, preload="torch alone")
         assert not {"matplotlib", "scipy", "seaborn", "headlab.cli.commands"} & loaded, module
