@@ -148,12 +148,12 @@ def test_no_private_name_crosses_modules():
     assert private == []
 
 
-def test_only_the_distributed_module_reads_torchruns_environment():
-    """One function says which rank a process is (`headlab.training.distributed`); a second reading
+def test_only_the_processes_module_reads_torchruns_environment():
+    """One function says which rank a process is (`headlab.training.processes`); a second reading
     of RANK or WORLD_SIZE elsewhere could disagree with it."""
     environment = re.compile(r"""["'](RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE)["']""")
     readers = sorted(module_name(path) for path in PACKAGE.rglob("*.py") if environment.search(path.read_text("utf-8")))
-    assert readers == ["headlab.training.distributed"]
+    assert readers == ["headlab.training.processes"]
 
 
 @pytest.mark.parametrize("arrow,problem", [
@@ -269,6 +269,13 @@ def test_the_tables_vocabulary_imports_only_the_standard_library():
 def test_the_command_lines_parser_loads_neither_torch_nor_pandas():
     """`headlab --help`, `--version` and a usage error answer from the parser alone (headlab.__main__)."""
     assert not {"torch", "pandas", "numpy"} & loaded_modules("headlab.cli.parser")
+
+
+def test_the_report_and_docs_commands_load_no_torch():
+    """`headlab report` and `docs` redraw from tables: the command line's runner and their handlers'
+    module load no torch (about 2 s of each here)."""
+    for module in ("headlab.cli.main", "headlab.cli.report_commands"):
+        assert "torch" not in loaded_modules(module), module
 
 
 def test_the_train_and_info_commands_load_no_figures_and_no_analysis():

@@ -232,8 +232,8 @@ def notice_then_ddp(smoke: bool) -> dict:
     from headlab import GPT, preset
     from headlab.training.compiling import compiled_forward
     from headlab.training.config import train_preset
-    from headlab.training.distributed import Processes
     from headlab.training.hardware import measure_step
+    from headlab.training.processes import Processes
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("GPU_WINDOW_PORT", "29517"))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
     try:

@@ -1,5 +1,6 @@
-"""What the analysis, study and report subcommands do: their handlers, given the parsed arguments, and
-the helpers only they use (`info` and `train`: headlab.cli.model_commands)."""
+"""What the analysis and study subcommands do: their handlers, given the parsed arguments, and the
+helpers only they use (`info` and `train`: headlab.cli.model_commands; `report` and `docs`:
+headlab.cli.report_commands)."""
 
 from __future__ import annotations
 
@@ -21,17 +22,17 @@ from headlab.data.sources import shakespeare_held_out
 from headlab.model.config import ModelConfig
 from headlab.report.analysis_output import layer_table, write_spectra_figures
 from headlab.report.sweep_page import write_sweep_report
-from headlab.report.writer import write_docs, write_report
+from headlab.report.writer import write_report
 from headlab.runs.checkpoints import has_checkpoint
 from headlab.runs.layout import read_config
 from headlab.schema import ALL_MEASURES, MEASURES
 from headlab.study.roles import compared_roles, role_of
 from headlab.study.study import Study
 from headlab.study.sweep import claim_sweep_folder, grid, save_sweep, sweep_roles, sweep_table
-from headlab.study.table_files import read_study_tables
 from headlab.study.tables import tabulate_study
-from headlab.training.distributed import is_main_process, leave_process_group
+from headlab.training.distributed import leave_process_group
 from headlab.training.plan import format_plan
+from headlab.training.processes import is_main_process
 
 # ---- analyze ----------------------------------------------------------------------------------------
 
@@ -246,16 +247,4 @@ def cmd_sweep(args) -> int:
     claim_sweep_folder(args.out)
     table = save_sweep(args.out, sweep_table(points, args.seeds, args.out, jobs=args.jobs, only=only))
     print(f"sweep written: {write_sweep_report(table, args.out, svg=args.svg)}")
-    return 0
-
-def cmd_report(args) -> int:
-    """Redraw report.md and every figure of a study folder from its tables (no torch work)."""
-    report = write_report(read_study_tables(args.folder), args.folder, svg=args.svg)
-    print(f"report written: {report}")
-    return 0
-
-def cmd_docs(args) -> int:
-    """The README's figures and headline table from a study's tables (no torch work)."""
-    headline = write_docs(read_study_tables(args.folder), args.out, svg=args.svg)
-    print(f"headline table and figures written: {headline.parent}")
     return 0

@@ -1,7 +1,7 @@
 """The command line run: `main` parses (headlab.cli.parser), calls the subcommand's handler
-(headlab.cli.model_commands for `info` and `train`, headlab.cli.commands for the others: only the
-handler's own module is loaded) and ends every error in one line and an exit status (the list in
-`headlab --help`)."""
+(headlab.cli.model_commands for `info` and `train`, headlab.cli.report_commands for `report` and
+`docs`, headlab.cli.commands for the others: only the handler's own module is loaded) and ends
+every error in one line and an exit status (the list in `headlab --help`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import traceback
 from headlab.cli.parser import DEBUG_ENV, handler_place, parse_arguments, path_problem, printable
 from headlab.cli.resources import encodable_output, memory_message, one_line_warnings, out_of_memory
 from headlab.io.files import silence_stdout
-from headlab.training.distributed import FailedOnAnotherRank, abandon, in_process_group, launched_processes
+from headlab.training.processes import FailedOnAnotherRank, abandon, in_process_group, launched_processes
 
 
 def _one_line(error: BaseException) -> str:

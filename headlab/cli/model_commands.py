@@ -16,9 +16,9 @@ from headlab.model.config import ModelConfig, preset
 from headlab.model.gpt import describe
 from headlab.study.roles import comparison_variants
 from headlab.training.config import train_preset
-from headlab.training.distributed import is_main_process
 from headlab.training.hardware import RUN_THREADS, load_note, measure_step, parse_devices, visible_devices
 from headlab.training.plan import StudyPlan, format_bytes, format_plan, study_plan
+from headlab.training.processes import is_main_process
 from headlab.training.trainer import keep_freed_cpu_memory, prepared_corpus, repetition_note, train
 
 

@@ -128,14 +128,14 @@ COMMANDS = (
             "Redraw report.md and every figure of a study folder (what `headlab reproduce` wrote) from its tables "
             "alone, in seconds: nothing is trained or analysed again. The tables are checked against study.json "
             "first.",
-            "commands.cmd_report", (study_folder_argument, svg_argument), path_problems=study_folder_problems),
+            "report_commands.cmd_report", (study_folder_argument, svg_argument), path_problems=study_folder_problems),
     Command("docs", "draw the README's figures and headline table from a study",
             "Write the flagship figure, the effective rank per layer and the loss against cache size (PNG; with "
             "--svg, SVG beside each) "
             "and headline.md (loss and effective rank, mean ± sd over seeds, paired differences to MHA ± 95% "
             "half-width) from a study folder's tables; `make docs` does it for make demo's study (how long a study "
             "took is no table's: the README states the measured time).",
-            "commands.cmd_docs", (study_folder_argument, docs_arguments), path_problems=study_folder_problems),
+            "report_commands.cmd_docs", (study_folder_argument, docs_arguments), path_problems=study_folder_problems),
 )
 
 def build_parser() -> argparse.ArgumentParser:

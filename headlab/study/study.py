@@ -50,8 +50,9 @@ from headlab.study.paths import shown_path
 from headlab.study.roles import comparison_roles
 from headlab.study.table_files import MANIFEST, STUDY, loss_unit
 from headlab.training.config import MAX_STEPS, TrainConfig, train_preset
-from headlab.training.distributed import is_main_process, launched_processes, training_device
+from headlab.training.distributed import training_device
 from headlab.training.hardware import RUN_THREADS, TIMING_STEPS, load_note, measure_step, run_seconds, step_fits
+from headlab.training.processes import is_main_process, launched_processes
 from headlab.training.reads import model_setting_reaches, train_setting_reaches
 from headlab.training.runs import Run, load_run
 from headlab.training.trainer import (

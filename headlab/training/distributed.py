@@ -7,59 +7,34 @@ or writing a run folder, local rank 0 preparing and verifying token shards) run 
 every rank learns whether any rank failed there and raises, the failing rank its own error and
 the others `FailedOnAnotherRank` carrying its message, so every process exits with the error
 printed once (by rank 0). An error anywhere else ends its process at once (`abandon`), and
-torchrun then stops the other ranks.
+torchrun then stops the other ranks. Which process this is: headlab.training.processes.
 """
 
 from __future__ import annotations
 
 import atexit
-import os
-import sys
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from headlab.training.processes import (
+    FailedOnAnotherRank,
+    Processes,
+    in_process_group,
+    launched_processes,
+    node_processes,
+)
+
 # How long a rank waits for local rank 0 to prepare a corpus: tokenizing billions of tokens
 # takes far longer than the group's default 30-minute timeout on a collective.
 PREPARATION_TIMEOUT = timedelta(hours=24)
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Processes:
-    """This process's place in the job (one process: rank 0 of 1)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-class FailedOnAnotherRank(RuntimeError):
-    """Another rank failed at a step the ranks take together; the message is that rank's error."""
-
-
-def launched_processes() -> Processes:
-    """The processes torchrun launched, from its environment (no process group needed)."""
-    env = os.environ
-    return Processes(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")))
-
-
-def is_main_process() -> bool:
-    """Whether this process is rank 0 of its job (the only process outside torchrun): the one that
-    writes run and study folders and speaks to the user. Read from torchrun's environment, so the
-    answer is the same before the process group is joined and after it is left."""
-    return launched_processes().is_main
 
 
 def use_tf32_matmuls(device: torch.device) -> None:
@@ -108,7 +83,7 @@ def training_device(requested: str, local_rank: int) -> torch.device:
         raise ValueError(f"TrainConfig.device = {requested!r} is unavailable: this torch build or machine has "
                          "no CUDA device; use cpu or auto")
     if device.index is None:
-        own_gpu = torch.cuda.device_count() == 1 and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) == 1
+        own_gpu = torch.cuda.device_count() == 1 and node_processes() == 1
         device = torch.device("cuda", 0 if own_gpu else local_rank)
     if device.index >= torch.cuda.device_count():
         raise ValueError(f"device {device} does not exist: this machine has {torch.cuda.device_count()} GPU(s); "
@@ -134,10 +109,6 @@ def join_process_group(device: torch.device) -> Processes:
         # must still leave the group while Python is fully alive.
         atexit.register(leave_process_group)
     return Processes(dist.get_rank(), dist.get_world_size(), processes.local_rank)
-
-
-def in_process_group() -> bool:
-    return dist.is_available() and dist.is_initialized()
 
 
 def leave_process_group() -> None:
@@ -173,14 +144,6 @@ def failing_alone():
     except BaseException:
         _failed = True
         raise
-
-
-def abandon(status: int) -> None:
-    """End this process now with `status`, without the exit barrier: after an error the other
-    ranks may never reach it (torchrun stops them once one process has exited non-zero)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
 
 
 @contextmanager

@@ -19,11 +19,12 @@ from headlab.data.shards import random_windows
 from headlab.model.config import ModelConfig
 from headlab.model.gpt import GPT
 from headlab.training.compiling import compile_backend, compiled_forward
-from headlab.training.distributed import Processes, launched_processes, training_device
+from headlab.training.distributed import training_device
 from headlab.training.flops import rank_training_flops
 from headlab.training.gpus import GPU_PEAKS, gpu_peak
 from headlab.training.memory import USABLE_MEMORY_FRACTION, GiB, PlanError, memory_per_device, micro_batch_size
 from headlab.training.optimizers import make_optimizers
+from headlab.training.processes import Processes, launched_processes
 from headlab.training.sharding import OptimizerStep
 from headlab.training.trainer import collecting_only_what_is_made_within, on_device
 

@@ -35,11 +35,9 @@ from headlab.runs.folder import RunFolder
 from headlab.training.compiling import compile_backend, compiled_forward, first_step_compiling
 from headlab.training.config import TrainConfig
 from headlab.training.distributed import (
-    Processes,
     as_rank_0_decided,
     failing_alone,
     join_process_group,
-    launched_processes,
     on_local_main,
     together,
     training_device,
@@ -47,6 +45,7 @@ from headlab.training.distributed import (
 )
 from headlab.training.flops import rank_training_flops
 from headlab.training.optimizers import make_optimizers
+from headlab.training.processes import Processes, launched_processes
 from headlab.training.runs import Run
 from headlab.training.sharding import OptimizerStep
 

@@ -269,7 +269,7 @@ def test_after_fsdp_rank_0_gets_the_whole_model_on_its_own_device_not_the_cpu(mo
     """The gathered FSDP weights become a plain model on the rank's training device (the meta
     device stands in for cuda:LOCAL_RANK here), so what analyses it next runs there; other ranks get None."""
     from headlab.training import trainer
-    from headlab.training.distributed import Processes
+    from headlab.training.processes import Processes
 
     config = preset("tiny", "mha")
     trained = GPT(config)

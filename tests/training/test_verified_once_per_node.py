@@ -11,7 +11,7 @@ from headlab.data.corpus import load_corpus
 from headlab.io import manifest as manifest_module
 from headlab.runs.checkpoints import current_checkpoint
 from headlab.training.config import train_preset
-from headlab.training.distributed import FailedOnAnotherRank
+from headlab.training.processes import FailedOnAnotherRank
 from headlab.training.trainer import prepared_corpus, train
 from ranks import on_ranks
 
