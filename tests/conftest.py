@@ -100,9 +100,10 @@ def pytest_configure(config):
 
 def runs_tests_here(config) -> bool:
     """Whether this process runs tests: any but the controller of an xdist run (`-n 2`), which hands
-    them to its workers (xdist's own test: a distribution mode, not only collecting)."""
+    them to its workers (xdist's own test: a distribution mode with workers to start, not only
+    collecting; `--dist loadgroup` without `-n` runs them here)."""
     controller = not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no" \
-        and not config.getoption("collectonly")
+        and bool(config.getoption("tx", None)) and not config.getoption("collectonly")
     return not controller
 
 
